@@ -1,0 +1,175 @@
+"""Profile: measured (or derived) seconds per op, device kind and per-device batch size, plus the
+communication cost fits.
+
+File format `profile.json`:
+
+    {"format": "tfplace.profile", "version": 1, "graph": "resnet50",
+     "conditions": {"tf_version": "2.15.1", "repeats": 5, "statistic": "median", "host": "..."},
+     "ops": {"conv1/Conv2D": {"CPU": {"8": 0.0123, "16": 0.0240}, "V100": {"8": 0.0004}}},
+     "missing_ops": ["..."],
+     "derived": {"V100": "CPU"},
+     "comm": {"p2p": {"latency_s": 5e-05, "bandwidth_bytes_per_s": 1.1e9},
+              "allreduce": {"2": {"latency_s": 1e-4, "bandwidth_bytes_per_s": 9e8}}}}
+
+Per-device batch keys are strings in JSON (JSON object keys), integers in memory. Seconds for a
+batch that was not measured come from `seconds()`: piecewise-linear interpolation between the
+measured batch sizes, linear extrapolation beyond them from the two nearest points (never below
+zero, never below the time at the nearest measured batch times batch ratio for growth).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
+
+import numpy as np
+
+from tfplace.errors import InputError
+from tfplace.jsonio import FieldReader, write_json
+
+FORMAT = "tfplace.profile"
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearCost:
+    """time_s = latency_s + bytes / bandwidth_bytes_per_s."""
+    latency_s: float
+    bandwidth_bytes_per_s: float
+
+    def seconds(self, num_bytes: float) -> float:
+        return self.latency_s + num_bytes / self.bandwidth_bytes_per_s
+
+
+@dataclasses.dataclass(frozen=True)
+class CommModel:
+    """Fitted communication costs. `allreduce` is keyed by group size (number of devices)."""
+    p2p: Optional[LinearCost] = None
+    allreduce: Mapping[int, LinearCost] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """op name -> device kind -> ((batch sizes ascending), (seconds)).
+
+    Attributes:
+      ops: the table; batch sizes are per-device sample counts.
+      graph: graph name it was measured on.
+      conditions: how it was measured (free-form JSON object).
+      missing_ops: ops of the graph that did not appear in the trace (listed, never silently 0).
+      derived: kind -> measured kind it was derived from by the device model (empty if measured).
+      comm: communication fits, or None.
+    """
+    ops: Mapping[str, Mapping[str, Tuple[Tuple[int, ...], Tuple[float, ...]]]]
+    graph: str = ""
+    conditions: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    missing_ops: Tuple[str, ...] = ()
+    derived: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    comm: Optional[CommModel] = None
+    source: str = ""
+
+    @property
+    def kinds(self) -> Tuple[str, ...]:
+        seen: Dict[str, None] = {}
+        for per_kind in self.ops.values():
+            for kind in per_kind:
+                seen[kind] = None
+        return tuple(seen)
+
+    def has(self, op_name: str, kind: str) -> bool:
+        return kind in self.ops.get(op_name, {})
+
+    def seconds(self, op_name: str, kind: str, batch_size: float) -> float:
+        """Time of `op_name` on one device of `kind` processing `batch_size` samples."""
+        try:
+            batches, secs = self.ops[op_name][kind]
+        except KeyError:
+            raise InputError(self.source or "profile", f"ops.{op_name}.{kind}", "not in the profile",
+                             f"profile the graph on a {kind} device or derive {kind} from a measured kind") from None
+        return interpolate_seconds(batches, secs, batch_size)
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"format": FORMAT, "version": 1, "graph": self.graph,
+                               "conditions": dict(self.conditions),
+                               "ops": {op: {k: {str(b): s for b, s in zip(*pts)} for k, pts in per.items()}
+                                       for op, per in self.ops.items()},
+                               "missing_ops": list(self.missing_ops), "derived": dict(self.derived)}
+        if self.comm is not None:
+            comm: Dict[str, Any] = {}
+            if self.comm.p2p is not None:
+                comm["p2p"] = dataclasses.asdict(self.comm.p2p)
+            comm["allreduce"] = {str(n): dataclasses.asdict(c) for n, c in self.comm.allreduce.items()}
+            out["comm"] = comm
+        return out
+
+
+def interpolate_seconds(batches: Tuple[int, ...], secs: Tuple[float, ...], batch_size: float) -> float:
+    """Piecewise-linear in batch size through the measured points; exact at measured points.
+
+    Outside the measured range the line through the two nearest points is extended, clipped at
+    zero. With a single point, time is proportional to the batch size.
+    """
+    b = np.asarray(batches, dtype=float)
+    s = np.asarray(secs, dtype=float)
+    if len(b) == 1:
+        return float(s[0] * batch_size / b[0])
+    if b[0] <= batch_size <= b[-1]:
+        return float(np.interp(batch_size, b, s))
+    i, j = (0, 1) if batch_size < b[0] else (-2, -1)
+    slope = (s[j] - s[i]) / (b[j] - b[i])
+    return float(max(0.0, s[i] + slope * (batch_size - b[i])))
+
+
+def _linear(r: FieldReader) -> LinearCost:
+    c = LinearCost(r.get("latency_s", float, check=lambda v: v >= 0, must="be >= 0"),
+                   r.get("bandwidth_bytes_per_s", float, check=lambda v: v > 0, must="be > 0"))
+    r.reject_unknown()
+    return c
+
+
+def profile_from_reader(r: FieldReader) -> Profile:
+    ops: Dict[str, Dict[str, Tuple[Tuple[int, ...], Tuple[float, ...]]]] = {}
+    for op, per_kind in r.child("ops").entries():
+        ops[op] = {}
+        for kind, points in per_kind.entries():
+            pts = []
+            for key, value in points.data.items():
+                field = points.field_path(key)
+                if not key.isdigit() or int(key) <= 0:
+                    raise InputError(r.source, field, "batch size keys must be positive integers",
+                                     'write the per-device batch size as a string, e.g. "16"')
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                    raise InputError(r.source, field, f"seconds must be a number >= 0, got {value!r}",
+                                     "give the measured time in seconds")
+                pts.append((int(key), float(value)))
+            if not pts:
+                raise InputError(r.source, points.path, "no measurements", "remove the kind or add measurements")
+            pts.sort()
+            ops[op][kind] = (tuple(b for b, _ in pts), tuple(s for _, s in pts))
+    comm = None
+    if r.has("comm"):
+        c = r.child("comm")
+        p2p = _linear(c.child("p2p")) if c.has("p2p") else None
+        allreduce = {}
+        for key, fit in c.child("allreduce", default_empty=True).entries():
+            if not key.isdigit() or int(key) < 2:
+                raise InputError(r.source, fit.path, "group size keys must be integers >= 2",
+                                 'key the all-reduce fits by the number of devices, e.g. "4"')
+            allreduce[int(key)] = _linear(fit)
+        c.reject_unknown()
+        comm = CommModel(p2p, allreduce)
+    prof = Profile(
+        ops=ops, graph=r.get("graph", str, default=""),
+        conditions=r.get("conditions", dict, default={}),
+        missing_ops=tuple(r.get("missing_ops", list, default=[])),
+        derived=r.get("derived", dict, default={}), comm=comm, source=r.source)
+    r.reject_unknown()
+    return prof
+
+
+def load_profile(path: Union[str, os.PathLike]) -> Profile:
+    return profile_from_reader(FieldReader.from_file(path, expected_format=FORMAT))
+
+
+def save_profile(profile: Profile, path: Union[str, os.PathLike]) -> None:
+    write_json(path, profile.to_json())
