@@ -4,6 +4,10 @@
 into one `InputError` that names the file, the full field path and the fix. File formats build
 their typed values from it; nothing else in tfplace parses JSON by hand.
 
+Strictness, on purpose: a key given twice in one object is an error (plain `json` keeps the last
+one silently); an unknown key is an error that lists the known keys and the closest one; NaN and
+Infinity are not numbers; a path field is resolved against named base folders and must exist.
+
 Example:
     r = FieldReader.from_file("cluster.json", expected_format="tfplace.cluster")
     name = r.get("name", str)
@@ -14,15 +18,34 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
-from typing import Any, Callable, Iterator, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Type, Union
 
 from tfplace.errors import InputError
 
 _MISSING = object()
 TypeSpec = Union[Type, Tuple[Type, ...]]
+# Field name used when the whole document is bad (so every message still names a field).
+TOP_LEVEL = "(top level)"
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicates(pairs):
+    """json object_pairs_hook: the stdlib keeps the last of two equal keys; we refuse."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 def _type_name(t: TypeSpec) -> str:
@@ -72,22 +95,30 @@ class FieldReader:
         """Parses `path` as a JSON object; checks its "format" and "version" keys if asked."""
         source = os.fspath(path)
         if not os.path.exists(source):
-            raise InputError(source, "", "file not found", "check the path")
+            raise InputError(source, TOP_LEVEL, "file not found", "check the path")
+        if os.path.isdir(source):
+            raise InputError(source, TOP_LEVEL, "is a folder, not a file", "give the path of a JSON file")
         try:
             with open(source, "r", encoding="utf-8") as f:
-                data = json.load(f)
+                data = json.load(f, object_pairs_hook=_no_duplicates)
         except json.JSONDecodeError as e:
             raise InputError(source, f"line {e.lineno} column {e.colno}", f"not valid JSON ({e.msg})",
                              "repair the JSON syntax (a truncated file or a trailing comma?)") from None
+        except _DuplicateKey as e:
+            raise InputError(source, e.key, "key given twice in one object",
+                             "keep one of the two entries (JSON would silently keep the last)") from None
         except UnicodeDecodeError:
-            raise InputError(source, "", "not a UTF-8 text file", "give a JSON file") from None
+            raise InputError(source, TOP_LEVEL, "not a UTF-8 text file", "give a JSON file") from None
+        except OSError as e:
+            raise InputError(source, TOP_LEVEL, f"cannot be read ({e.strerror})",
+                             "check the file's permissions") from None
         return cls.from_data(data, source, expected_format, supported_versions)
 
     @classmethod
     def from_data(cls, data: Any, source: str, expected_format: Optional[str] = None,
                   supported_versions: Sequence[int] = (1,)) -> "FieldReader":
         if not isinstance(data, dict):
-            raise InputError(source, "", f"top level must be a JSON object, got {_type_name(type(data))}",
+            raise InputError(source, TOP_LEVEL, f"must be a JSON object, got {_type_name(type(data))}",
                              "wrap the content in { ... }")
         reader = cls(data, source)
         if expected_format is not None:
@@ -133,7 +164,8 @@ class FieldReader:
         value = _coerce(value, t)
         if check is not None and not check(value):
             raise self.error(key, f"must {must}, got {json.dumps(value)[:60]}",
-                             fix or f"give a value that is {must.replace('be ', '', 1)}")
+                             fix or (f"give a value that is {must[3:]}" if must.startswith("be ")
+                                     else f"give a value that does {must}"))
         return value
 
     def child(self, key: str, default_empty: bool = False) -> "FieldReader":
@@ -165,22 +197,73 @@ class FieldReader:
                 raise self.error(key, f"must be an object, got {json.dumps(value)[:60]}", "give { ... }")
             yield key, FieldReader(value, self.source, self.field_path(key))
 
+    def strings(self, key: str, default: Any = _MISSING, min_len: int = 0) -> List[str]:
+        """The list of strings at `key` (each element checked, with its index in the message)."""
+        values = self.get(key, list, default=default)
+        if values is default and default is not _MISSING:
+            return values
+        if len(values) < min_len:
+            raise self.error(key, f"needs at least {min_len} entries, got {len(values)}", "add entries")
+        for i, value in enumerate(values):
+            if not isinstance(value, str) or not value:
+                raise InputError(self.source, f"{self.field_path(key)}[{i}]",
+                                 f"must be a non-empty string, got {json.dumps(value)[:60]}",
+                                 "give a string")
+        return list(values)
+
+    def expect_keys(self, known: Sequence[str],
+                    also_allowed: Sequence[str] = ("format", "version", "comment")) -> None:
+        """Rejects unknown keys before any value is read, so that a misspelt required key is
+        reported as the typo it is (with the closest known key), not as a missing field."""
+        self._seen.update(known)
+        self.reject_unknown(also_allowed)
+
     def reject_unknown(self, also_allowed: Sequence[str] = ("format", "version", "comment")) -> None:
         """Raises for any key that was never read: a typo must not be silently ignored."""
         allowed = self._seen | set(also_allowed)
         unknown = sorted(k for k in self.data if k not in allowed)
         if unknown:
             known = sorted(self._seen)
+            close = difflib.get_close_matches(unknown[0], known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             raise self.error(unknown[0], "unknown key",
-                             f"remove it or use one of {known}" if known else "remove it")
+                             f"{hint}remove it or use one of {known}" if known else "remove it")
+
+    def get_path(self, key: str, base_dirs: Sequence[str], default: Any = _MISSING,
+                 what: str = "file") -> Any:
+        """The path string at `key`, resolved (see `resolve_path`); `default` if absent."""
+        value = self.get(key, str, default=default, check=lambda v: bool(v.strip()), must="be non-empty")
+        if value is default and default is not _MISSING:
+            return value
+        return resolve_path(value, self.source, self.field_path(key), base_dirs, what)
+
+
+def resolve_path(value: str, source: str, field: str, base_dirs: Sequence[str], what: str = "file") -> str:
+    """Absolute path of `value`: itself if absolute, else the first of base_dirs/value that
+    exists. Raises InputError naming every place it looked when none exists."""
+    value = os.path.expanduser(value)
+    candidates = [value] if os.path.isabs(value) else [os.path.join(b, value) for b in base_dirs]
+    for c in candidates:
+        if os.path.exists(c):
+            return os.path.normpath(os.path.abspath(c))
+    looked = ", ".join(os.path.normpath(c) for c in candidates)
+    rel = " (relative paths are resolved against the folder of the file that names them, " \
+          "then the repository root)" if not os.path.isabs(value) else ""
+    raise InputError(source, field, f"{what} {value!r} not found (looked at {looked})",
+                     f"check the path{rel}")
 
 
 def write_json(path: Union[str, os.PathLike], data: Any) -> None:
     """Writes `data` as indented JSON atomically (write to a temp file, then rename), so an
-    interrupted write never leaves a truncated file behind."""
+    interrupted write never leaves a truncated file behind. NaN/Infinity are refused: they are
+    not JSON and other readers would reject the file."""
     path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=False)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=False, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

@@ -11,16 +11,23 @@ File format `profile.json`:
      "comm": {"p2p": {"latency_s": 5e-05, "bandwidth_bytes_per_s": 1.1e9},
               "allreduce": {"2": {"latency_s": 1e-4, "bandwidth_bytes_per_s": 9e8}}}}
 
-Per-device batch keys are strings in JSON (JSON object keys), integers in memory. Seconds for a
-batch that was not measured come from `seconds()`: piecewise-linear interpolation between the
-measured batch sizes, linear extrapolation beyond them from the two nearest points (never below
-zero, never below the time at the nearest measured batch times batch ratio for growth).
+Units: seconds per execution of the op on one device; batch keys are per-device sample counts.
+Per-device batch keys are strings of decimal digits in JSON (JSON object keys), integers in
+memory. Seconds for a batch that was not measured come from `seconds()`: piecewise-linear
+interpolation between the measured batch sizes (exact at measured points), linear extrapolation
+beyond them from the two nearest points (clipped at zero); with a single point, time is
+proportional to the batch size.
+
+`missing_ops` lists ops that the measurement did not see (never silently costed 0); `derived`
+maps a kind to the measured kind it was scaled from by the device model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
@@ -120,51 +127,58 @@ def interpolate_seconds(batches: Tuple[int, ...], secs: Tuple[float, ...], batch
     return float(max(0.0, s[i] + slope * (batch_size - b[i])))
 
 
+_BATCH_KEY = re.compile(r"[0-9]+")
+
+
 def _linear(r: FieldReader) -> LinearCost:
-    c = LinearCost(r.get("latency_s", float, check=lambda v: v >= 0, must="be >= 0"),
-                   r.get("bandwidth_bytes_per_s", float, check=lambda v: v > 0, must="be > 0"))
-    r.reject_unknown()
-    return c
+    r.expect_keys(("latency_s", "bandwidth_bytes_per_s"), also_allowed=("comment",))
+    return LinearCost(r.get("latency_s", float, check=lambda v: v >= 0, must="be >= 0"),
+                      r.get("bandwidth_bytes_per_s", float, check=lambda v: v > 0, must="be > 0"))
+
+
+def _points(r: FieldReader, points: FieldReader) -> Tuple[Tuple[int, ...], Tuple[float, ...]]:
+    pts = []
+    for key, value in points.data.items():
+        field = points.field_path(key)
+        if not _BATCH_KEY.fullmatch(key) or int(key) <= 0:
+            raise InputError(r.source, field, f"batch size key {key!r} is not a positive integer",
+                             'write the per-device batch size as a string of digits, e.g. "16"')
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise InputError(r.source, field, f"seconds must be a finite number >= 0, got {value!r}",
+                             "give the measured time in seconds")
+        pts.append((int(key), float(value)))
+    if not pts:
+        raise InputError(r.source, points.path, "no measurements", "remove the kind or add measurements")
+    pts.sort()
+    return tuple(b for b, _ in pts), tuple(s for _, s in pts)
+
+
+def _comm(c: FieldReader) -> CommModel:
+    c.expect_keys(("p2p", "allreduce"), also_allowed=("comment",))
+    p2p = _linear(c.child("p2p")) if c.has("p2p") else None
+    allreduce = {}
+    for key, fit in c.child("allreduce", default_empty=True).entries():
+        if not _BATCH_KEY.fullmatch(key) or int(key) < 2:
+            raise InputError(c.source, fit.path, "group size keys must be integers >= 2",
+                             'key the all-reduce fits by the number of devices, e.g. "4"')
+        allreduce[int(key)] = _linear(fit)
+    return CommModel(p2p, allreduce)
 
 
 def profile_from_reader(r: FieldReader) -> Profile:
-    ops: Dict[str, Dict[str, Tuple[Tuple[int, ...], Tuple[float, ...]]]] = {}
-    for op, per_kind in r.child("ops").entries():
-        ops[op] = {}
-        for kind, points in per_kind.entries():
-            pts = []
-            for key, value in points.data.items():
-                field = points.field_path(key)
-                if not key.isdigit() or int(key) <= 0:
-                    raise InputError(r.source, field, "batch size keys must be positive integers",
-                                     'write the per-device batch size as a string, e.g. "16"')
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                    raise InputError(r.source, field, f"seconds must be a number >= 0, got {value!r}",
-                                     "give the measured time in seconds")
-                pts.append((int(key), float(value)))
-            if not pts:
-                raise InputError(r.source, points.path, "no measurements", "remove the kind or add measurements")
-            pts.sort()
-            ops[op][kind] = (tuple(b for b, _ in pts), tuple(s for _, s in pts))
-    comm = None
-    if r.has("comm"):
-        c = r.child("comm")
-        p2p = _linear(c.child("p2p")) if c.has("p2p") else None
-        allreduce = {}
-        for key, fit in c.child("allreduce", default_empty=True).entries():
-            if not key.isdigit() or int(key) < 2:
-                raise InputError(r.source, fit.path, "group size keys must be integers >= 2",
-                                 'key the all-reduce fits by the number of devices, e.g. "4"')
-            allreduce[int(key)] = _linear(fit)
-        c.reject_unknown()
-        comm = CommModel(p2p, allreduce)
-    prof = Profile(
+    r.expect_keys(("graph", "conditions", "ops", "missing_ops", "derived", "comm"))
+    ops = {op: {kind: _points(r, points) for kind, points in per_kind.entries()}
+           for op, per_kind in r.child("ops").entries()}
+    derived = r.get("derived", dict, default={})
+    for kind, base in derived.items():
+        if not isinstance(base, str) or not base:
+            raise r.error(f"derived.{kind}", f"must be the name of a measured kind, got {base!r}",
+                          'map the derived kind to the kind it was scaled from, e.g. {"V100": "CPU"}')
+    return Profile(
         ops=ops, graph=r.get("graph", str, default=""),
         conditions=r.get("conditions", dict, default={}),
-        missing_ops=tuple(r.get("missing_ops", list, default=[])),
-        derived=r.get("derived", dict, default={}), comm=comm, source=r.source)
-    r.reject_unknown()
-    return prof
+        missing_ops=tuple(r.strings("missing_ops", default=[])),
+        derived=derived, comm=_comm(r.child("comm")) if r.has("comm") else None, source=r.source)
 
 
 def load_profile(path: Union[str, os.PathLike]) -> Profile:

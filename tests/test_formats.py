@@ -1,0 +1,290 @@
+"""File formats: every bundled and example file loads; save + load gives an equal value;
+cluster topology, profile interpolation and batch-splitting rules match hand-computed tables."""
+
+import glob
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tfplace.cluster import Device, Host, build_cluster, load_cluster, save_cluster
+from tfplace.config import (BASELINES, load_activate_config, load_train_config, save_train_config,
+                            train_config_defaults, validate_entries)
+from tfplace.errors import InputError
+from tfplace.profile import interpolate_seconds, load_profile, save_profile
+from tfplace.strategy import (even_strategy, load_strategy, proportional_shares, proportional_strategy,
+                              save_strategy, validate_strategy)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA_FILES = sorted(glob.glob(os.path.join(REPO, "clusters", "*.json"))
+                    + glob.glob(os.path.join(REPO, "examples", "formats", "*.json"))
+                    + glob.glob(os.path.join(REPO, "examples", "formats", "*.txt"))
+                    + glob.glob(os.path.join(REPO, "configs", "*.json")))
+LOADERS = {"tfplace.cluster": load_cluster, "tfplace.strategy": load_strategy,
+           "tfplace.profile": load_profile, "tfplace.train_config": load_train_config,
+           "tfplace.activate_config": load_activate_config}
+
+
+def _format_of(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)["format"]
+
+
+def _rel(path):
+    return os.path.relpath(path, REPO)
+
+
+# ---- every file loads -----------------------------------------------------------------------
+def test_every_format_has_an_example():
+    formats = {_format_of(p) for p in DATA_FILES if "examples" in p}
+    assert formats == set(LOADERS)
+    assert os.path.exists(os.path.join(REPO, "examples", "formats", "README.md"))
+    assert os.path.exists(os.path.join(REPO, "clusters", "README.md"))
+
+
+@pytest.mark.parametrize("path", DATA_FILES, ids=_rel)
+def test_bundled_file_loads(path, tmp_path):
+    value = LOADERS[_format_of(path)](path) if "config" not in _format_of(path) else \
+        LOADERS[_format_of(path)](path, workdir=str(tmp_path))
+    assert value is not None
+
+
+def test_activate_example_entries_are_all_good():
+    config = load_activate_config(os.path.join(REPO, "examples", "formats", "activate_config.txt"))
+    assert [error for _, error in validate_entries(config)] == [None] * 4
+    assert set(config.baselines) <= set(BASELINES)
+
+
+# ---- round trips ----------------------------------------------------------------------------
+CLUSTER_FILES = [p for p in DATA_FILES if _format_of(p) == "tfplace.cluster"]
+
+
+@pytest.mark.parametrize("path", CLUSTER_FILES, ids=_rel)
+def test_cluster_round_trip(path, tmp_path):
+    original = load_cluster(path)
+    save_cluster(original, tmp_path / "c.json")
+    again = load_cluster(tmp_path / "c.json")
+    assert again.to_json() == original.to_json()
+    assert again.link_names == original.link_names
+    np.testing.assert_array_equal(again.link_bandwidth_bytes_per_s, original.link_bandwidth_bytes_per_s)
+    np.testing.assert_array_equal(again.link_latency_s, original.link_latency_s)
+    assert again.paths == original.paths
+    assert [d.tf_device for d in again.devices] == [d.tf_device for d in original.devices]
+
+
+def test_link_matrix_is_written_back():
+    cluster = load_cluster(os.path.join(REPO, "examples", "formats", "cluster_links.json"))
+    links = cluster.to_json()["links"]
+    assert links["bandwidth_bytes_per_s"][0][2] == 1.25e9
+    assert links["latency_s"][2][1] == 2e-5
+
+
+def test_strategy_round_trip(tmp_path):
+    for name in ("strategy.json", "strategy_local_cpu.json"):
+        original = load_strategy(os.path.join(REPO, "examples", "formats", name))
+        save_strategy(original, tmp_path / name)
+        again = load_strategy(tmp_path / name)
+        assert again.to_json() == original.to_json()
+        assert again.groups == original.groups and again.default == original.default
+
+
+def test_profile_round_trip(tmp_path):
+    original = load_profile(os.path.join(REPO, "examples", "formats", "profile.json"))
+    save_profile(original, tmp_path / "p.json")
+    again = load_profile(tmp_path / "p.json")
+    assert again.to_json() == original.to_json()
+    assert again.ops == original.ops and again.comm == original.comm
+
+
+def test_train_config_round_trip(tmp_path):
+    original = load_train_config(os.path.join(REPO, "examples", "formats", "config.json"), workdir=str(tmp_path))
+    save_train_config(original, tmp_path / "resolved.json")
+    again = load_train_config(tmp_path / "resolved.json")
+    assert again == original
+
+
+# ---- config semantics -----------------------------------------------------------------------
+def test_train_config_defaults_and_paths(tmp_path):
+    path = tmp_path / "my_config.json"
+    path.write_text(json.dumps({"graphs": [{"model": "tiny_mlp", "batch_size": 8}],
+                                "clusters": ["clusters/local_cpu.json"]}))
+    config = load_train_config(path, workdir=str(tmp_path / "work"))
+    assert config.clusters == (os.path.join(REPO, "clusters", "local_cpu.json"),)  # repo fallback
+    assert config.output_dir == str(tmp_path / "work" / "runs" / "my_config")
+    assert config.profiles == (None,)
+    defaults = train_config_defaults()
+    assert config.max_groups == defaults["max_groups"] == 64
+    assert config.rl.learning_rate == defaults["rl"]["learning_rate"]
+    assert config.budget.steps == defaults["budget"]["steps"]
+
+
+def test_config_paths_prefer_the_config_folder(tmp_path):
+    (tmp_path / "clusters").mkdir()
+    local = tmp_path / "clusters" / "local_cpu.json"
+    local.write_text(open(os.path.join(REPO, "clusters", "two_kind_4gpu.json")).read())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"graphs": [{"model": "tiny_mlp", "batch_size": 8}],
+                                "clusters": ["clusters/local_cpu.json"]}))
+    assert load_train_config(path).clusters == (str(local),)
+
+
+def test_activate_non_strict_reports_each_bad_entry(tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"global_batch_size": 6, "max_groups": 4,
+                                "default": {"shares": {"cpu0": 2, "cpu1": 2, "cpu2": 2}}}))
+    path = tmp_path / "activate_config.txt"
+    path.write_text(json.dumps({
+        "strategies": [{"name": "ok", "strategy": "good.json", "model": "tiny_mlp"},
+                       {"name": "missing", "strategy": "nope.json", "model": "tiny_mlp"},
+                       {"name": "ok", "strategy": "good.json", "model": "tiny_mlp"}],
+        "baselines": ["single", "dp_magic", "dp_even_ps"]}))
+    with pytest.raises(InputError, match=r"strategies\[1\].strategy"):
+        load_activate_config(path)
+    config = load_activate_config(path, strict=False)
+    assert config.cluster == os.path.join(REPO, "clusters", "local_cpu.json")  # the default
+    report = validate_entries(config)
+    assert [name for name, _ in report] == ["ok", "missing", "ok", "single", "dp_magic", "dp_even_ps"]
+    assert [error is None for _, error in report] == [True, False, False, True, False, True]
+    assert "strategies[2].name" in str(report[2][1]) and "baselines[1]" in str(report[4][1])
+
+
+# ---- cluster topology -----------------------------------------------------------------------
+TESTBED = os.path.join(REPO, "clusters", "heterog_testbed.json")
+# (src, dst, link names on the path, bottleneck B/s, latency s)
+TOPOLOGY = [
+    ("v100_0", "v100_1", ["v100_0->v100_1"], 12e9, 5e-6),
+    ("v100_1", "v100_0", ["v100_1->v100_0"], 12e9, 5e-6),
+    ("v100_0", "gtx1080ti_0", ["host_a/nic_up", "host_b/nic_down"], 6.25e9, 10e-6),  # host B's 50 GbE
+    ("gtx1080ti_0", "v100_0", ["host_b/nic_up", "host_a/nic_down"], 6.25e9, 10e-6),
+    ("gtx1080ti_1", "gtx1080ti_2", ["host_b/nic_up", "host_c/nic_down"], 6.25e9, 10e-6),
+    ("p100_1", "v100_1", ["host_d/nic_up", "host_a/nic_down"], 6.25e9, 10e-6),
+    ("gtx1080ti_2", "gtx1080ti_3", ["gtx1080ti_2->gtx1080ti_3"], 12e9, 5e-6),
+]
+
+
+@pytest.mark.parametrize("src,dst,links,bandwidth,latency", TOPOLOGY)
+def test_testbed_paths(src, dst, links, bandwidth, latency):
+    c = load_cluster(TESTBED)
+    i, j = c.device_index(src), c.device_index(dst)
+    assert [c.link_names[k] for k in c.paths[i][j]] == links
+    assert c.path_bandwidth_bytes_per_s(i, j) == bandwidth
+    assert c.path_latency_s(i, j) == pytest.approx(latency, rel=1e-12)
+    assert c.transfer_seconds(i, j, bandwidth) == pytest.approx(1.0 + latency, rel=1e-12)
+
+
+def test_testbed_facts():
+    c = load_cluster(TESTBED)
+    assert c.num_devices == 8 and c.kinds == ("V100", "GTX1080Ti", "P100") and c.num_tasks == 4
+    assert list(c.memory_bytes) == [16e9] * 2 + [11e9] * 4 + [12e9] * 2
+    assert c.paths[0][0] == () and c.path_bandwidth_bytes_per_s(0, 0) == float("inf")
+    # Both V100s leave host A through the same NIC link (shared, so the simulator sees contention).
+    p0 = c.device_index("p100_0")
+    assert c.paths[0][p0][0] == c.paths[1][p0][0]
+    assert c.devices[3].tf_device == "/job:worker/replica:0/task:1/device:GPU:1"
+
+
+def test_matrix_cluster_paths():
+    hosts = [Host("h0"), Host("h1")]
+    devices = [Device("a", "V100", "h0", 16 * 10**9), Device("b", "T4", "h1", 15 * 10**9)]
+    bw = np.array([[0, 2e9], [3e9, 0]])
+    c = build_cluster("m", hosts, devices, bandwidth_matrix=bw)
+    assert c.paths[0][1] != c.paths[1][0] and len(c.paths[0][1]) == 1
+    assert c.path_bandwidth_bytes_per_s(0, 1) == 2e9 and c.path_bandwidth_bytes_per_s(1, 0) == 3e9
+    assert c.path_latency_s(0, 1) == 0.0
+    assert "latency_s" not in c.to_json()["links"]
+
+
+def test_local_cpu_cluster_has_one_task_per_device():
+    c = load_cluster(os.path.join(REPO, "clusters", "local_cpu.json"))
+    assert [d.tf_device for d in c.devices] == [
+        f"/job:worker/replica:0/task:{t}/device:CPU:0" for t in range(3)]
+    assert {h.address for h in c.hosts} == {"127.0.0.1"}
+
+
+# ---- profile interpolation ------------------------------------------------------------------
+# (batches, seconds, query batch, expected seconds), hand-computed.
+INTERPOLATION = [
+    ((8, 16, 32), (1.0, 2.0, 3.6), 8, 1.0),      # exact at measured points
+    ((8, 16, 32), (1.0, 2.0, 3.6), 16, 2.0),
+    ((8, 16, 32), (1.0, 2.0, 3.6), 32, 3.6),
+    ((8, 16, 32), (1.0, 2.0, 3.6), 12, 1.5),     # linear between
+    ((8, 16, 32), (1.0, 2.0, 3.6), 24, 2.8),
+    ((8, 16, 32), (1.0, 2.0, 3.6), 4, 0.5),      # below: line through 8 and 16
+    ((8, 16, 32), (1.0, 2.0, 3.6), 64, 6.8),     # above: line through 16 and 32
+    ((8, 16), (1.0, 3.0), 2, 0.0),               # extrapolation clipped at zero
+    ((16,), (2.0,), 8, 1.0),                     # one point: proportional to batch
+    ((16,), (2.0,), 48, 6.0),
+]
+
+
+@pytest.mark.parametrize("batches,seconds,batch,expected", INTERPOLATION)
+def test_interpolation(batches, seconds, batch, expected):
+    got = interpolate_seconds(batches, seconds, batch)
+    if batch in batches:
+        assert got == expected
+    else:
+        assert got == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+def test_profile_seconds_uses_interpolation():
+    p = load_profile(os.path.join(REPO, "examples", "formats", "profile.json"))
+    assert p.seconds("dense/MatMul", "CPU", 16) == 0.0002
+    assert p.seconds("dense/MatMul", "CPU", 24) == pytest.approx(0.00029)
+    with pytest.raises(InputError, match="Fix"):
+        p.seconds("dense/MatMul", "T4", 16)
+
+
+# ---- batch splitting ------------------------------------------------------------------------
+# (weights, batch, shares) — largest remainder, ties to the earlier device, >= 1 each.
+SHARES = [
+    ([1.8, 1], 64, [41, 23]),
+    ([1, 1], 64, [32, 32]),
+    ([1, 1, 1], 64, [22, 21, 21]),
+    ([1, 1], 3, [2, 1]),
+    ([1, 1], 1, [1, 0]),            # batch < devices: some get nothing
+    ([3, 1], 4, [3, 1]),
+    ([1, 2, 1], 7, [2, 3, 2]),      # shortfalls .75, .5, .75: tie goes to device 0, then device 2
+    ([100, 1, 1], 10, [8, 1, 1]),   # every device keeps >= 1 sample
+    ([1, 0], 5, [5, 0]),            # weight 0: no samples
+    ([15.7, 9.3, 11.3], 48, [21, 12, 15]),
+]
+
+
+@pytest.mark.parametrize("weights,batch,expected", SHARES)
+def test_proportional_shares(weights, batch, expected):
+    assert proportional_shares(weights, batch) == expected
+
+
+def test_proportional_shares_invariants():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 9))
+        weights = list(rng.uniform(0.1, 10.0, n))
+        batch = int(rng.integers(n, 300))
+        shares = proportional_shares(weights, batch)
+        assert sum(shares) == batch and min(shares) >= 1
+        targets = np.array(weights) / sum(weights) * batch
+        if min(targets) >= 1:  # no minimum-share correction needed: within one sample of the target
+            assert np.all(np.abs(np.array(shares) - targets) < 1)
+
+
+def test_proportional_shares_rejects_bad_weights():
+    for weights in ([], [0, 0], [-1, 2], [float("nan"), 1]):
+        with pytest.raises(InputError, match="Fix"):
+            proportional_shares(weights, 8)
+
+
+def test_even_and_proportional_strategies():
+    s = even_strategy(["a", "b", "c"], 64, max_groups=16)
+    assert s.default.shares == (("a", (22,)), ("b", (21,)), ("c", (21,)))
+    assert s.default.sync == "allreduce" and s.groups == {}
+    ps = even_strategy(["a", "b"], 8, 16, sync="ps", ps_device="a")
+    assert (ps.default.sync, ps.default.ps_device) == ("ps", "a")
+    validate_strategy(ps, None, ["a", "b"], global_batch_size=8)
+    prop = proportional_strategy(["v100", "p100", "idle"], [1.8, 1, 0], 64, 16)
+    assert prop.default.shares == (("v100", (41,)), ("p100", (23,)))
+    with pytest.raises(InputError, match="Fix"):
+        even_strategy(["a", "b", "c"], 2, 16)
+    with pytest.raises(InputError, match="ps_device"):
+        even_strategy(["a", "b"], 8, 16, sync="ps")
