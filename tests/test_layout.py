@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# realpath: under Bazel the test file is a runfiles symlink into the checkout.
+REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 # folder -> (installed package, tfplace packages it may import besides itself)
 PACKAGES = {
@@ -78,7 +79,7 @@ def test_import_rules(folder):
 
 @pytest.mark.parametrize("module", ["tfplace", "tfplace.simulator", "tfplace.graph_ir",
                                     "tfplace.cluster", "tfplace.strategy", "tfplace.profile",
-                                    "tfplace.lowering"])
+                                    "tfplace.lowering", "tfplace.grouping", "tfplace.testing"])
 def test_pure_modules_do_not_load_tensorflow(module):
     code = f"import sys, {module}; sys.exit(1 if 'tensorflow' in sys.modules else 0)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
