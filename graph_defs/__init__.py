@@ -1,0 +1,29 @@
+"""tfplace model zoo: exports TF1 training-step graphs as tfplace graph bundles.
+
+Public API:
+  export_model(name, batch_size, *, image_size, seq_len, num_layers, optimizer, learning_rate,
+               out_dir, ...) -> path of the bundle's .json
+  ensure_bundle(name, **opts) -> .json path, exporting into graph_defs/zoo/ only if missing
+  read_bundle(meta_path) -> (GraphDef, meta dict);  write_bundle(out_dir, stem, graph_def, meta)
+  with_batch_size(graph_def, meta['inputs'], batch) -> GraphDef re-shaped to another batch
+  model_names(tiny_only=False), MODELS (name -> ModelSpec), ZOO_DIR, MANIFEST_PATH
+Importing this package does not import TensorFlow; exporting and read_bundle do.
+"""
+
+from .bundle import read_bundle, read_meta, with_batch_size, write_bundle
+from .models import MODELS, get_spec, model_names
+
+_EXPORT_NAMES = ("MANIFEST_PATH", "ZOO_DIR", "bundle_stem", "ensure_bundle", "export_all",
+                 "export_model", "resolve_options")
+
+
+def __getattr__(name):
+    # Lazy, so `python -m tfplace.graph_defs.export` does not find its module pre-imported.
+    if name in _EXPORT_NAMES:
+        from . import export
+        return getattr(export, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["read_bundle", "read_meta", "with_batch_size", "write_bundle", "MODELS", "get_spec",
+           "model_names", *_EXPORT_NAMES]

@@ -1,0 +1,307 @@
+"""Exports zoo models as tfplace graph bundles (see bundle.py for the format).
+
+  python -m tfplace.graph_defs.export --model resnet50 --batch-size 64 --optimizer momentum
+  python -m tfplace.graph_defs.export --all [--manifest]   # every model at its defaults, cached
+  python -m tfplace.graph_defs.export --tiny               # only the tiny test models
+
+Bundle stems spell out the options that shape the graph:
+  <model>[_<variant>]_b<batch>[_s<image px>][_t<seq len>][_n<layers>][_c<classes>]_<opt>
+    [_lr<x>][_seed<k>]
+The parts in brackets appear when they apply to the model (s/t/n) or differ from the default
+(variant, classes, learning rate 0.01, seed 0); e.g. resnet50_b64_s224_sgd,
+bert_large_b16_t128_n24_sgd, tiny_mlp_b16_sgd.
+"""
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import time
+
+from . import bundle
+from . import models
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+ZOO_DIR = os.path.join(PACKAGE_DIR, "zoo")
+MANIFEST_PATH = os.path.join(PACKAGE_DIR, "manifest.json")
+# Bundles whose .pb is at most this many bytes are committed; larger ones are generated.
+COMMIT_LIMIT_BYTES = 3_000_000
+DEFAULT_LR = 0.01
+
+
+def _check_int(field, value, minimum, model):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{model}: {field} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def resolve_options(name, batch_size=None, *, image_size=None, seq_len=None, num_layers=None,
+                    num_classes=None, variant=None, optimizer="sgd",
+                    learning_rate=DEFAULT_LR, seed=0):
+    """Validates options against the model and fills defaults.
+
+    Returns (spec, cfg, opts) where opts is a dict of every resolved option (batch_size,
+    image_size, seq_len, num_layers, num_classes, variant, optimizer, learning_rate, seed).
+    Raises ValueError with the option, the bad value and what is accepted.
+    """
+    spec = models.get_spec(name)
+    batch_size = spec.default_batch if batch_size is None else batch_size
+    _check_int("batch_size", batch_size, 1, name)
+    given = {"image_size": image_size, "seq_len": seq_len, "num_layers": num_layers,
+             "num_classes": num_classes}
+    for field, value in given.items():
+        if value is not None and getattr(spec, field) is None:
+            raise ValueError(f"{name}: option {field} does not apply to this model "
+                             f"(a {spec.kind} model); leave it unset")
+    if variant is not None and variant not in spec.variants:
+        accepted = list(spec.variants) or "none"
+        raise ValueError(f"{name}: unknown variant {variant!r}; accepted: {accepted}")
+    variant = variant or (spec.variants[0] if spec.variants else None)
+    if spec.image_size is not None and image_size is None:
+        image_size = models.default_image_size(spec, variant)
+    image_size = _check_int("image_size", image_size, 1, name)
+    seq_len = _check_int("seq_len", spec.seq_len if seq_len is None else seq_len, 1, name)
+    num_layers = _check_int("num_layers", spec.num_layers if num_layers is None else num_layers,
+                            1, name)
+    num_classes = _check_int("num_classes",
+                             spec.num_classes if num_classes is None else num_classes, 2, name)
+    if optimizer not in bundle.OPTIMIZERS:
+        raise ValueError(f"{name}: unknown optimizer {optimizer!r}; "
+                         f"choose one of {list(bundle.OPTIMIZERS)}")
+    if (isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float))
+            or not math.isfinite(learning_rate) or learning_rate <= 0):
+        raise ValueError(f"{name}: learning_rate must be a positive number, got {learning_rate!r}")
+    _check_int("seed", seed, 0, name)
+    cfg = models.ModelConfig(name, image_size, seq_len, num_layers, num_classes, variant)
+    opts = dict(batch_size=batch_size, image_size=image_size, seq_len=seq_len,
+                num_layers=num_layers, num_classes=num_classes, variant=variant,
+                optimizer=optimizer, learning_rate=float(learning_rate), seed=seed)
+    return spec, cfg, opts
+
+
+def bundle_stem(spec, opts):
+    """File stem for a bundle, e.g. 'resnet50_b64_s224_sgd' (rule in the module docstring)."""
+    parts = [spec.name]
+    if opts["variant"] is not None and opts["variant"] != spec.variants[0]:
+        parts.append(opts["variant"])
+    parts.append(f"b{opts['batch_size']}")
+    for key, tag in (("image_size", "s"), ("seq_len", "t"), ("num_layers", "n")):
+        if opts[key] is not None:
+            parts.append(f"{tag}{opts[key]}")
+    if opts["num_classes"] is not None and opts["num_classes"] != spec.num_classes:
+        parts.append(f"c{opts['num_classes']}")
+    parts.append(opts["optimizer"])
+    if opts["learning_rate"] != DEFAULT_LR:
+        parts.append(f"lr{opts['learning_rate']:g}")
+    if opts["seed"]:
+        parts.append(f"seed{opts['seed']}")
+    return "_".join(parts)
+
+
+def source_hash(spec):
+    """Hash of the code that shapes this model's graph: bundle.py, the family module and the
+    sibling modules it imports (`from .x import ...`), transitively. A change marks the
+    bundle stale."""
+    mdir = os.path.dirname(models.__file__)
+    seen, todo = set(), [spec.family]
+    while todo:  # transitive closure over sibling imports
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            with open(os.path.join(mdir, name + ".py")) as f:
+                todo += re.findall(r"^from \.(\w+) import", f.read(), flags=re.M)
+    h = hashlib.sha256()
+    with open(bundle.__file__, "rb") as f:  # with_batch_size shapes every stored graph
+        h.update(f.read())
+    for name in sorted(seen):
+        with open(os.path.join(mdir, name + ".py"), "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+def export_model(name, batch_size=None, *, image_size=None, seq_len=None, num_layers=None,
+                 num_classes=None, variant=None, optimizer="sgd", learning_rate=DEFAULT_LR,
+                 seed=0, out_dir=ZOO_DIR):
+    """Builds the training step of `name` and writes its bundle; returns the .json path.
+
+    batch_size None means the model's default (64 for CNNs, 32 for the transformer, 16 for
+    BERT/XLNet and the tiny models). Sizes are in pixels (image_size) and tokens (seq_len).
+    """
+    spec, cfg, opts = resolve_options(
+        name, batch_size, image_size=image_size, seq_len=seq_len, num_layers=num_layers,
+        num_classes=num_classes, variant=variant, optimizer=optimizer,
+        learning_rate=learning_rate, seed=seed)
+    start = time.time()
+    import tensorflow as tf  # Deferred: option errors above come back without loading TF.
+
+    from .models import _train
+
+    build_fn = models.family_module(spec).build
+    graph_def, info = _train.build_train_graph(build_fn, cfg, optimizer, opts["learning_rate"],
+                                               seed)
+    graph_def = bundle.with_batch_size(graph_def, info["inputs"], opts["batch_size"])
+    meta = {
+        "format": bundle.FORMAT_NAME, "version": bundle.FORMAT_VERSION, "model": name,
+        "global_batch_size": opts["batch_size"], "image_size": opts["image_size"],
+        "seq_len": opts["seq_len"], "num_layers": opts["num_layers"],
+        "optimizer": optimizer, "learning_rate": opts["learning_rate"],
+        "inputs": info["inputs"], "sink": _train.SINK, "init_op": _train.INIT_OP,
+        "loss": _train.LOSS, "loss_reduction": "mean",
+        "variable_count": info["variable_count"], "param_count": info["param_count"],
+        "param_bytes": info["param_bytes"], "tf_version": tf.__version__, "seed": seed,
+        # Extra keys (not part of the required contract):
+        "num_classes": opts["num_classes"], "variant": opts["variant"],
+        "trainable_param_count": info["trainable_param_count"],
+        "source_hash": source_hash(spec),
+        "export_seconds": round(time.time() - start, 2),
+    }
+    return bundle.write_bundle(out_dir, bundle_stem(spec, opts), graph_def, meta)
+
+
+def bundle_is_current(meta_path, spec):
+    """True when the bundle exists, validates, matches its .pb size and the current code."""
+    try:
+        meta = bundle.read_meta(meta_path)
+    except ValueError:
+        return False
+    graph_path = os.path.join(os.path.dirname(meta_path), meta["graph_file"])
+    return (os.path.exists(graph_path) and os.path.getsize(graph_path) == meta["graph_bytes"]
+            and meta.get("source_hash") == source_hash(spec))
+
+
+def ensure_bundle(model, *, out_dir=ZOO_DIR, **opts):
+    """Returns the .json path of `model`'s bundle with `opts`, exporting it only if missing or
+    stale (cache in graph_defs/zoo/ by default). opts are export_model's keyword options."""
+    spec, _, resolved = resolve_options(model, **opts)
+    meta_path = bundle.bundle_paths(out_dir, bundle_stem(spec, resolved))[1]
+    if bundle_is_current(meta_path, spec):
+        return meta_path
+    return export_model(model, out_dir=out_dir, **opts)
+
+
+def _human_bytes(n):
+    return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def export_all(names, *, out_dir=ZOO_DIR, force=False, log=print):
+    """Exports each model at its defaults unless its bundle is current; returns meta paths."""
+    paths = []
+    for i, name in enumerate(names, 1):
+        spec, _, opts = resolve_options(name)
+        meta_path = bundle.bundle_paths(out_dir, bundle_stem(spec, opts))[1]
+        start = time.time()
+        cached = not force and bundle_is_current(meta_path, spec)
+        if not cached:
+            meta_path = export_model(name, out_dir=out_dir)
+        meta = bundle.read_meta(meta_path)
+        status = "cached  " if cached else "exported"
+        log(f"[{i}/{len(names)}] {bundle_stem(spec, opts):32s} {status} "
+            f"{time.time() - start:7.1f}s  ops={meta['op_count']:<6d} "
+            f"params={meta['param_count'] / 1e6:8.2f}M  {_human_bytes(meta['graph_bytes'])}")
+        paths.append(meta_path)
+    return paths
+
+
+def write_manifest(meta_paths, manifest_path=MANIFEST_PATH, zoo_dir=ZOO_DIR):
+    """Merges the bundles' summaries into manifest.json and rewrites zoo/.gitignore so that
+    bundles over COMMIT_LIMIT_BYTES are generated, not committed."""
+    entries = {}
+    if os.path.exists(manifest_path):
+        with open(manifest_path) as f:
+            entries = {e["model"]: e for e in json.load(f)["models"]}
+    for path in meta_paths:
+        meta = bundle.read_meta(path)
+        entries[meta["model"]] = {
+            "model": meta["model"], "stem": os.path.splitext(meta["graph_file"])[0],
+            "op_count": meta["op_count"], "variable_count": meta["variable_count"],
+            "param_count": meta["param_count"], "param_bytes": meta["param_bytes"],
+            "graph_bytes": meta["graph_bytes"], "export_seconds": meta.get("export_seconds"),
+            "committed": meta["graph_bytes"] <= COMMIT_LIMIT_BYTES}
+    order = models.model_names()
+    rows = [entries[n] for n in order if n in entries]
+    with open(manifest_path, "w") as f:
+        json.dump({"format": "tfplace.zoo_manifest", "commit_limit_bytes": COMMIT_LIMIT_BYTES,
+                   "models": rows}, f, indent=2)
+        f.write("\n")
+    lines = ["# Written by `python -m tfplace.graph_defs.export --all --manifest`.",
+             "# Bundles are ignored unless listed below as committed (.pb <= "
+             f"{COMMIT_LIMIT_BYTES} bytes);", "# the rest are generated on demand by "
+             "`export --all` or ensure_bundle().", "*.pb", "*.json", "*.tmp*"]
+    lines += [f"!{r['stem']}{ext}" for r in rows if r["committed"] for ext in (".pb", ".json")]
+    lines += [f"# generated: {r['stem']} ({_human_bytes(r['graph_bytes'])})"
+              for r in rows if not r["committed"]]
+    os.makedirs(zoo_dir, exist_ok=True)
+    with open(os.path.join(zoo_dir, ".gitignore"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return manifest_path
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="python -m tfplace.graph_defs.export",
+                                description=__doc__.split("\n\n")[0])
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", choices=models.model_names(), help="model to export")
+    what.add_argument("--all", action="store_true", help="every zoo model at its defaults")
+    what.add_argument("--tiny", action="store_true", help="only the tiny test models")
+    p.add_argument("--batch-size", type=int, help="global batch size (default: per model)")
+    p.add_argument("--image-size", type=int, help="image side in pixels (image models)")
+    p.add_argument("--seq-len", type=int, help="sequence length in tokens (sequence models)")
+    p.add_argument("--num-layers", type=int, help="layers per stack (sequence models)")
+    p.add_argument("--num-classes", type=int, help="classifier classes (image models)")
+    p.add_argument("--variant", help="model variant, e.g. nasnet: mobile|large")
+    p.add_argument("--optimizer", default="sgd", choices=bundle.OPTIMIZERS)
+    p.add_argument("--learning-rate", type=float, default=DEFAULT_LR)
+    p.add_argument("--seed", type=int, default=0, help="graph-level random seed")
+    p.add_argument("--out", default=ZOO_DIR, help="output folder (default: the zoo cache)")
+    p.add_argument("--force", action="store_true", help="re-export even if the bundle is current")
+    p.add_argument("--manifest", action="store_true",
+                   help="with --all/--tiny: rewrite manifest.json and zoo/.gitignore")
+    return p
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if not args.model:
+        given = [f for f in ("batch_size", "image_size", "seq_len", "num_layers",
+                             "num_classes", "variant") if getattr(args, f) is not None]
+        if given or args.optimizer != "sgd" or args.learning_rate != DEFAULT_LR or args.seed:
+            print(f"error: --all/--tiny export the default sizes; drop {given or 'the options'}"
+                  " or use --model", file=sys.stderr)
+            return 2
+    elif args.manifest:
+        print("error: --manifest goes with --all or --tiny", file=sys.stderr)
+        return 2
+    try:
+        import tensorflow as tf
+
+        tf.get_logger().setLevel("ERROR")  # Keras' graph-mode deprecation notices are noise here
+        if args.model:
+            start = time.time()
+            path = export_model(
+                args.model, args.batch_size, image_size=args.image_size, seq_len=args.seq_len,
+                num_layers=args.num_layers, num_classes=args.num_classes, variant=args.variant,
+                optimizer=args.optimizer, learning_rate=args.learning_rate, seed=args.seed,
+                out_dir=args.out)
+            meta = bundle.read_meta(path)
+            print(f"{os.path.basename(path)}: {time.time() - start:.1f}s  "
+                  f"ops={meta['op_count']} params={meta['param_count']} "
+                  f"{_human_bytes(meta['graph_bytes'])} -> {path}")
+            return 0
+        names = models.model_names(tiny_only=args.tiny)
+        paths = export_all(names, out_dir=args.out, force=args.force)
+        if args.manifest:
+            print(f"wrote {write_manifest(paths, zoo_dir=args.out)}")
+        return 0
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
