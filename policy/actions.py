@@ -1,0 +1,126 @@
+"""The policy's action space and its decoding into a Strategy that is always valid.
+
+One action for a graph of G groups on a cluster of D devices is a dict of int32 arrays:
+
+  shares     [G, D] in [0, L)  share level of each device for each group; level l gives the device
+                               the weight SHARE_LEVELS[l] x its relative speed (level 0 = not used).
+                               The group's samples are `proportional_shares(weights, batch)`
+                               (largest remainder, sums exactly to the batch); devices that end at
+                               0 samples are dropped. All-zero weights fall back to the fastest
+                               device (of those with the highest share level logit if given).
+                               Uneven splits (0.5x / 2x speed) are expressible.
+  micro      [G]    in {0, 1}  1 = run each device's share as 2 micro-batches (pipelining), when
+                               the share has >= 2 samples.
+  sync       [G]    in {0, 1}  0 = all-reduce among the holders, 1 = parameter server.
+  ps_device  [G]    in [0, D)  the PS device when sync = 1 (any device: a holder or a dedicated
+                               PS); ignored for all-reduce.
+  priority   [G]    in [0, P)  execution priority of the group's ops on each device (lower first).
+
+Everything is a pure function of the arrays: `decode` never raises for an action inside
+`action_array_spec` (tested with random actions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Optional, Sequence, Tuple
+
+import numpy as np
+from tf_agents.specs import array_spec
+
+from tfplace.strategy import GroupDecision, Strategy, proportional_shares
+
+SHARE_LEVELS: Tuple[float, ...] = (0.0, 0.5, 1.0, 2.0)
+ACTION_KEYS = ("micro", "priority", "ps_device", "shares", "sync")
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionLayout:
+    """Sizes of the action space that do not depend on the graph or cluster."""
+    share_levels: int = len(SHARE_LEVELS)
+    priority_levels: int = 3
+
+
+def action_array_spec(num_groups: int, num_devices: int, layout: ActionLayout = ActionLayout()):
+    """The TF-Agents spec of one action (dict of BoundedArraySpec)."""
+    def spec(shape, hi, name):
+        return array_spec.BoundedArraySpec(shape, np.int32, minimum=0, maximum=hi, name=name)
+    g, d = num_groups, num_devices
+    return {"shares": spec((g, d), layout.share_levels - 1, "shares"), "micro": spec((g,), 1, "micro"),
+            "sync": spec((g,), 1, "sync"), "ps_device": spec((g,), d - 1, "ps_device"),
+            "priority": spec((g,), layout.priority_levels - 1, "priority")}
+
+
+def random_action(rng: np.random.Generator, num_groups: int, num_devices: int,
+                  layout: ActionLayout = ActionLayout()) -> Dict[str, np.ndarray]:
+    spec = action_array_spec(num_groups, num_devices, layout)
+    return {k: rng.integers(0, s.maximum + 1, size=s.shape).astype(np.int32) for k, s in spec.items()}
+
+
+def proportional_action(num_groups: int, num_devices: int) -> Dict[str, np.ndarray]:
+    """The action that decodes to data parallel with shares proportional to speed, all-reduce."""
+    z = np.zeros(num_groups, np.int32)
+    return {"shares": np.full((num_groups, num_devices), SHARE_LEVELS.index(1.0), np.int32), "micro": z.copy(),
+            "sync": z.copy(), "ps_device": z.copy(), "priority": z.copy()}
+
+
+def mutate(rng: np.random.Generator, action: Dict[str, np.ndarray], num_changes: int = 2,
+           layout: ActionLayout = ActionLayout()) -> Dict[str, np.ndarray]:
+    """A copy of `action` with `num_changes` random groups re-drawn in one random field (local
+    search; the lowering then re-resolves only the touched groups)."""
+    out = {k: v.copy() for k, v in action.items()}
+    g, d = out["shares"].shape
+    spec = action_array_spec(g, d, layout)
+    for _ in range(num_changes):
+        key = ACTION_KEYS[rng.integers(len(ACTION_KEYS))]
+        grp = rng.integers(g)
+        if key == "shares":
+            out[key][grp, rng.integers(d)] = rng.integers(spec[key].maximum + 1)
+        else:
+            out[key][grp] = rng.integers(spec[key].maximum + 1)
+    return out
+
+
+def _group_decision(row: np.ndarray, micro: int, sync: int, ps: int, prio: int, names: Sequence[str],
+                    speeds: np.ndarray, batch: int) -> GroupDecision:
+    weights = np.asarray(SHARE_LEVELS)[row] * speeds
+    if not (weights > 0).any():
+        weights = np.zeros_like(speeds)
+        weights[int(np.argmax(speeds))] = 1.0
+    shares = proportional_shares(weights.tolist(), batch)
+    entries = []
+    for name, s in zip(names, shares):
+        if s <= 0:
+            continue
+        entries.append((name, (s - s // 2, s // 2) if micro and s >= 2 else (s,)))
+    return GroupDecision(tuple(entries), "ps" if sync else "allreduce", names[ps] if sync else None, int(prio))
+
+
+def decode(action: Dict[str, np.ndarray], group_names: Sequence[str], device_names: Sequence[str],
+           speeds: Sequence[float], batch_size: int, max_groups: int, graph: str = "") -> Strategy:
+    """The Strategy of `action` (see the module docstring); every group is listed explicitly."""
+    sp = np.asarray(speeds, dtype=np.float64)
+    shares = np.asarray(action["shares"])
+    groups = {}
+    cache: Dict[tuple, GroupDecision] = {}
+    for g, name in enumerate(group_names):
+        key = (shares[g].tobytes(), int(action["micro"][g]), int(action["sync"][g]),
+               int(action["ps_device"][g]) if action["sync"][g] else -1, int(action["priority"][g]))
+        if key not in cache:
+            cache[key] = _group_decision(shares[g], key[1], key[2], int(action["ps_device"][g]), key[4],
+                                         device_names, sp, batch_size)
+        groups[name] = cache[key]
+    return Strategy(batch_size, max_groups, None, groups, graph)
+
+
+def action_key(action: Dict[str, np.ndarray]) -> bytes:
+    """Hashable identity of an action (for caches and pool de-duplication)."""
+    return b"|".join(np.ascontiguousarray(action[k], dtype=np.int32).tobytes() for k in ACTION_KEYS)
+
+
+def action_to_json(action: Optional[Dict[str, np.ndarray]]):
+    return None if action is None else {k: np.asarray(v).tolist() for k, v in action.items()}
+
+
+def action_from_json(obj) -> Optional[Dict[str, np.ndarray]]:
+    return None if obj is None else {k: np.asarray(v, dtype=np.int32) for k, v in obj.items()}

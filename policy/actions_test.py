@@ -1,0 +1,60 @@
+import numpy as np
+import pytest
+
+from tfplace.policy import actions as A
+from tfplace.policy.testing_fixtures import tiny_task
+from tfplace.strategy import validate_strategy
+
+
+@pytest.mark.parametrize("seed,batch", [(0, 8), (1, 3), (2, 64), (3, 1)])
+def test_random_actions_always_decode_to_valid_strategies(seed, batch):
+    rng = np.random.default_rng(seed)
+    names = [f"g{i}" for i in range(7)]
+    devices = ["a", "b", "c", "d"]
+    for _ in range(200):
+        act = A.random_action(rng, len(names), len(devices))
+        s = A.decode(act, names, devices, [15.7, 15.7, 9.3, 4.4], batch, 16)
+        validate_strategy(s, names, devices, batch)
+        for name in names:
+            assert s.groups[name].total_samples == batch
+
+
+def test_all_zero_levels_fall_back_to_fastest_device():
+    act = A.proportional_action(2, 3)
+    act["shares"][:] = 0
+    s = A.decode(act, ["x", "y"], ["a", "b", "c"], [1.0, 3.0, 2.0], 10, 4)
+    assert s.groups["x"].shares == (("b", (10,)),)
+
+
+def test_proportional_action_matches_speed_split():
+    act = A.proportional_action(1, 2)
+    s = A.decode(act, ["x"], ["fast", "slow"], [1.8, 1.0], 64, 4)
+    assert dict(s.groups["x"].shares) == {"fast": (41,), "slow": (23,)}  # proportional_shares example
+    assert s.groups["x"].sync == "allreduce"
+
+
+def test_micro_batches_ps_and_priority():
+    act = A.proportional_action(1, 2)
+    act["micro"][0], act["sync"][0], act["ps_device"][0], act["priority"][0] = 1, 1, 1, 2
+    d = A.decode(act, ["x"], ["a", "b"], [1.0, 1.0], 8, 4).groups["x"]
+    assert dict(d.shares) == {"a": (2, 2), "b": (2, 2)}
+    assert (d.sync, d.ps_device, d.priority) == ("ps", "b", 2)
+
+
+def test_random_actions_lower_and_simulate():
+    task = tiny_task(cluster="four")
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        ev = task.evaluate(A.random_action(rng, task.num_groups, task.num_devices))
+        assert ev.time_s > 0 and ev.effective_time_s >= ev.time_s
+
+
+def test_mutate_changes_at_most_k_groups_and_stays_in_spec():
+    rng = np.random.default_rng(0)
+    a = A.random_action(rng, 5, 3)
+    spec = A.action_array_spec(5, 3)
+    for _ in range(50):
+        b = A.mutate(rng, a, 2)
+        for k, s in spec.items():
+            s.check_array(b[k])
+        assert A.action_key(A.action_from_json(A.action_to_json(b))) == A.action_key(b)

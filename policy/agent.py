@@ -1,0 +1,88 @@
+"""The learner: REINFORCE with a moving-average reward baseline per task and entropy
+regularisation (chosen over PPO: each step evaluates a few whole strategies of one-step
+episodes, and with fresh on-policy samples every step PPO's clipping buys little; config
+`rl.algorithm: "ppo"` is rejected with a clear message until it is implemented).
+
+Per task (graph, cluster) and step, with K sampled actions a_k and rewards r_k:
+    A_k  = (r_k - b) / max(std_k(r), 0.01 |b|)          b: moving average of the task's rewards
+    loss = mean over tasks [ -mean_k(A_k log pi(a_k)) / G  -  beta H(pi) / G ]
+(G = groups of the task, so tasks of different sizes weigh the same). One Adam update per step
+over all tasks; then b <- decay b + (1 - decay) mean_k(r_k). Only fresh on-policy samples enter
+the gradient (no off-policy pool replay without importance weights, HeteroG's §9.20 bug).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from tfplace.config import RLConfig
+from tfplace.errors import InputError
+
+from tfplace.policy.network import PlacementNetwork, entropy, log_prob
+
+Action = Dict[str, np.ndarray]
+
+
+def batch_observation(obs: Dict[str, np.ndarray]) -> Dict[str, tf.Tensor]:
+    """Adds the batch dimension B = 1 to a single observation."""
+    return {k: tf.convert_to_tensor(np.asarray(v)[None]) for k, v in obs.items()}
+
+
+class ReinforceLearner:
+    def __init__(self, network: PlacementNetwork, config: RLConfig):
+        if config.algorithm != "reinforce":
+            raise InputError("config", "rl.algorithm", f"{config.algorithm!r} is not implemented yet",
+                             'use "reinforce"')
+        self.network = network
+        self.config = config
+        self.optimizer = tf.keras.optimizers.Adam(learning_rate=config.learning_rate)
+        self.baselines: Dict[str, float] = {}
+
+    def build(self, obs: Dict[str, np.ndarray]) -> None:
+        """Creates the network and optimizer variables (before restoring a checkpoint)."""
+        self.network(batch_observation(obs))
+        self.optimizer.build(self.network.trainable_variables)
+
+    def sample(self, obs: Dict[str, np.ndarray], n: int, seed: Sequence[int]) -> List[Action]:
+        dists, _ = self.network(batch_observation(obs))
+        seed_t = tf.constant(np.asarray(seed, dtype=np.int32))
+        out = {k: d.sample(n, seed=tf.random.experimental.stateless_fold_in(seed_t, i)).numpy()[:, 0]
+               for i, (k, d) in enumerate(sorted(dists.items()))}
+        return [{k: v[i].astype(np.int32) for k, v in out.items()} for i in range(n)]
+
+    def greedy(self, obs: Dict[str, np.ndarray]) -> Action:
+        dists, _ = self.network(batch_observation(obs))
+        return {k: d.mode().numpy()[0].astype(np.int32) for k, d in dists.items()}
+
+    def advantages(self, label: str, rewards: Sequence[float]) -> np.ndarray:
+        r = np.asarray(rewards, dtype=np.float64)
+        b = self.baselines.get(label, float(r.mean()))
+        scale = max(float(r.std()), 0.01 * abs(b), 1e-6)
+        adv = (r - b) / scale
+        d = self.config.baseline_decay
+        self.baselines[label] = d * b + (1 - d) * float(r.mean())
+        return adv.astype(np.float32)
+
+    def update(self, batch: Sequence[Tuple[Dict[str, np.ndarray], List[Action], np.ndarray]]) -> Dict[str, float]:
+        """One gradient step over [(observation, sampled actions, advantages)] of several tasks."""
+        beta = self.config.entropy_coef
+        with tf.GradientTape() as tape:
+            losses, ents = [], []
+            for obs, actions, adv in batch:
+                dists, _ = self.network(batch_observation(obs), training=True)
+                acts = {k: tf.constant(np.stack([a[k] for a in actions])[:, None]) for k in actions[0]}
+                g = float(obs["nodes"].shape[0])
+                lp = log_prob(dists, acts)[:, 0]  # [K]
+                ent = entropy(dists)[0]
+                losses.append(-tf.reduce_mean(tf.constant(adv) * lp) / g - beta * ent / g)
+                ents.append(ent / g)
+            loss = tf.add_n(losses) / len(losses)
+        grads = tape.gradient(loss, self.network.trainable_variables)
+        if any(not np.all(np.isfinite(gr.numpy())) for gr in grads if gr is not None):
+            raise FloatingPointError("policy gradient is not finite; lower rl.learning_rate")
+        grads, _ = tf.clip_by_global_norm(grads, 5.0)
+        self.optimizer.apply_gradients(zip(grads, self.network.trainable_variables))
+        return {"loss": float(loss), "entropy_per_group": float(tf.add_n(ents) / len(ents))}

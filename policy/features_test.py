@@ -1,0 +1,40 @@
+import numpy as np
+import pytest
+
+from tfplace.policy import features as F
+from tfplace.policy.testing_fixtures import tiny_task
+
+
+@pytest.mark.parametrize("op_type,category", [
+    ("Conv2D", "conv"), ("Conv2DBackpropFilter", "conv_grad"), ("MatMul", "matmul"),
+    ("ResourceApplyGradientDescent", "optimizer"), ("ReluGrad", "activation_grad"), ("Relu", "activation"),
+    ("AddV2", "elementwise"), ("FusedBatchNormV3", "norm"), ("Reshape", "shape"), ("Placeholder", "input"),
+    ("SomethingNew", "other")])
+def test_op_category(op_type, category):
+    assert F.CATEGORY_NAMES[F.op_category(op_type)] == category
+
+
+@pytest.mark.parametrize("cluster", ["two", "four"])
+def test_shapes_do_not_depend_on_device_count(cluster):
+    task = tiny_task(cluster=cluster)
+    f = task.features
+    d = task.num_devices
+    assert f.nodes.shape == (task.num_groups, F.NODE_FEATURES)
+    assert f.devices.shape == (d, F.DEVICE_FEATURES)
+    assert f.pairs.shape == (task.num_groups, d, F.PAIR_FEATURES)
+    assert f.globals.shape == (F.GLOBAL_FEATURES,)
+    hist = f.nodes[:, :len(F.OP_CATEGORIES)]
+    np.testing.assert_allclose(hist.sum(axis=1), 1.0, rtol=1e-5)
+    assert f.senders.max() < task.num_groups and f.receivers.max() < task.num_groups
+    # every group has a self edge, forward edges have reverse twins
+    assert (f.edges[:, 3] == 1).sum() == task.num_groups
+    assert (f.edges[:, 1] == 1).sum() == (f.edges[:, 2] == 1).sum()
+
+
+def test_faster_device_has_lower_cost_pair_feature():
+    task = tiny_task(cluster="four")  # v100 x2, p100 x2
+    names = task.cluster.device_names
+    v, p = names.index("v100_0"), names.index("p100_0")
+    heavy = np.argmax(task.features.nodes[:, len(F.OP_CATEGORIES) + 1])
+    assert task.features.pairs[heavy, v, 0] <= task.features.pairs[heavy, p, 0]
+    assert task.features.devices[v, 0] >= task.features.devices[p, 0]

@@ -1,0 +1,115 @@
+"""Planning with a trained policy (library behind `python -m tfplace.plan` and the benchmark).
+
+    result = plan(run_dir, graph=..., cluster=..., search_seconds=10, out="strategy.json")
+    result = plan_task(learner, task, search_seconds, samples, seed)     # with a loaded policy
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Dict, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tfplace.config import load_train_config
+from tfplace.errors import InputError
+from tfplace.strategy import save_strategy
+
+from tfplace.policy import actions as A
+from tfplace.policy.agent import ReinforceLearner
+from tfplace.policy.environment import PlacementTask
+from tfplace.policy.network import PlacementNetwork
+from tfplace.policy.pool import PoolEntry, StrategyPool
+from tfplace.policy import train_lib
+
+
+@dataclasses.dataclass
+class PlanResult:
+    label: str
+    best: PoolEntry
+    zero_shot: PoolEntry         # best of greedy + samples, before any search
+    baselines: Dict[str, Dict]
+    best_baseline: str
+    best_baseline_time_s: float
+    planning_s: float
+    zero_shot_s: float
+    out: Optional[str] = None
+
+
+def load_policy(run_dir: str):
+    """(learner with restored weights, train config) from a training output_dir."""
+    cfg_path, state_path = os.path.join(run_dir, "config.json"), os.path.join(run_dir, train_lib.STATE_FILE)
+    for p in (cfg_path, state_path):
+        if not os.path.exists(p):
+            raise InputError(run_dir, os.path.basename(p), "missing", "give the output_dir of a training run")
+    config = load_train_config(cfg_path)
+    with open(state_path, encoding="utf-8") as f:
+        state = json.load(f)
+    learner = ReinforceLearner(PlacementNetwork(config.network, A.ActionLayout()), config.rl)
+    return learner, config, os.path.join(run_dir, "checkpoints", state["tf_checkpoint"])
+
+
+def _entry(task: PlacementTask, source: str, act) -> PoolEntry:
+    ev = task.evaluate(act)
+    return PoolEntry(source, task.decode(act), ev.time_s, ev.effective_time_s, ev.oom, 0, act)
+
+
+def plan_task(learner: ReinforceLearner, task: PlacementTask, search_seconds: float = 0.0, samples: int = 8,
+              seed: int = 0) -> PlanResult:
+    start = time.time()
+    rng = np.random.default_rng(seed)
+    pool = train_lib.seed_pool(task, 16)
+    obs = task.features.as_observation()
+    shot = [_entry(task, "zero-shot greedy", learner.greedy(obs))]
+    shot += [_entry(task, "zero-shot sample", a) for a in learner.sample(obs, samples, rng.integers(0, 2**31 - 1, 2))]
+    zero = min(shot, key=lambda e: e.effective_time_s)
+    zero_s = time.time() - start
+    for e in shot:
+        pool.add(e)
+    while time.time() - start < search_seconds:
+        for a in learner.sample(obs, 4, rng.integers(0, 2**31 - 1, 2)):
+            pool.add(_entry(task, "search sample", a))
+        base = pool.best_with_action()
+        for _ in range(16):
+            pool.add(_entry(task, "local search", A.mutate(rng, base.action, int(rng.integers(1, 4)))))
+            base = pool.best_with_action()
+    bb = pool.best_baseline()
+    return PlanResult(task.label, pool.best, zero, pool.baseline_times(), bb.source, bb.time_s,
+                      time.time() - start, zero_s)
+
+
+def plan(run_dir: str, *, graph: Optional[str], model: Optional[str], batch_size: Optional[int], cluster: str,
+         profile: Optional[str] = None, search_seconds: float = 0.0, samples: int = 8, seed: int = 0,
+         out: Optional[str] = None) -> PlanResult:
+    learner, config, ckpt = load_policy(run_dir)
+    if model is not None:
+        from tfplace.config import GraphEntry
+        bundle = train_lib.graph_bundle(GraphEntry(batch_size or 64, model=model))
+    else:
+        bundle = graph
+    from tfplace.graph_loader import load_op_graph
+    batch = batch_size or load_op_graph(bundle).reference_batch_size
+    label = os.path.splitext(os.path.basename(bundle))[0]
+    task = train_lib.build_task(label, bundle, batch, cluster, profile, config)
+    learner.build(task.features.as_observation())
+    tf.train.Checkpoint(network=learner.network).read(ckpt).expect_partial()
+    result = plan_task(learner, task, search_seconds, samples, seed)
+    if out:
+        save_strategy(result.best.strategy, out)
+        result.out = out
+    return result
+
+
+def format_result(r: PlanResult) -> str:
+    lines = [f"{r.label}: best {r.best.time_s * 1e3:.3f} ms ({r.best.source}{', OOM' if r.best.oom else ''}); "
+             f"zero-shot {r.zero_shot.time_s * 1e3:.3f} ms{' (OOM)' if r.zero_shot.oom else ''} in {r.zero_shot_s:.2f} s; "
+             f"best baseline {r.best_baseline} {r.best_baseline_time_s * 1e3:.3f} ms; planning {r.planning_s:.1f} s"]
+    for name, b in r.baselines.items():
+        lines.append(f"  baseline {name:<28} {b['time_s'] * 1e3:9.3f} ms{'  OOM' if b['oom'] else ''}")
+    if r.out:
+        lines.append(f"strategy written to {r.out}")
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""Pool of the best strategies found for one (graph, cluster), seeded with every baseline, so the
+reported best is never worse than the best baseline.
+
+Entries are kept sorted by effective time (OOM penalty folded in), de-duplicated by strategy
+content, at most `size` of them; baselines are always kept (they are the floor and the table).
+JSON round-trip (`to_json` / `from_json`) for checkpoints — never pickle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from tfplace.jsonio import FieldReader
+from tfplace.strategy import Strategy, strategy_from_reader
+
+from tfplace.policy import actions as A
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolEntry:
+    """One strategy with its simulated result. action is None for baselines (not every strategy
+    is in the policy's action space)."""
+    source: str
+    strategy: Strategy
+    time_s: float
+    effective_time_s: float
+    oom: bool
+    step: int
+    action: Optional[Dict[str, np.ndarray]] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"source": self.source, "strategy": self.strategy.to_json(), "time_s": self.time_s,
+                "effective_time_s": self.effective_time_s, "oom": self.oom, "step": self.step,
+                "action": A.action_to_json(self.action)}
+
+    @staticmethod
+    def from_json(obj: Dict[str, Any]) -> "PoolEntry":
+        strategy = strategy_from_reader(FieldReader(obj["strategy"], "checkpoint state", "pool.strategy"))
+        return PoolEntry(obj["source"], strategy, float(obj["time_s"]), float(obj["effective_time_s"]),
+                         bool(obj["oom"]), int(obj["step"]), A.action_from_json(obj.get("action")))
+
+
+def _strategy_key(s: Strategy) -> str:
+    body = s.to_json()
+    body.pop("graph", None)
+    return json.dumps(body, sort_keys=True)
+
+
+class StrategyPool:
+    def __init__(self, size: int):
+        self.size = size
+        self.baselines: List[PoolEntry] = []
+        self.entries: List[PoolEntry] = []
+        self._keys: set = set()
+
+    def add_baseline(self, entry: PoolEntry) -> None:
+        self.baselines.append(entry)
+        self.add(entry)
+
+    def add(self, entry: PoolEntry) -> bool:
+        """Inserts `entry` if it is new and among the best `size`; True if it became the best."""
+        key = _strategy_key(entry.strategy)
+        if key in self._keys:
+            return False
+        was_best = not self.entries or entry.effective_time_s < self.entries[0].effective_time_s
+        self.entries.append(entry)
+        self._keys.add(key)
+        self.entries.sort(key=lambda e: e.effective_time_s)
+        while len(self.entries) > self.size:
+            drop = self.entries.pop()
+            self._keys.discard(_strategy_key(drop.strategy))
+        return was_best and self.entries[0] is entry
+
+    @property
+    def best(self) -> PoolEntry:
+        return self.entries[0]
+
+    def best_with_action(self) -> Optional[PoolEntry]:
+        return next((e for e in self.entries if e.action is not None), None)
+
+    def best_baseline(self) -> PoolEntry:
+        return min(self.baselines, key=lambda e: e.effective_time_s)
+
+    def baseline_times(self) -> Dict[str, Dict[str, Any]]:
+        return {e.source: {"time_s": e.time_s, "oom": e.oom} for e in self.baselines}
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"size": self.size, "baselines": [e.to_json() for e in self.baselines],
+                "entries": [e.to_json() for e in self.entries]}
+
+    @staticmethod
+    def from_json(obj: Dict[str, Any]) -> "StrategyPool":
+        pool = StrategyPool(int(obj["size"]))
+        pool.baselines = [PoolEntry.from_json(e) for e in obj["baselines"]]
+        for e in obj["entries"]:
+            pool.add(PoolEntry.from_json(e))
+        return pool
