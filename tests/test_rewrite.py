@@ -1,0 +1,44 @@
+"""Single-process checks of the rewrite's structure (no cluster needed)."""
+import os
+
+from tfplace.cluster import load_cluster
+from tfplace.rewrite import rewrite_step
+from tfplace.strategy import Strategy, decision, even_strategy
+from tfplace.testing import tiny_graph
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _step(strategy=None, optimizer="momentum"):
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    graph = tiny_graph("mlp", 12, optimizer)
+    return graph, cluster, rewrite_step(graph, strategy or even_strategy(cluster.device_names, 12, 4), cluster)
+
+
+def test_replicas_on_real_devices_and_updates_pinned():
+    graph, cluster, step = _step()
+    nodes = {n.name: n for n in step.graph_def.node}
+    devices = {d.tf_device for d in cluster.devices}
+    for n in nodes.values():
+        assert n.device in devices, n.name
+        if n.op.startswith("ResourceApply"):
+            assert nodes[n.input[0].split(":")[0]].device == n.device  # pinned with its variable
+    assert sum(1 for n in nodes.values() if n.op == "CollectiveReduceV2") > 0
+    assert step.train_op in nodes and step.init_op in nodes and step.loss
+
+
+def test_ps_has_no_collectives_and_sends_back():
+    s = Strategy(12, 4, decision({"cpu0": 6, "cpu1": [3, 3]}, "ps", "cpu2"), {})
+    _, _, step = _step(s)
+    ops = [n.op for n in step.graph_def.node]
+    assert "CollectiveReduceV2" not in ops
+    assert any(n.name.startswith("tfplace/sendback_") for n in step.graph_def.node)
+
+
+def test_control_edges_kept_per_replica():
+    graph, _, step = _step()
+    nodes = {n.name: n for n in step.graph_def.node}
+    orig = {n.name: n for n in graph.graph_def.node}
+    name = next(n for n in graph.names if any(i.startswith("^") for i in orig[n].input) and n + "/replica_1" in nodes)
+    for c in (i for i in orig[name].input if i.startswith("^")):
+        assert any(x.startswith(c + "/replica_") for x in nodes[name + "/replica_1"].input)
