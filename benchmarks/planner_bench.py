@@ -46,6 +46,7 @@ def main(argv):
     import math
 
     from tfplace.config import GraphEntry, NetworkConfig, RLConfig, TrainConfig
+    from tfplace.graph_defs.export import bundle_for_entry
     from tfplace.policy import actions as A
     from tfplace.policy import planner, train_lib
     from tfplace.policy.agent import ReinforceLearner
@@ -59,7 +60,7 @@ def main(argv):
     config = dataclasses.replace(config, max_groups=FLAGS.max_groups)
     rows = []
     for model in FLAGS.models:
-        bundle = train_lib.graph_bundle(GraphEntry(batch_size=_default_batch(model), model=model))
+        bundle = train_lib.graph_bundle(GraphEntry(batch_size=_default_batch(model), model=model), bundle_for_entry)
         for cluster in FLAGS.clusters:
             path = cluster if os.path.isabs(cluster) else os.path.join(REPO, cluster)
             task = train_lib.build_task(model, bundle, _default_batch(model), path, None, config)

@@ -13,7 +13,7 @@ Importing this package does not import TensorFlow; exporting and read_bundle do.
 from .bundle import read_bundle, read_meta, with_batch_size, write_bundle
 from .models import MODELS, get_spec, model_names
 
-_EXPORT_NAMES = ("MANIFEST_PATH", "ZOO_DIR", "bundle_stem", "ensure_bundle", "export_all",
+_EXPORT_NAMES = ("MANIFEST_PATH", "ZOO_DIR", "bundle_for_entry", "bundle_stem", "ensure_bundle", "export_all",
                  "export_model", "resolve_options")
 
 

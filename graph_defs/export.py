@@ -184,6 +184,15 @@ def ensure_bundle(model, *, out_dir=ZOO_DIR, **opts):
     return export_model(model, out_dir=out_dir, **opts)
 
 
+def bundle_for_entry(entry):
+    """Bundle path for a config graph entry (`tfplace.config.GraphEntry`): its `graph` path as
+    given, or the zoo `model` exported on demand with the entry's sizes and optimizer."""
+    if entry.graph is not None:
+        return entry.graph
+    opts = {k: getattr(entry, k) for k in ("image_size", "seq_len", "num_layers") if getattr(entry, k) is not None}
+    return ensure_bundle(entry.model, batch_size=entry.batch_size, optimizer=entry.optimizer or "sgd", **opts)
+
+
 def _human_bytes(n):
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 

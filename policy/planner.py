@@ -84,11 +84,11 @@ def plan_task(learner: ReinforceLearner, task: PlacementTask, search_seconds: fl
 
 def plan(run_dir: str, *, graph: Optional[str], model: Optional[str], batch_size: Optional[int], cluster: str,
          profile: Optional[str] = None, search_seconds: float = 0.0, samples: int = 8, seed: int = 0,
-         out: Optional[str] = None) -> PlanResult:
+         out: Optional[str] = None, resolve_bundle=None) -> PlanResult:
     learner, config, ckpt = load_policy(run_dir)
     if model is not None:
         from tfplace.config import GraphEntry
-        bundle = train_lib.graph_bundle(GraphEntry(batch_size or 64, model=model))
+        bundle = train_lib.graph_bundle(GraphEntry(batch_size or 64, model=model), resolve_bundle)
     else:
         bundle = graph
     from tfplace.graph_loader import load_op_graph

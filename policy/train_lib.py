@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfplace.cluster import load_cluster
-from tfplace.config import TrainConfig, save_train_config
+from tfplace.config import GraphEntry, TrainConfig, save_train_config
 from tfplace.errors import InputError
 from tfplace.graph_loader import load_op_graph
 from tfplace.grouping import make_grouping
@@ -77,13 +77,22 @@ class TaskRun:
 
 
 # ---- building tasks ----------------------------------------------------------------------------
-def graph_bundle(entry) -> str:
-    """Path of the bundle .json of one config graph entry (zoo models exported on demand)."""
+BundleResolver = Callable[[GraphEntry], str]
+
+
+def graph_bundle(entry: GraphEntry, resolve_bundle: Optional[BundleResolver] = None) -> str:
+    """Path of the bundle .json of one config graph entry.
+
+    A zoo `model` entry needs `resolve_bundle` (the binaries pass
+    `tfplace.graph_defs.export.bundle_for_entry`, which exports on demand): the policy itself
+    does not depend on the model zoo.
+    """
     if entry.graph is not None:
         return entry.graph
-    from tfplace.graph_defs.export import ensure_bundle  # the zoo (policy may not import it at top)
-    opts = {k: getattr(entry, k) for k in ("image_size", "seq_len", "num_layers") if getattr(entry, k) is not None}
-    return ensure_bundle(entry.model, batch_size=entry.batch_size, optimizer=entry.optimizer or "sgd", **opts)
+    if resolve_bundle is None:
+        raise InputError("config", "graphs", f"zoo model {entry.model!r} given without a way to export it",
+                         "pass resolve_bundle=tfplace.graph_defs.export.bundle_for_entry or give a bundle path")
+    return resolve_bundle(entry)
 
 
 def build_task(label: str, bundle: str, batch_size: int, cluster_path: str, profile_path: Optional[str],
@@ -115,10 +124,10 @@ def seed_pool(task: PlacementTask, size: int) -> StrategyPool:
     return pool
 
 
-def build_runs(config: TrainConfig, log: Log) -> List[TaskRun]:
+def build_runs(config: TrainConfig, log: Log, resolve_bundle: Optional[BundleResolver] = None) -> List[TaskRun]:
     runs = []
     for i, entry in enumerate(config.graphs):
-        bundle = graph_bundle(entry)
+        bundle = graph_bundle(entry, resolve_bundle)
         for cluster_path in config.clusters:
             cname = os.path.splitext(os.path.basename(cluster_path))[0]
             label = entry.label if len(config.clusters) == 1 else f"{entry.label}__{cname}"
@@ -130,12 +139,13 @@ def build_runs(config: TrainConfig, log: Log) -> List[TaskRun]:
 
 # ---- state -------------------------------------------------------------------------------------
 class Trainer:
-    def __init__(self, config: TrainConfig, log: Log, progress: bool = True):
+    def __init__(self, config: TrainConfig, log: Log, progress: bool = True,
+                 resolve_bundle: Optional[BundleResolver] = None):
         self.config, self.log, self.show_progress = config, log, progress
         self.out = config.output_dir
         os.makedirs(self.out, exist_ok=True)
         self.ckpt_dir = os.path.join(self.out, "checkpoints")
-        self.runs = build_runs(config, log)
+        self.runs = build_runs(config, log, resolve_bundle)
         self.network = PlacementNetwork(config.network, A.ActionLayout())
         self.learner = ReinforceLearner(self.network, config.rl)
         self.learner.build(self.runs[0].task.features.as_observation())
@@ -336,9 +346,10 @@ def plot(run: TaskRun, path: str) -> None:
     plt.close(fig)
 
 
-def train(config: TrainConfig, log: Log, progress: bool = True) -> Dict[str, object]:
+def train(config: TrainConfig, log: Log, progress: bool = True,
+          resolve_bundle: Optional[BundleResolver] = None) -> Dict[str, object]:
     """Trains (or resumes) per `config`; returns the summary (also in output_dir/summary.json)."""
-    return Trainer(config, log, progress).run()
+    return Trainer(config, log, progress, resolve_bundle).run()
 
 
 def file_logger(output_dir: str) -> Log:

@@ -33,11 +33,13 @@ flags.mark_flags_as_mutual_exclusive(["graph", "model"], required=True)
 def main(argv):
     del argv
     from tfplace.errors import InputError
+    from tfplace.graph_defs.export import bundle_for_entry
     from tfplace.policy import planner
     try:
         result = planner.plan(FLAGS.checkpoint, graph=FLAGS.graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
                               cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
-                              samples=FLAGS.samples, seed=FLAGS.seed, out=FLAGS.out)
+                              samples=FLAGS.samples, seed=FLAGS.seed, out=FLAGS.out,
+                              resolve_bundle=bundle_for_entry)
     except InputError as e:
         raise SystemExit(f"error: {e}") from None
     print(planner.format_result(result))

@@ -25,13 +25,14 @@ def main(argv):
 
     from tfplace.config import load_train_config
     from tfplace.errors import InputError
+    from tfplace.graph_defs.export import bundle_for_entry
     from tfplace.policy import train_lib
     try:
         config = load_train_config(FLAGS.config)
         if FLAGS.output_dir:
             config = dataclasses.replace(config, output_dir=os.path.abspath(FLAGS.output_dir))
         log = train_lib.file_logger(config.output_dir)
-        summary = train_lib.train(config, log, FLAGS.progress)
+        summary = train_lib.train(config, log, FLAGS.progress, resolve_bundle=bundle_for_entry)
     except InputError as e:
         raise SystemExit(f"error: {e}") from None
     for label, t in summary["tasks"].items():
