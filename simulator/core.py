@@ -1,0 +1,145 @@
+"""simulate(placed, cluster, options) -> SimReport: one training iteration of a PlacedGraph.
+
+Discrete events (semantics in simulator.loop_reference): devices run their compute-lane tasks one
+at a time by priority; transfers and collectives hold every link they use, FIFO per link
+(contention is serialisation, not bandwidth sharing; full duplex because up/down and per-pair
+links are separate links); a collective holds the links of its ring's hops (its time already
+accounts for hops sharing a link), not a global lock; memory is tracked per device over time.
+
+Straggler noise: with `options.stragglers`, each device independently runs slow for the whole
+step with probability `Device.straggle_probability`, multiplying its compute-lane durations by
+`Device.straggle_factor`; the draw uses numpy's default_rng(seed), so a seed fixes the result.
+
+Engines: "fast" (numba, compiled on first use), "reference" (plain Python, slow, the spec the
+fast loop is tested against), "auto" (fast if numba imports, else reference).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tfplace.cluster import Cluster
+from tfplace.errors import InputError
+from tfplace.placed_graph import (DEVICE_KINDS, TASK_COLLECTIVE, TASK_COMPUTE, TASK_TRANSFER, PlacedGraph,
+                                  csr_from_pairs)
+from tfplace.reports import SimReport
+
+ENGINES = ("auto", "fast", "reference")
+
+
+@dataclasses.dataclass(frozen=True)
+class SimOptions:
+    """seed: straggler noise seed; stragglers: apply the cluster's straggler model; trace: build
+    the Chrome trace into SimReport.trace; engine: one of ENGINES."""
+    seed: int = 0
+    stragglers: bool = True
+    trace: bool = False
+    engine: str = "auto"
+
+    def __post_init__(self):
+        if self.engine not in ENGINES:
+            raise InputError("SimOptions", "engine", f"is {self.engine!r}", f"use one of {list(ENGINES)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """Raw result of the event loop: start[M], finish[M] (seconds), peak[D] (bytes), makespan."""
+    start: np.ndarray
+    finish: np.ndarray
+    peak: np.ndarray
+    makespan: float
+
+
+def straggle_factors(cluster: Cluster, seed: int, enabled: bool = True) -> np.ndarray:
+    """Per-device duration multiplier for one step (1.0 unless the device straggles)."""
+    rng = np.random.default_rng(seed)
+    draws = rng.random(cluster.num_devices)
+    out = np.ones(cluster.num_devices)
+    if enabled:
+        for i, d in enumerate(cluster.devices):
+            if draws[i] < d.straggle_probability:
+                out[i] = d.straggle_factor
+    return out
+
+
+def _csr_numpy(keys, values, n):
+    ptr, grouped = csr_from_pairs(keys, values, n)
+    return ptr, grouped.astype(np.int64)
+
+
+def _loop(engine: str):
+    """(event loop, CSR builder) for the engine."""
+    if engine in ("auto", "fast"):
+        try:
+            from tfplace.simulator.loop_fast import csr_by_key, run_fast
+            return run_fast, csr_by_key
+        except ImportError:
+            if engine == "fast":
+                raise InputError("SimOptions", "engine", "numba is not installed",
+                                 "pip install -r requirements.txt, or use engine='reference'") from None
+    from tfplace.simulator.loop_reference import run_reference
+    return run_reference, _csr_numpy
+
+
+def schedule(placed: PlacedGraph, factor: np.ndarray, engine: str = "auto") -> Schedule:
+    """Runs the event loop over `placed` with per-device duration factors."""
+    m = placed.num_tasks
+    run, csr = _loop(engine)
+    dep_src, dep_dst = placed.dep_src.astype(np.int64), placed.dep_dst.astype(np.int64)
+    succ_ptr, succ_idx = csr(dep_src, dep_dst, m)
+    indegree = np.bincount(dep_dst, minlength=m).astype(np.int64)
+    lane_dev = np.where(placed.task_kind <= max(DEVICE_KINDS), placed.task_device, -1).astype(np.int64)
+    # rank = position in (priority, task id) order, as one int64 key (priorities are small)
+    prio = placed.task_priority.astype(np.int64)
+    if m and np.abs(prio).max() < (2**62) // m:
+        order = np.argsort(prio * m + np.arange(m)).astype(np.int64)
+    else:
+        order = np.lexsort((np.arange(m), prio)).astype(np.int64)
+    rank = np.empty(m, dtype=np.int64)
+    rank[order] = np.arange(m)
+    reads = np.bincount(placed.in_buf, minlength=len(placed.buf_task)).astype(np.int64)
+    start, finish, peak, done, makespan = run(
+        lane_dev, placed.task_seconds.astype(np.float64), rank, order, succ_ptr, succ_idx, indegree,
+        placed.link_ptr.astype(np.int64),
+        placed.link_idx.astype(np.int64), len(placed.link_names), placed.out_ptr.astype(np.int64),
+        placed.buf_device.astype(np.int64), placed.buf_bytes.astype(np.float64), reads,
+        placed.in_ptr.astype(np.int64), placed.in_buf.astype(np.int64), placed.static_bytes.astype(np.float64),
+        np.asarray(factor, dtype=np.float64))
+    if done != m:
+        raise RuntimeError(f"simulator: {m - done} of {m} tasks never became ready (a dependency cycle in the "
+                           "PlacedGraph; this is a lowering bug)")
+    return Schedule(np.asarray(start), np.asarray(finish), np.asarray(peak), float(makespan))
+
+
+def simulate(placed: PlacedGraph, cluster: Cluster, options: SimOptions = SimOptions()) -> SimReport:
+    """Simulates one iteration; OOM is reported in the result, never raised."""
+    if cluster.device_names != placed.device_names:
+        raise InputError("cluster", "devices", "differ from the devices the strategy was lowered for",
+                         "simulate with the cluster passed to lower()")
+    factor = straggle_factors(cluster, options.seed, options.stragglers)
+    sched = schedule(placed, factor, options.engine)
+    d = placed.num_devices
+    dur = sched.finish - sched.start
+    on_dev = placed.task_kind <= max(DEVICE_KINDS)
+    dev = np.where(on_dev, placed.task_device, 0)
+    busy = np.bincount(dev[on_dev], weights=dur[on_dev], minlength=d)
+    comp = placed.task_kind == TASK_COMPUTE
+    compute = np.bincount(dev[comp], weights=dur[comp], minlength=d)
+    coll = placed.task_kind == TASK_COLLECTIVE
+    n_part = np.diff(placed.part_ptr)[coll]
+    comm = float(placed.task_bytes[placed.task_kind == TASK_TRANSFER].sum()
+                 + (placed.task_bytes[coll] * 2.0 * (n_part - 1)).sum())
+    capacity = cluster.memory_bytes
+    peak = np.ceil(sched.peak - 1e-6).astype(np.int64)
+    over = [cluster.devices[i].name for i in range(d) if peak[i] > capacity[i]]
+    trace = None
+    if options.trace:
+        from tfplace.simulator.trace import chrome_trace
+        trace = chrome_trace(placed, sched.start, sched.finish)
+    return SimReport(
+        iteration_time_s=sched.makespan, device_names=placed.device_names,
+        peak_memory_bytes=tuple(int(x) for x in peak), memory_capacity_bytes=tuple(int(x) for x in capacity),
+        oom=bool(over), oom_devices=tuple(over), comm_bytes=comm, busy_s=tuple(float(x) for x in busy),
+        compute_s=tuple(float(x) for x in compute), num_tasks=placed.num_tasks, seed=options.seed, trace=trace)

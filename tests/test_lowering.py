@@ -1,0 +1,293 @@
+"""Lowering tests: what a strategy means, task by task (DESIGN §4), on hand-built graphs."""
+
+import numpy as np
+import pytest
+
+from tfplace import testing
+from tfplace.errors import InputError
+from tfplace.lowering import Lowerer, LoweringOptions, lower
+from tfplace.lowering_costs import ComputeCosts
+from tfplace.lowering_graph import ROLE_MIRROR, ROLE_REPLICA, ROLE_UPDATE, GraphIndex
+from tfplace.placed_graph import TASK_COLLECTIVE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER
+from tfplace.profile import Profile
+from tfplace.strategy import Strategy, decision
+
+from tfplace.simulator import fakes as fk
+
+W = 1_200_000
+
+
+def _dp(shares, sync="allreduce", ps=None, reduction="mean", cluster=None):
+    g = fk.dp_graph(W, reduction=reduction)
+    gr = fk.grouping(g, [["x", "f", "g"], ["w", "r", "apply", "lr", "train_op"]])
+    cluster = cluster or fk.pair_cluster()
+    return g, lower(g, gr, cluster, Strategy(8, 2, decision(shares, sync, ps), {}), fk.dp_profile(g))
+
+
+def _tasks(placed, kind):
+    return np.nonzero(placed.task_kind == kind)[0]
+
+
+def _devices_of(placed, graph, op):
+    return placed.task_device[placed.tasks_of_op(graph.index(op))].tolist()
+
+
+def test_roles_of_the_dp_graph():
+    g = fk.dp_graph(W)
+    ix = GraphIndex(g, fk.grouping(g))
+    role = dict(zip(g.names, ix.role.tolist()))
+    assert {n for n, r in role.items() if r == ROLE_REPLICA} == {"x", "f", "g"}
+    assert {n for n, r in role.items() if r == ROLE_MIRROR} == {"w", "r", "lr", "train_op"}
+    assert {n for n, r in role.items() if r == ROLE_UPDATE} == {"apply"}
+
+
+@pytest.mark.parametrize("shares,replicas", [({"v100_0": 8}, 1), ({"v100_0": 6, "p100_0": 2}, 2),
+                                             ({"v100_0": [3, 3], "p100_0": 2}, 3)])
+def test_batch_ops_run_per_micro_batch_and_mirrors_per_device(shares, replicas):
+    g, placed = _dp(shares)
+    f = placed.tasks_of_op(g.index("f"))
+    assert len(f) == replicas
+    assert placed.task_samples[f].sum() == 8 and placed.task_weight[f].sum() == pytest.approx(1.0)
+    # the V100's f on 6 samples costs 6 × 0.1 ms; a micro-batch of 3 costs half of that
+    assert placed.task_seconds[f[0]] == pytest.approx(1e-4 * placed.task_samples[f[0]])
+    assert _devices_of(placed, g, "r") == sorted(set(placed.task_device[f].tolist()))
+    assert placed.static_bytes.tolist() == [W if d in shares else 0 for d in ("v100_0", "p100_0")]
+
+
+@pytest.mark.parametrize("reduction,mean", [("mean", True), ("sum", False)])
+def test_aggregation_weights_follow_the_loss_reduction(reduction, mean):
+    g, placed = _dp({"v100_0": 6, "p100_0": 2}, reduction=reduction)
+    grad = g.tensor_op.tolist().index(g.index("g"))
+    assert bool(placed.tensor_weight_mean[grad]) is mean
+    f = placed.tasks_of_op(g.index("f"))
+    assert placed.task_weight[f].tolist() == [0.75, 0.25]  # samples / B, used when mean
+
+
+@pytest.mark.parametrize("cluster,n", [(fk.pair_cluster(), 2), (fk.quad_cluster(), 4)])
+def test_partial_gradients_are_full_size(cluster, n):
+    names = cluster.device_names
+    g, placed = _dp({d: 8 // n for d in names}, cluster=cluster)
+    coll = _tasks(placed, TASK_COLLECTIVE)
+    assert len(coll) == 1 and placed.task_bytes[coll[0]] == W  # never W / n
+    assert np.diff(placed.part_ptr)[coll[0]] == n
+    # every apply replica waits for the collective
+    applies = placed.tasks_of_op(g.index("apply"))
+    assert all(coll[0] in placed.dep_src[placed.dep_dst == a] for a in applies)
+
+
+def test_ps_reduces_updates_and_sends_back():
+    g, placed = _dp({"v100_0": [4, 2], "p100_0": 2}, "ps", "p100_0")
+    assert _devices_of(placed, g, "apply") == [1]          # updates only on the PS
+    assert _devices_of(placed, g, "lr") == [1]             # an update-only input lives there too
+    assert sorted(_devices_of(placed, g, "w")) == [0, 1]   # the weight is mirrored
+    sums = _tasks(placed, TASK_SUM)
+    assert placed.task_device[sums].tolist() == [0, 1]     # micro-batches on the V100, then the PS
+    xfers = _tasks(placed, TASK_TRANSFER)
+    got = sorted((int(placed.task_src_device[t]), int(placed.task_device[t]), float(placed.task_bytes[t])) for t in xfers)
+    assert got == [(0, 1, W), (1, 0, W)]                    # partial to the PS, updated w back
+    assert (placed.task_seconds[sums] > 0).all()           # aux tasks cost memory bandwidth
+
+
+def test_slot_variables_live_only_where_updates_run():
+    # A momentum slot `m` updated together with `w`: mirrored w on both devices, m on the PS only.
+    g = fk.op_graph(
+        [("x", "Placeholder", 8000, True, True), ("w", "VarHandleOp", 8, False, False),
+         ("m", "VarHandleOp", 8, False, False), ("r", "ReadVariableOp", W, False, False),
+         ("f", "MatMul", 8000, True, True), ("g", "MatMul", W, False, True),
+         ("apply", "ResourceApplyMomentum", None, False, True), ("train_op", "NoOp", None, False, False)],
+        [("w", "r"), ("x", "f"), ("r", "f"), ("x", "g"), ("f", "g"), ("w", "apply"), ("m", "apply"), ("g", "apply")],
+        variables=[("w", ["r"], ["apply"], W, False), ("m", [], ["apply"], W, True)], control=[("apply", "train_op")])
+    gr = fk.grouping(g, [["x", "f", "g"]])
+    prof = fk.profile_table(g, {n: {"V100": 1e-4, "P100": 1e-4} for n in g.names})
+    cluster = fk.pair_cluster()
+    for sync, ps, static in (("ps", "p100_0", [W, 2 * W]), ("allreduce", None, [2 * W, 2 * W])):
+        st = Strategy(8, 2, decision({"v100_0": 4, "p100_0": 4}, sync, ps), {})
+        assert lower(g, gr, cluster, st, prof).static_bytes.tolist() == static
+
+
+def _resplit_graph():
+    # x -> a (group A) -> b (group B) -> c (group B); A and B split the batch differently.
+    ops = [("x", "Placeholder", 8000, True, True), ("a", "Op", 8000, True, True), ("b", "Op", 8000, True, True),
+           ("c", "Op", 8000, True, True)]
+    g = fk.op_graph(ops, [("x", "a"), ("a", "b"), ("b", "c")])
+    gr = fk.grouping(g, [["x", "a"], ["b", "c"]])
+    prof = fk.profile_table(g, {n: {"V100": 1e-4, "P100": 1e-4} for n in g.names})
+    return g, gr, prof
+
+
+def test_resplit_between_groups_with_different_shares():
+    g, gr, prof = _resplit_graph()
+    st = Strategy(8, 2, None, {"x": decision({"v100_0": 6, "p100_0": 2}), "b": decision({"v100_0": 4, "p100_0": 4})})
+    placed = lower(g, gr, fk.pair_cluster(), st, prof)
+    xfers = _tasks(placed, TASK_TRANSFER)
+    # b's P100 replica holds samples [4, 8): [4, 6) comes from the V100 (2 of 8 samples of an
+    # 8000-byte tensor), [6, 8) is local; the V100 replica's [0, 4) is a slice of its own [0, 6).
+    assert [(placed.task_lo[t], placed.task_hi[t], placed.task_bytes[t]) for t in xfers] == [(4, 6, 2000.0)]
+    rs = _tasks(placed, TASK_RESPLIT)
+    assert sorted((int(placed.task_device[t]), int(placed.task_lo[t]), int(placed.task_hi[t])) for t in rs) == \
+        [(0, 0, 4), (1, 4, 8)]
+    assert (placed.task_seconds[rs] > LoweringOptions().aux_launch_s).all()
+    b_tasks = placed.tasks_of_op(g.index("b"))
+    assert set(placed.dep_src[np.isin(placed.dep_dst, b_tasks)].tolist()) == set(rs.tolist())
+
+
+def test_transfers_are_deduplicated_per_tensor_and_destination():
+    # a on the V100 feeds b and c, both on the P100 (two groups with the same decision): one transfer.
+    ops = [("x", "Placeholder", 8000, True, True), ("a", "Op", 8000, True, True), ("b", "Op", 8000, True, True),
+           ("c", "Op", 8000, True, True)]
+    g = fk.op_graph(ops, [("x", "a"), ("a", "b"), ("a", "c")])
+    gr = fk.grouping(g, [["x", "a"], ["b"], ["c"]])
+    prof = fk.profile_table(g, {n: {"V100": 1e-4, "P100": 1e-4} for n in g.names})
+    st = Strategy(8, 3, decision({"p100_0": 8}), {"x": decision({"v100_0": 8})})
+    placed = lower(g, gr, fk.pair_cluster(), st, prof)
+    assert len(_tasks(placed, TASK_TRANSFER)) == 1
+
+
+def test_priorities_order_a_device():
+    ops = [("x", "Placeholder", 800, True, True), ("a", "Op", 800, True, True), ("b", "Op", 800, True, True)]
+    g = fk.op_graph(ops, [("x", "a"), ("x", "b")])
+    gr = fk.grouping(g)
+    prof = fk.profile_table(g, {n: {"V100": 1e-4, "P100": 1e-4} for n in g.names})
+    from tfplace.simulator import schedule
+    cluster = fk.pair_cluster()
+    for first, second in (("a", "b"), ("b", "a")):
+        st = Strategy(8, 3, decision({"v100_0": 8}), {second: decision({"v100_0": 8}, priority=1)})
+        placed = lower(g, gr, cluster, st, prof)
+        sched = schedule(placed, np.ones(2))
+        assert sched.start[g.index(first)] < sched.start[g.index(second)]
+
+
+def test_control_edges_are_kept_per_replica():
+    g, placed = _dp({"v100_0": 4, "p100_0": 4})
+    applies, sinks = placed.tasks_of_op(g.index("apply")), placed.tasks_of_op(g.index("train_op"))
+    pairs = set(zip(placed.dep_src.tolist(), placed.dep_dst.tolist()))
+    assert {(int(a), int(s)) for a, s in zip(applies, sinks)} <= pairs
+    assert (int(applies[0]), int(sinks[1])) not in pairs  # same layout: replica to replica only
+
+
+@pytest.mark.parametrize("strategy,field", [
+    (Strategy(8, 2, decision({"v100_0": 8}), {"nope": decision({"v100_0": 8})}), "groups.nope"),
+    (Strategy(8, 2, decision({"tpu_0": 8}), {}), "default.shares.tpu_0"),
+    (Strategy(8, 2, None, {"x": decision({"v100_0": 8})}), "groups.w"),
+])
+def test_bad_strategies_name_the_field(strategy, field):
+    g = fk.dp_graph(W)
+    gr = fk.grouping(g, [["x", "f", "g"], ["w", "r", "apply", "lr", "train_op"]])
+    with pytest.raises(InputError) as err:
+        lower(g, gr, fk.pair_cluster(), strategy, fk.dp_profile(g))
+    assert err.value.field == field
+
+
+def test_missing_profile_entry_is_an_error_unless_listed():
+    g = testing.chain_graph(2, 4096, 8)
+    prof = testing.uniform_profile(g, ["V100"])
+    ops = {k: v for k, v in prof.ops.items() if k != "train_op"}
+    st = Strategy(8, 1, decision({"v100_0": 8}), {})
+    with pytest.raises(InputError, match="train_op"):
+        lower(g, fk.grouping(g), fk.pair_cluster(), st, Profile(ops=ops))
+    placed = lower(g, fk.grouping(g), fk.pair_cluster(), st, Profile(ops=ops, missing_ops=("train_op",)),
+                   LoweringOptions(missing_op_s=1e-6))
+    assert placed.task_seconds[g.index("train_op")] == 1e-6
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8, 13, 64, 100])
+def test_vectorised_profile_lookup_matches_profile_seconds(batch):
+    rng = np.random.default_rng(batch)
+    g = testing.chain_graph(3, 4096, 8)
+    ops = {}
+    for name in g.names:
+        pts = sorted(rng.choice(np.arange(1, 80), size=int(rng.integers(1, 5)), replace=False).tolist())
+        ops[name] = {"V100": (tuple(pts), tuple(rng.uniform(0, 1e-3, len(pts)).tolist()))}
+    prof = Profile(ops=ops)
+    cluster = fk.pair_cluster()
+    costs = ComputeCosts(g, cluster, prof, 0.0)
+    n = g.num_ops
+    got = costs.seconds(np.arange(n), np.zeros(n, dtype=np.int64), np.full(n, batch))
+    assert got == pytest.approx([prof.seconds(name, "V100", batch) for name in g.names], rel=1e-12, abs=1e-18)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_incremental_lowering_equals_fresh_lowering(seed):
+    rng = np.random.default_rng(seed)
+    g = fk.random_graph(rng, num_ops=14, num_vars=3)
+    gr = fk.grouping(g, [list(x) for x in np.array_split(np.array(g.names), 6)])
+    cluster = fk.quad_cluster()
+    prof = testing.uniform_profile(g, cluster.kinds)
+    lowerer = Lowerer(g, gr, cluster, prof)
+    st = fk.random_strategy(rng, gr.group_names, cluster.device_names)
+    for _ in range(4):
+        name = gr.group_names[int(rng.integers(len(gr.group_names)))]
+        other = fk.random_strategy(rng, gr.group_names, cluster.device_names)
+        st = Strategy(8, st.max_groups, None, {**st.groups, name: other.groups[name]})
+        warm, cold = lowerer.lower(st), lower(g, gr, cluster, st, prof)
+        for field in ("task_kind", "task_device", "task_seconds", "task_bytes", "dep_src", "dep_dst", "in_buf",
+                      "buf_bytes", "link_idx", "static_bytes"):
+            assert np.array_equal(getattr(warm, field), getattr(cold, field)), field
+
+
+def test_real_tf_graph_with_momentum_lowers_and_simulates():
+    from tfplace.grouping import make_grouping
+    from tfplace.simulator import simulate
+    g = testing.tiny_mlp_graph(8, "momentum")
+    gr = make_grouping(g, 4)
+    cluster = testing.four_device_cluster()
+    prof = testing.uniform_profile(g, cluster.kinds)
+    for d in (decision({n: 2 for n in cluster.device_names}),
+              decision({n: 2 for n in cluster.device_names}, "ps", "p100_1")):
+        placed = lower(g, gr, cluster, Strategy(8, 4, d, {}), prof)
+        report = simulate(placed, cluster)
+        assert report.iteration_time_s > 0 and not report.oom
+        for v in g.variables:  # updates run where the strategy says, one per update device
+            for u in v.updaters:
+                devs = placed.task_device[placed.tasks_of_op(u)].tolist()
+                assert devs == ([3] if d.sync == "ps" else [0, 1, 2, 3])
+
+
+def test_mirrored_instances_are_not_extrapolated_over_batch():
+    # apply is measured at per-device batches 1 and 8 (1e-4 s and 2e-4 s). It does not split the
+    # batch, so at a global batch of 64 it costs its value at 8, not the line extended to 64.
+    g = testing.chain_graph(2, 4096, 8)
+    prof = testing.uniform_profile(g, ["V100"], 1e-4)
+    ops = dict(prof.ops)
+    ops["apply"] = {"V100": ((1, 8), (1e-4, 2e-4))}
+    ops["op_1"] = {"V100": ((1, 8), (1e-4, 2e-4))}
+    placed = lower(g, fk.grouping(g), fk.pair_cluster(), Strategy(64, 1, decision({"v100_0": 64}), {}), Profile(ops=ops))
+    assert placed.task_seconds[placed.tasks_of_op(g.index("apply"))].tolist() == [2e-4]
+    # a batch-split op is extrapolated: 1e-4 + (64 - 1) * (1e-4 / 7)
+    assert placed.task_seconds[placed.tasks_of_op(g.index("op_1"))].tolist() == [pytest.approx(1e-4 + 63e-4 / 7)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_numpy_keyed_signatures_match_python_keyed(seed):
+    # The lowering keys narrow signatures with numpy and wide ones in Python; forcing every
+    # signature through the Python path must give the same PlacedGraph.
+    rng = np.random.default_rng(100 + seed)
+    g = fk.random_graph(rng, num_ops=16, num_vars=3)
+    gr = fk.grouping(g, [list(x) for x in np.array_split(np.array(g.names), 7)])
+    cluster = fk.quad_cluster()
+    prof = testing.uniform_profile(g, cluster.kinds)
+    st = fk.random_strategy(rng, gr.group_names, cluster.device_names)
+    numpy_keyed, python_keyed = Lowerer(g, gr, cluster, prof), Lowerer(g, gr, cluster, prof)
+    python_keyed._NARROW = 0
+    a, b = numpy_keyed.lower(st), python_keyed.lower(st)
+    for field in ("task_kind", "task_device", "task_bytes", "dep_src", "dep_dst", "in_buf", "link_idx"):
+        assert np.array_equal(getattr(a, field), getattr(b, field)), field
+
+
+def test_changing_one_group_re_resolves_only_its_signatures():
+    rng = np.random.default_rng(7)
+    g = fk.random_graph(rng, num_ops=30, num_vars=4)
+    gr = fk.grouping(g, [list(x) for x in np.array_split(np.array(g.names), 10)])
+    cluster = fk.quad_cluster()
+    lowerer = Lowerer(g, gr, cluster, testing.uniform_profile(g, cluster.kinds))
+    seen = []
+    inner = lowerer._patterns_for
+    lowerer._patterns_for = lambda sigs, *a: seen.append(len(sigs)) or inner(sigs, *a)
+    st = fk.random_strategy(rng, gr.group_names, cluster.device_names)
+    lowerer.lower(st)
+    name = gr.group_names[3]
+    lowerer.lower(Strategy(8, st.max_groups, None, {**st.groups, name: decision({"v100_3": 8})}))
+    lowerer.lower(Strategy(8, st.max_groups, None, {**st.groups, name: decision({"v100_3": 8})}))
+    assert seen[0] == lowerer.index.num_sigs
+    assert seen[1] == len(lowerer.index.sigs_of_groups([3])) < seen[0]
+    assert len(seen) == 2  # an unchanged strategy resolves nothing

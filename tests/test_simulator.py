@@ -1,0 +1,327 @@
+"""Simulator tests: hand-computed step times, physical invariants, fast == reference, memory,
+OOM, stragglers and the trace. Graphs and clusters come from sim_fakes (hand-built, no TF)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tfplace import testing
+from tfplace.device_model import device_spec
+from tfplace.lowering import Lowerer, lower
+from tfplace.profile import CommModel, LinearCost, Profile
+from tfplace.simulator import SimOptions, schedule, simulate, write_trace
+from tfplace.strategy import Strategy, decision
+
+from tfplace.simulator import fakes as fk
+
+INTRA_BW, LAT = 1.2e10, 5e-6          # pair_cluster links (bytes/s, s)
+W = 1_200_000                         # dp_graph weight / gradient bytes
+P100_BW = (device_spec("P100").memory_bandwidth_bytes_per_s   # a copy on the P100 (datasheet
+           * device_spec("P100").memory_efficiency)           # peak x streaming efficiency)
+
+
+def _dp_setup(sync="allreduce", ps=None, shares=None):
+    g = fk.dp_graph(W)
+    gr = fk.grouping(g, [["x", "f", "g"], ["w", "r", "apply", "lr", "train_op"]])
+    st = Strategy(8, 2, decision(shares or {"v100_0": 6, "p100_0": 2}, sync, ps), {})
+    return g, gr, st
+
+
+def _fork_join():
+    # x -> a -> (b, c) -> d; c alone on the P100, everything else on the V100. 8000-byte tensors.
+    ops = [("x", "Placeholder", 8000, True, True), ("a", "Op", 8000, True, True), ("b", "Op", 8000, True, True),
+           ("c", "Op", 8000, True, True), ("d", "Op", 8000, True, True)]
+    g = fk.op_graph(ops, [("x", "a"), ("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")])
+    secs = {"x": 0.0, "a": 1e-3, "b": 2e-3, "c": 3e-3, "d": 1e-3}
+    pr = fk.profile_table(g, {n: {"V100": s, "P100": s} for n, s in secs.items()})
+    gr = fk.grouping(g, [["x", "a", "b", "d"], ["c"]])
+    st = Strategy(8, 2, None, {"x": decision({"v100_0": 8}), "c": decision({"p100_0": 8})})
+    return g, gr, pr, st
+
+
+def _hand_cases():
+    cases = []
+    # 1. chain on one device: the sum of its 12 ops at 1 ms each.
+    g = testing.chain_graph(3, 4096, 8)
+    cases.append(("chain_one_device", g, fk.grouping(g), testing.uniform_profile(g, ["V100", "P100"], 1e-3),
+                  Strategy(8, 1, decision({"v100_0": 8}), {}), 12e-3))
+    # 2. fork-join: a (1 ms), then b (2 ms) on the V100 while a's 8000 bytes go to the P100
+    #    (5 µs + 8000 / 12e9 s), c runs 3 ms there and its output comes back the same way; d 1 ms.
+    g, gr, pr, st = _fork_join()
+    hop = LAT + 8000 / INTRA_BW
+    cases.append(("fork_join_two_devices", g, gr, pr, st, 1e-3 + hop + 3e-3 + hop + 1e-3))
+    # 3. DP on unequal devices, all-reduce: V100 runs f+g on 6 samples at 0.1 ms/sample (1.2 ms),
+    #    P100 on 2 samples at 0.2 ms/sample (0.8 ms); the 2-ring all-reduce of W bytes takes
+    #    2(n-1)/n * W / 12e9 + 2(n-1) * 5 µs = 0.11 ms; then apply (0.1 ms) on each holder.
+    g, gr, st = _dp_setup()
+    cases.append(("dp_unequal_allreduce", g, gr, fk.dp_profile(g), st, 1.2e-3 + W / INTRA_BW + 2 * LAT + 1e-4))
+    # 4. Same with a PS on the P100: the V100's partial goes over (5 µs + W / 12e9), the P100
+    #    sums two partials (5 µs launch + 3 * W / P100 bandwidth), applies (0.1 ms) and sends w
+    #    back to the V100 (5 µs + W / 12e9).
+    g, gr, st = _dp_setup("ps", "p100_0")
+    xfer = LAT + W / INTRA_BW
+    cases.append(("dp_unequal_ps", g, gr, fk.dp_profile(g), st, 1.2e-3 + xfer + 5e-6 + 3 * W / P100_BW + 1e-4 + xfer))
+    return cases
+
+
+@pytest.mark.parametrize("name,graph,grouping,profile,strategy,expected_s", _hand_cases(),
+                         ids=[c[0] for c in _hand_cases()])
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_hand_computed_step_times(name, graph, grouping, profile, strategy, expected_s, engine):
+    cluster = fk.pair_cluster()
+    report = simulate(lower(graph, grouping, cluster, strategy, profile), cluster, SimOptions(engine=engine))
+    assert report.iteration_time_s == pytest.approx(expected_s, rel=1e-9)
+
+
+def test_ps_slower_than_allreduce_here():
+    # With the numbers above, the PS pays an extra hop back: PS - AR = sum + send-back - latency.
+    cluster, times = fk.pair_cluster(), {}
+    for sync, ps in (("allreduce", None), ("ps", "p100_0")):
+        g, gr, st = _dp_setup(sync, ps)
+        times[sync] = simulate(lower(g, gr, cluster, st, fk.dp_profile(g)), cluster).iteration_time_s
+    assert times["ps"] > times["allreduce"]
+
+
+# ---- invariants ------------------------------------------------------------------------------
+@pytest.mark.parametrize("num_ops", [1, 3, 10])
+@pytest.mark.parametrize("device", ["v100_0", "p100_0"])
+def test_one_device_equals_sum_of_compute(num_ops, device):
+    g = testing.chain_graph(num_ops, 4096, 8)
+    cluster = fk.pair_cluster()
+    placed = lower(g, fk.grouping(g), cluster, Strategy(8, 1, decision({device: 8}), {}),
+                   testing.uniform_profile(g, ["V100", "P100"], 2e-4))
+    report = simulate(placed, cluster)
+    assert placed.num_tasks == placed.num_compute  # nothing to move or combine
+    assert report.iteration_time_s == pytest.approx(placed.task_seconds.sum(), rel=1e-12)
+    assert max(report.busy_s) == pytest.approx(report.iteration_time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("shares", [{"v100_0": 8}, {"v100_0": 4, "p100_0": 4}, {"v100_0": 6, "p100_0": 2},
+                                    {"v100_0": [3, 3], "p100_0": 2}, {"p100_0": 8}])
+@pytest.mark.parametrize("sync", ["allreduce", "ps"])
+def test_never_faster_than_compute_over_total_speed(shares, sync):
+    # Alone, a device processes r = 1 / (seconds of f + g per sample) samples/s: V100 5000/s,
+    # P100 2500/s; no split of 8 samples can beat 8 / 7500 s.
+    g, gr, st = _dp_setup(sync, "p100_0" if sync == "ps" else None, shares)
+    cluster = fk.pair_cluster()
+    t = simulate(lower(g, gr, cluster, st, fk.dp_profile(g)), cluster).iteration_time_s
+    assert t >= 8 / (1 / 2e-4 + 1 / 4e-4) - 1e-15
+
+
+@pytest.mark.parametrize("num_devices", [2, 3, 4])
+def test_never_below_allreduce_bound(num_devices):
+    # Ring all-reduce of S bytes over n ranks whose slowest link has B bytes/s takes at least
+    # 2(n-1)/n * S / B (nccl-tests PERFORMANCE.md); here B is the 1.25 GB/s NIC between hosts.
+    g = fk.dp_graph(40_000_000)
+    gr = fk.grouping(g, [["x", "f", "g"], ["w", "r", "apply", "lr", "train_op"]])
+    cluster = fk.quad_cluster()
+    names = cluster.device_names[:num_devices]
+    st = Strategy(8, 2, decision({n: 8 // num_devices + (i < 8 % num_devices) for i, n in enumerate(names)}), {})
+    prof = fk.profile_table(g, {n: {"V100": 1e-4} for n in g.names})
+    t = simulate(lower(g, gr, cluster, st, prof), cluster).iteration_time_s
+    b_min = 1.25e9 if num_devices > 2 else 1.2e10
+    assert t >= 2 * (num_devices - 1) / num_devices * 40_000_000 / b_min
+
+
+def _strategies_for_bandwidth():
+    return [("dp_allreduce", None), ("dp_ps", "p100_0"), ("model_parallel", "mp")]
+
+
+@pytest.mark.parametrize("label,ps", _strategies_for_bandwidth())
+@pytest.mark.parametrize("scale", [1.5, 2.0, 10.0])
+def test_more_bandwidth_never_slower(label, ps, scale):
+    if label == "model_parallel":
+        g, gr, prof, st = _fork_join()
+    else:
+        g, gr, st = _dp_setup("ps" if ps else "allreduce", ps)
+        prof = fk.dp_profile(g)
+    slow, fast = fk.pair_cluster(bandwidth=1e9), fk.pair_cluster(bandwidth=1e9 * scale)
+    t_slow = simulate(lower(g, gr, slow, st, prof), slow).iteration_time_s
+    t_fast = simulate(lower(g, gr, fast, st, prof), fast).iteration_time_s
+    assert t_fast <= t_slow
+
+
+@pytest.mark.parametrize("shares_of", [lambda b: {"v100_0": b}, lambda b: {"v100_0": b // 2, "p100_0": b // 2},
+                                       lambda b: {"v100_0": [b // 4, b - b // 4]}])
+def test_peak_memory_monotone_in_batch(shares_of):
+    g = testing.chain_graph(4, 512, 8)  # small weight (1 KiB), so activations decide the peak
+    cluster = fk.pair_cluster()
+    prof = testing.uniform_profile(g, ["V100", "P100"], 1e-4)
+    low = Lowerer(g, fk.grouping(g), cluster, prof)
+    peaks = [np.array(simulate(low.lower(Strategy(b, 1, decision(shares_of(b)), {})), cluster).peak_memory_bytes)
+             for b in (8, 16, 32, 64)]
+    for a, b in zip(peaks, peaks[1:]):
+        assert (b >= a).all()
+    assert peaks[-1].sum() > peaks[0].sum()
+
+
+def test_oom_is_a_result_on_a_cluster_too_small():
+    g = testing.chain_graph(4, 4096, 8)  # a 64 KiB weight alone does not fit in 50 kB
+    cluster = fk.pair_cluster(memory=(50_000, 10**9))
+    st = Strategy(8, 1, decision({"v100_0": 4, "p100_0": 4}), {})
+    report = simulate(lower(g, fk.grouping(g), cluster, st, testing.uniform_profile(g, ["V100", "P100"])), cluster)
+    assert report.oom and report.oom_devices == ("v100_0",)
+    assert report.peak_memory_bytes[0] > 50_000 and report.iteration_time_s > 0
+    fits = fk.pair_cluster(memory=(10**9, 10**9))
+    assert not simulate(lower(g, fk.grouping(g), fits, st, testing.uniform_profile(g, ["V100", "P100"])), fits).oom
+
+
+def test_peak_memory_hand_computed():
+    # One device, chain of 1: static 64 KiB weight; live at most input (4096) + op_1 output
+    # (4096) + loss_grad (4096) + ... computed by hand below from the schedule order:
+    # input, w, w/read, lr, op_1, loss, loss_grad, w_grad, apply, train_op (1 ms each).
+    g = testing.chain_graph(1, 4096, 8)
+    cluster = fk.pair_cluster()
+    placed = lower(g, fk.grouping(g), cluster, Strategy(8, 1, decision({"v100_0": 8}), {}),
+                   testing.uniform_profile(g, ["V100", "P100"], 1e-3))
+    report = simulate(placed, cluster)
+    # While w_grad runs: input (read by w_grad), loss_grad (read by w_grad), w_grad's output
+    # (65536, read by apply), lr (4) and the w handle (alias, 0) are live; op_1 and loss are
+    # freed when loss_grad finished. Peak = 65536 static + 4096 + 4096 + 65536 + 4.
+    assert report.peak_memory_bytes == (65536 + 4096 + 4096 + 65536 + 4, 0)
+
+
+# ---- fast loop == reference loop ---------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(12))
+def test_fast_loop_matches_reference_on_random_graphs(seed):
+    rng = np.random.default_rng(seed)
+    g = fk.random_graph(rng, num_ops=int(rng.integers(4, 20)), num_vars=int(rng.integers(1, 4)))
+    k = int(rng.integers(1, g.num_ops))
+    gr = fk.grouping(g, [list(x) for x in np.array_split(np.array(g.names), k) if len(x)])
+    cluster = fk.quad_cluster() if seed % 2 else fk.pair_cluster()
+    prof = testing.uniform_profile(g, cluster.kinds, float(rng.uniform(1e-5, 1e-3)))
+    placed = lower(g, gr, cluster, fk.random_strategy(rng, gr.group_names, cluster.device_names), prof)
+    factor = rng.uniform(1.0, 2.0, cluster.num_devices)
+    ref = schedule(placed, factor, "reference")
+    fast = schedule(placed, factor, "fast")
+    assert np.array_equal(ref.start, fast.start) and np.array_equal(ref.finish, fast.finish)
+    assert np.array_equal(ref.peak, fast.peak) and ref.makespan == fast.makespan
+
+
+# ---- noise, comm model, trace, import hygiene ----------------------------------------------------
+def test_stragglers_are_deterministic_for_a_seed():
+    g, gr, st = _dp_setup()
+    cluster = fk.pair_cluster(straggle=(0.5, 3.0))
+    placed = lower(g, gr, cluster, st, fk.dp_profile(g))
+    times = {s: simulate(placed, cluster, SimOptions(seed=s)).iteration_time_s for s in range(8)}
+    assert times == {s: simulate(placed, cluster, SimOptions(seed=s)).iteration_time_s for s in range(8)}
+    assert len(set(times.values())) == 2  # the V100 straggles (3x) in some seeds, not in others
+    calm = simulate(placed, cluster, SimOptions(stragglers=False)).iteration_time_s
+    assert min(times.values()) == calm
+
+
+def test_fitted_allreduce_model_is_used_when_present():
+    g, gr, st = _dp_setup()
+    cluster = fk.pair_cluster()
+    prof = fk.dp_profile(g)
+    fitted = Profile(ops=prof.ops, comm=CommModel(allreduce={2: LinearCost(1e-3, 1e9)}))
+    placed = lower(g, gr, cluster, st, fitted)
+    coll = placed.task_seconds[placed.task_kind == 4]
+    assert coll.tolist() == [pytest.approx(1e-3 + W / 1e9)]
+
+
+def test_trace_is_valid_closed_json(tmp_path):
+    g, gr, st = _dp_setup("ps", "p100_0")
+    cluster = fk.pair_cluster()
+    report = simulate(lower(g, gr, cluster, st, fk.dp_profile(g)), cluster, SimOptions(trace=True))
+    path = tmp_path / "trace.json"
+    write_trace(report.trace, path)
+    with open(path) as f:
+        data = json.load(f)
+    events = data["traceEvents"]
+    assert all({"ph", "ts", "dur", "pid", "tid"} <= set(e) for e in events)
+    xs = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in xs} == {0, 1}  # device lanes and link lanes (no collective under PS)
+    assert max(e["ts"] + e["dur"] for e in xs) == pytest.approx(report.iteration_time_s * 1e6, rel=1e-6)
+
+
+def test_utilisation_summary():
+    g, gr, st = _dp_setup()
+    cluster = fk.pair_cluster()
+    report = simulate(lower(g, gr, cluster, st, fk.dp_profile(g)), cluster)
+    # V100: f + g + apply = 1.3 ms busy of 1.41 ms; P100: 0.9 ms.
+    assert report.busy_s == pytest.approx((1.3e-3, 0.9e-3))
+    assert report.compute_s == pytest.approx(report.busy_s)
+    assert report.utilisation[0] == pytest.approx(1.3 / 1.41)
+    assert report.comm_bytes == pytest.approx(2 * W)  # each of 2 ranks sends 2(n-1)/n * W
+    assert "v100_0" in report.summary()
+
+
+def test_importing_the_simulator_does_not_import_tensorflow():
+    code = "import sys, tfplace.simulator, tfplace.lowering; assert 'tensorflow' not in sys.modules; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+# ---- command line ------------------------------------------------------------------------------
+def _cli_files(tmp_path):
+    from tfplace.graph_loader import load_op_graph
+    from tfplace.profile import save_profile
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    meta = os.path.join(repo, "graph_defs", "zoo", "tiny_mlp_b16_sgd.json")
+    graph = load_op_graph(meta)
+    save_profile(testing.uniform_profile(graph, ["V100", "P100"]), tmp_path / "profile.json")
+    (tmp_path / "strategy.json").write_text(json.dumps({
+        "format": "tfplace.strategy", "version": 1, "global_batch_size": 16, "max_groups": 8,
+        "default": {"shares": {"v100_0": 6, "v100_1": 6, "p100_0": 2, "p100_1": 2}, "sync": "ps", "ps_device": "v100_0"}}))
+    return meta, os.path.join(repo, "clusters", "two_kind_4gpu.json")
+
+
+def test_cli_prints_the_report_and_writes_the_trace(tmp_path, capsys):
+    from tfplace.simulate import main
+    meta, cluster = _cli_files(tmp_path)
+    code = main(["--graph", meta, "--cluster", cluster, "--strategy", str(tmp_path / "strategy.json"),
+                 "--profile", str(tmp_path / "profile.json"), "--trace", str(tmp_path / "t.json"),
+                 "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert code == 0 and "iteration time" in out and "p100_1" in out and "OOM: no" in out
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert json.loads((tmp_path / "r.json").read_text())["iteration_time_s"] > 0
+
+
+def test_cli_without_profile_uses_the_device_model(tmp_path, capsys):
+    from tfplace.simulate import main
+    meta, cluster = _cli_files(tmp_path)
+    code = main(["--graph", meta, "--cluster", cluster, "--strategy", str(tmp_path / "strategy.json")])
+    out = capsys.readouterr().out
+    assert code == 0 and "device model" in out and "iteration time" in out
+
+
+def test_cli_bad_strategy_is_one_message(tmp_path, capsys):
+    from tfplace.simulate import main
+    meta, cluster = _cli_files(tmp_path)
+    bad = json.loads((tmp_path / "strategy.json").read_text())
+    bad["default"]["shares"] = {"tpu_0": 16}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    code = main(["--graph", meta, "--cluster", cluster, "--strategy", str(tmp_path / "bad.json"),
+                 "--profile", str(tmp_path / "profile.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "tpu_0" in err and "Fix:" in err
+
+
+# ---- reports -----------------------------------------------------------------------------------
+def test_sim_and_run_reports_share_field_names():
+    from tfplace.reports import SHARED_FIELDS, RunReport, compare_rows, report_row
+    g, gr, st = _dp_setup()
+    cluster = fk.pair_cluster()
+    sim = simulate(lower(g, gr, cluster, st, fk.dp_profile(g)), cluster)
+    run = RunReport(step_times_s=(1.0e-3, 1.2e-3, 1.4e-3), device_names=cluster.device_names)
+    assert run.iteration_time_s == run.mean_s == pytest.approx(1.2e-3)
+    assert run.std_s == pytest.approx(0.2e-3)
+    rows = [report_row(sim, "dp"), report_row(run, "dp")]
+    assert all(set(SHARED_FIELDS) <= set(r) for r in rows)
+    assert "simulated" in compare_rows(rows) and "measured" in compare_rows(rows)
+    with pytest.raises(ValueError):
+        RunReport(step_times_s=())
+
+
+def test_allreduce_trace_has_collective_lanes():
+    g, gr, st = _dp_setup()
+    cluster = fk.pair_cluster()
+    report = simulate(lower(g, gr, cluster, st, fk.dp_profile(g)), cluster, SimOptions(trace=True))
+    coll = [e for e in report.trace["traceEvents"] if e["ph"] == "X" and e["pid"] == 2]
+    assert sorted(e["tid"] for e in coll) == [0, 1]  # one event per participant

@@ -1,0 +1,229 @@
+"""Vectorised assembly of a PlacedGraph from op layouts and per-tensor edge patterns.
+
+Every array is built with numpy gathers over "expand by counts" indices, in an order that needs
+no sorting: task ids are op instances first (op-major), then each tensor's template tasks
+(tensor-major), then the PS send-backs; buffers are each instance's outputs (task order, port
+order) followed by the template buffers (task order); reads are listed task by task. The only
+Python loop is over variables of PS groups (the send-back of updated values).
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import numpy as np
+
+from tfplace.lowering_graph import LK_UPD, GraphIndex
+from tfplace.lowering_layouts import SYNC_PS
+from tfplace.placed_graph import TASK_COLLECTIVE, TASK_COMPUTE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER, PlacedGraph
+
+
+def expand(counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(owner, pos): owner[k] = i repeated counts[i] times, pos = 0..counts[i]-1 within each."""
+    counts = np.asarray(counts, dtype=np.int64)
+    owner = np.repeat(np.arange(len(counts)), counts)
+    starts = np.cumsum(counts) - counts
+    return owner, np.arange(len(owner)) - starts[owner]
+
+
+def exclusive_cumsum(x: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(x) + 1, dtype=np.int64)
+    np.cumsum(x, out=out[1:])
+    return out
+
+
+def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np.ndarray,
+             sig_pat: np.ndarray, batch: int) -> PlacedGraph:
+    """Builds the PlacedGraph. `ctx` is the Lowerer (costs, links, memory bandwidth, tables)."""
+    lay_ptr, lay_size, lay_dev, lay_samp, lay_lo, lay_hi = ctx.layouts(batch).arrays()
+    A, P = ctx.patterns(batch).arrays()
+    graph, n = ix.graph, ix.num_ops
+    group = ix.op_group
+    op_lay = lay_of[group, ix.lkind]
+    cnt = lay_size[op_lay]
+    op_ptr = exclusive_cumsum(cnt)
+    m0 = int(op_ptr[-1])
+
+    # ---- compute instances -------------------------------------------------------------------
+    inst_op, pos = expand(cnt)
+    ent = lay_ptr[op_lay[inst_op]] + pos
+    inst_dev, inst_samp = lay_dev[ent], lay_samp[ent]
+    eff_batch = np.where(inst_samp > 0, inst_samp, batch)
+    cols, stack = ctx.entry_columns(batch)
+    inst_sec = stack[cols[ent], inst_op]
+    ctx.compute.check(inst_sec, inst_op, inst_dev)
+    inst_bytes = ix.op_out_ps_bytes[inst_op] * eff_batch + ix.op_out_full_bytes[inst_op]
+    prio_op = prio[group].astype(np.int64) * (n + 1) + np.arange(n)
+
+    # ---- instance output buffers: per instance, its op's outputs in port order ----------------
+    n_out = (ix.op_out_ptr[1:] - ix.op_out_ptr[:-1])[inst_op]
+    ib_base = exclusive_cumsum(n_out)
+    ib_task, ib_pos = expand(n_out)
+    ib_t = ix.op_out_tensors[ix.op_out_ptr[inst_op[ib_task]] + ib_pos]
+    ib_bytes = (ix.tensor_ps_bytes[ib_t] * eff_batch[ib_task] + ix.tensor_full_bytes[ib_t]) * ix.tensor_mem_scale[ib_t]
+    n_ib = int(ib_base[-1])
+    t_prod = graph.tensor_op.astype(np.int64)
+    tpat = sig_pat[ix.tensor_sig]
+
+    # ---- template tasks and buffers -----------------------------------------------------------
+    pt, pb, pi, po, ps = P["task"], P["tb"], P["in"], P["out"], P["slot"]
+    ntt = pt[tpat + 1] - pt[tpat]
+    tt_base = m0 + exclusive_cumsum(ntt)
+    tt_t, tt_pos = expand(ntt)
+    row = pt[tpat[tt_t]] + tt_pos
+    tt_kind, tt_dev, tt_src, tt_coll = A["kind"][row], A["dev"][row], A["src"][row], A["coll"][row]
+    tt_bytes = A["nsamp"][row] * ix.tensor_ps_bytes[tt_t] + A["full"][row] * ix.tensor_full_bytes[tt_t]
+    tt_sec = _template_seconds(ctx, tt_kind, tt_dev, tt_src, tt_coll, tt_bytes, A["traffic"][row])
+    ntb = pb[tpat + 1] - pb[tpat]
+    tb_base = n_ib + exclusive_cumsum(ntb)
+    tb_t, tb_pos = expand(ntb)
+    brow = pb[tpat[tb_t]] + tb_pos
+    tb_task = tt_base[tb_t] + A["tb_task"][brow]
+    tb_bytes = A["tb_nsamp"][brow] * ix.tensor_ps_bytes[tb_t] + A["tb_full"][brow] * ix.tensor_full_bytes[tb_t]
+
+    def resolve(t, ref):
+        """Buffer id of a pattern ref of tensor t (instance output or template buffer)."""
+        kp = -ref - 1
+        inst_buf = ib_base[op_ptr[t_prod[t]] + np.maximum(kp, 0)] + ix.tensor_rank[t]
+        return np.where(ref < 0, inst_buf, tb_base[t] + ref)
+
+    # ---- reads, task by task: compute inputs (port order), then template task inputs ----------
+    n_in = (ix.op_in_ptr[1:] - ix.op_in_ptr[:-1])[inst_op]
+    r2_task, r2_pos = expand(n_in)
+    r2_op = inst_op[r2_task]
+    r2_edge = ix.op_in_edges[ix.op_in_ptr[r2_op] + r2_pos]
+    r2_kc = r2_task - op_ptr[r2_op]
+    et = graph.edge_tensor[r2_edge].astype(np.int64)
+    epat = tpat[et]
+    r2_buf = resolve(et, A["out_ref"][po[epat] + A["slot_off"][ps[epat] + ix.edge_slot[r2_edge]] + r2_kc])
+    nin = pi[tpat + 1] - pi[tpat]
+    in_t, in_pos = expand(nin)
+    irow = pi[tpat[in_t]] + in_pos
+    r1_task = tt_base[in_t] + A["in_task"][irow]
+    r1_buf = resolve(in_t, A["in_ref"][irow])
+
+    # ---- PS send-back of updated variables ------------------------------------------------------
+    m1 = m0 + int(ntt.sum())
+    sb = _send_back(ix, lay_of, sync, cnt, op_ptr, lay_ptr, lay_dev, op_lay, m1)
+    sb_src, sb_dst, sb_bytes, sb_op, sb_dep_src, sb_dep_dst = sb
+    nx = len(sb_src)
+    m = m1 + nx
+    links = ctx.links
+
+    # ---- tasks ---------------------------------------------------------------------------------
+    kind = np.concatenate([np.full(m0, TASK_COMPUTE), tt_kind, np.full(nx, TASK_TRANSFER)]).astype(np.int8)
+    device = np.concatenate([inst_dev, tt_dev, sb_dst]).astype(np.int32)
+    src_dev = np.concatenate([np.full(m0, -1), tt_src, sb_src]).astype(np.int32)
+    sb_sec = links.pair_lat[sb_src, sb_dst] + sb_bytes / links.pair_bw[sb_src, sb_dst] if nx else np.zeros(0)
+    coll_all = np.concatenate([np.full(m0, -1), tt_coll, np.full(nx, -1)])
+    link_ptr, link_idx, part_ptr, part_dev = _links_and_parts(ctx, kind, device, src_dev, coll_all)
+    buf_task = np.concatenate([ib_task, tb_task])
+    read_task = np.concatenate([r2_task, r1_task])
+    read_buf = np.concatenate([r2_buf, r1_buf])
+    c_src, c_dst = _control_pairs(ix, op_lay, cnt, op_ptr)
+
+    # ---- static memory: every copy of a variable (weights on holders, slots where updated) ----
+    v_idx, v_pos = expand(cnt[ix.var_op])
+    v_dev = inst_dev[op_ptr[ix.var_op[v_idx]] + v_pos]
+    static = np.bincount(v_dev, weights=ix.var_bytes[v_idx], minlength=links.num_devices)
+
+    return PlacedGraph(
+        device_names=ctx.cluster.device_names, global_batch_size=batch, num_compute=m0, op_task_ptr=op_ptr,
+        task_kind=kind, task_device=device, task_src_device=src_dev,
+        task_op=np.concatenate([inst_op, t_prod[tt_t], sb_op]).astype(np.int32),
+        task_tensor=np.concatenate([np.full(m0, -1), tt_t, np.full(nx, -1)]).astype(np.int32),
+        task_samples=np.concatenate([inst_samp, A["nsamp"][row], np.zeros(nx, np.int64)]).astype(np.int32),
+        task_lo=np.concatenate([lay_lo[ent], A["lo"][row], np.zeros(nx, np.int64)]).astype(np.int32),
+        task_hi=np.concatenate([lay_hi[ent], A["hi"][row], np.full(nx, batch)]).astype(np.int32),
+        task_seconds=np.concatenate([inst_sec, tt_sec, sb_sec]),
+        task_bytes=np.concatenate([inst_bytes, tt_bytes, sb_bytes]),
+        task_priority=np.concatenate([prio_op[inst_op], prio_op[t_prod[tt_t]], prio_op[sb_op]]),
+        task_weight=np.concatenate([inst_samp / batch, np.zeros(m - m0)]),
+        dep_src=np.concatenate([buf_task[read_buf], c_src, sb_dep_src]).astype(np.int32),
+        dep_dst=np.concatenate([read_task, c_dst, sb_dep_dst]).astype(np.int32),
+        link_ptr=link_ptr, link_idx=link_idx, link_names=links.link_names,
+        link_bandwidth_bytes_per_s=links.link_bw, part_ptr=part_ptr, part_dev=part_dev,
+        buf_task=buf_task.astype(np.int32), buf_device=np.concatenate([inst_dev[ib_task], A["tb_dev"][brow]]).astype(np.int32),
+        buf_bytes=np.concatenate([ib_bytes, tb_bytes]), buf_tensor=np.concatenate([ib_t, tb_t]).astype(np.int32),
+        out_ptr=exclusive_cumsum(np.bincount(buf_task, minlength=m)),
+        in_ptr=exclusive_cumsum(np.bincount(read_task, minlength=m)), in_buf=read_buf.astype(np.int32),
+        in_edge=np.concatenate([r2_edge, np.full(len(r1_task), -1)]).astype(np.int32), static_bytes=static,
+        tensor_weight_mean=ix.tensor_weight_mean, op_names=graph.names)
+
+
+def _template_seconds(ctx, kind, dev, src, coll, nbytes, traffic) -> np.ndarray:
+    """Transfers: path latency + bytes / bottleneck; re-split and sum: launch + traffic * bytes /
+    memory bandwidth; collectives: the ring (or fitted) model."""
+    links = ctx.links
+    sec = np.zeros(len(kind))
+    x = kind == TASK_TRANSFER
+    sec[x] = links.pair_lat[src[x], dev[x]] + nbytes[x] / links.pair_bw[src[x], dev[x]]
+    aux = (kind == TASK_RESPLIT) | (kind == TASK_SUM)
+    sec[aux] = ctx.options.aux_launch_s + traffic[aux] * nbytes[aux] / ctx.mem_bw[dev[aux]]
+    c = kind == TASK_COLLECTIVE
+    if c.any():
+        sec[c] = links.collective_seconds(coll[c], nbytes[c])
+    return sec
+
+
+def _links_and_parts(ctx, kind, device, src_dev, coll):
+    """CSR of the links each transfer / collective holds, and of collective participants."""
+    links = ctx.links
+    x = kind == TASK_TRANSFER
+    pair = np.where(x, src_dev.astype(np.int64) * links.num_devices + device, 0)
+    c_link_ptr, c_link_idx, c_part_ptr, c_part_idx = ctx.collective_arrays()
+    is_c = kind == TASK_COLLECTIVE
+    cc = np.where(is_c, coll, 0)
+    n_links = np.where(x, links.pair_ptr[pair + 1] - links.pair_ptr[pair], 0)
+    n_parts = np.zeros(len(kind), dtype=np.int64)
+    if is_c.any():
+        n_links[is_c] = c_link_ptr[cc[is_c] + 1] - c_link_ptr[cc[is_c]]
+        n_parts[is_c] = c_part_ptr[cc[is_c] + 1] - c_part_ptr[cc[is_c]]
+    l_task, l_pos = expand(n_links)
+    link_idx = np.empty(len(l_task), dtype=np.int64)
+    lx = x[l_task]
+    link_idx[lx] = links.pair_idx[links.pair_ptr[pair[l_task[lx]]] + l_pos[lx]]
+    link_idx[~lx] = c_link_idx[c_link_ptr[cc[l_task[~lx]]] + l_pos[~lx]]
+    p_task, p_pos = expand(n_parts)
+    part_dev = c_part_idx[c_part_ptr[cc[p_task]] + p_pos] if len(p_task) else np.zeros(0, np.int64)
+    return exclusive_cumsum(n_links), link_idx.astype(np.int32), exclusive_cumsum(n_parts), part_dev.astype(np.int32)
+
+
+def _control_pairs(ix: GraphIndex, op_lay, cnt, op_ptr):
+    """Control edges per replica: instance k -> instance k when both ops share a layout, else
+    every source instance -> every destination instance."""
+    s, d = ix.control_src, ix.control_dst
+    if len(s) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    same = op_lay[s] == op_lay[d]
+    num = np.where(same, cnt[s], cnt[s] * cnt[d])
+    e, pos = expand(num)
+    cd = cnt[d[e]]
+    ks = np.where(same[e], pos, pos // np.maximum(cd, 1))
+    kd = np.where(same[e], pos, pos % np.maximum(cd, 1))
+    return op_ptr[s[e]] + ks, op_ptr[d[e]] + kd
+
+
+def _send_back(ix: GraphIndex, lay_of, sync, cnt, op_ptr, lay_ptr, lay_dev, op_lay, first_task):
+    """PS groups: after a variable's updates on the PS, its new value goes to every other
+    device holding a copy (a TRANSFER of the variable's bytes, depending on every update).
+    Returns (src, dst, bytes, op, dep_src, dep_dst) arrays."""
+    src, dst, nbytes, ops, dep_src, dep_dst = [], [], [], [], [], []
+    if (sync == SYNC_PS).any():
+        task = first_task
+        for v in range(len(ix.var_op)):
+            h = int(ix.var_op[v])
+            grp = int(ix.op_group[h])
+            ups = ix.var_upd[ix.var_upd_ptr[v]:ix.var_upd_ptr[v + 1]]
+            if sync[grp] != SYNC_PS or len(ups) == 0:
+                continue
+            server = int(lay_dev[lay_ptr[lay_of[grp, LK_UPD]]])
+            holders = lay_dev[lay_ptr[op_lay[h]]:lay_ptr[op_lay[h]] + cnt[h]].tolist()
+            upd_tasks = [t for u in ups.tolist() for t in range(int(op_ptr[u]), int(op_ptr[u + 1]))]
+            for d in holders:
+                if d != server:
+                    src.append(server), dst.append(d), nbytes.append(float(ix.var_bytes[v])), ops.append(h)
+                    dep_src.extend(upd_tasks), dep_dst.extend([task] * len(upd_tasks))
+                    task += 1
+    ints = [np.array(x, dtype=np.int64) for x in (src, dst, ops, dep_src, dep_dst)]
+    return ints[0], ints[1], np.array(nbytes, dtype=np.float64), ints[2], ints[3], ints[4]

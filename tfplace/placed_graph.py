@@ -1,0 +1,174 @@
+"""PlacedGraph: one training step after the strategy is applied, as flat arrays of tasks.
+
+Built only by `tfplace.lowering.lower` (the one place that decides what a strategy means);
+consumed by the simulator (`tfplace.simulator.simulate`) and by the graph rewrite, so what is
+simulated is what runs. No TensorFlow import.
+
+Layout (M tasks, F buffers, D devices, L links, N ops / T tensors / E data edges of the OpGraph).
+Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the global batch.
+
+  tasks       task_kind[M] int8        COMPUTE, RESPLIT, SUM, TRANSFER, COLLECTIVE (constants below)
+              task_device[M] int32     device whose compute lane runs it (COMPUTE/RESPLIT/SUM), the
+                                       destination of a TRANSFER, -1 for a COLLECTIVE
+              task_src_device[M] int32 source device of a TRANSFER, else -1
+              task_op[M] int32         the op (COMPUTE), the producer op of task_tensor, or for
+                                       a PS send-back the variable's handle op
+              task_tensor[M] int32     tensor moved / combined by a non-COMPUTE task; -1 for
+                                       COMPUTE and for a PS send-back (a TRANSFER of an updated
+                                       variable from the PS to a mirror, after every update)
+              task_samples[M] int32    COMPUTE: samples of its micro-batch, 0 for a mirrored
+                                       (not batch-split) instance; RESPLIT/TRANSFER of a batched
+                                       tensor: samples in the slice; else 0
+              task_lo[M], task_hi[M]   int32 sample range (COMPUTE replica or batched slice); a
+                                       mirrored instance or a whole tensor has [0, B)
+              task_seconds[M] float64  duration on free resources (profile, memory bandwidth,
+                                       link or collective model); the simulator adds contention
+              task_bytes[M] float64    bytes produced (COMPUTE: all its outputs) or moved
+                                       (TRANSFER: slice bytes; COLLECTIVE: the tensor size S)
+              task_priority[M] int64   lower runs first on a device (group priority, then
+                                       topological rank); ties by task id
+              task_weight[M] float64   COMPUTE replicas: aggregation weight of its partial values,
+                                       samples / B (used where tensor_weight_mean, else 1); 0 else
+  compute     tasks [0, num_compute) are op instances, op-major: op i runs as tasks
+              op_task_ptr[i] .. op_task_ptr[i+1]-1 (micro-batches / mirrors in layout order)
+  deps        dep_src[K], dep_dst[K] int32   task dep_src must finish before dep_dst starts
+                                       (data through buffers, control edges, PS send-back);
+                                       duplicates allowed (the simulator counts them consistently)
+  links       link_ptr[M+1], link_idx  links a TRANSFER / COLLECTIVE occupies (CSR)
+              link_names[L'], link_bandwidth_bytes_per_s[L']: the cluster's links followed by
+                                       one out-port and one in-port per device (see lowering)
+  collectives part_ptr[M+1], part_dev  participants of a COLLECTIVE in ring order (CSR)
+  buffers     buf_task[F], buf_device[F], buf_bytes[F] float64, buf_tensor[F] (-1 if none);
+              sorted by buf_task, so out_ptr[M+1] (CSR) lists each task's buffers
+              in_ptr[M+1], in_buf, in_edge  buffers each task reads (CSR); a COMPUTE task lists
+                                       its data inputs in port order with in_edge = the OpGraph
+                                       edge, other tasks list their inputs (slices in range
+                                       order) with in_edge = -1. A buffer nobody reads lives
+                                       until its producer ends.
+  memory      static_bytes[D] float64  variables and optimizer slots resident on each device
+  weights     tensor_weight_mean[T] bool  True: combining replicas of the tensor (sum of partial
+                                       values, or concatenation into an update) weights replica r
+                                       by task_weight (= samples_r / B); False: weight 1
+
+Reading it to emit a graph (the rewrite): COMPUTE task k of op i is replica k of i on
+task_device, reading in_buf in port order; a buffer is (producer task, tensor) on buf_device;
+TRANSFER = Send/Recv of its one input; RESPLIT = slice/concat of its inputs (in range order) to
+[task_lo, task_hi); SUM = add of its inputs; COLLECTIVE = all-reduce (sum) of its inputs, one
+output per participant. Scaling a replica's value of a weighted tensor by task_weight where the
+replica produces it makes every later SUM / COLLECTIVE a plain sum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Tuple
+
+import numpy as np
+
+TASK_COMPUTE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER, TASK_COLLECTIVE = 0, 1, 2, 3, 4
+TASK_KIND_NAMES = ("compute", "resplit", "sum", "transfer", "collective")
+#: Kinds that run on a device's compute lane (one at a time per device).
+DEVICE_KINDS = (TASK_COMPUTE, TASK_RESPLIT, TASK_SUM)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PlacedGraph:
+    """See the module docstring for every array. Built by `tfplace.lowering.lower`."""
+    device_names: Tuple[str, ...]
+    global_batch_size: int
+    num_compute: int
+    op_task_ptr: np.ndarray
+    task_kind: np.ndarray
+    task_device: np.ndarray
+    task_src_device: np.ndarray
+    task_op: np.ndarray
+    task_tensor: np.ndarray
+    task_samples: np.ndarray
+    task_lo: np.ndarray
+    task_hi: np.ndarray
+    task_seconds: np.ndarray
+    task_bytes: np.ndarray
+    task_priority: np.ndarray
+    task_weight: np.ndarray
+    dep_src: np.ndarray
+    dep_dst: np.ndarray
+    link_ptr: np.ndarray
+    link_idx: np.ndarray
+    link_names: Tuple[str, ...]
+    link_bandwidth_bytes_per_s: np.ndarray
+    part_ptr: np.ndarray
+    part_dev: np.ndarray
+    buf_task: np.ndarray
+    buf_device: np.ndarray
+    buf_bytes: np.ndarray
+    buf_tensor: np.ndarray
+    out_ptr: np.ndarray
+    in_ptr: np.ndarray
+    in_buf: np.ndarray
+    in_edge: np.ndarray
+    static_bytes: np.ndarray
+    tensor_weight_mean: np.ndarray
+    op_names: Tuple[str, ...] = ()
+
+    def __post_init__(self):
+        m, f = len(self.task_kind), len(self.buf_task)
+        per_task = ("task_device", "task_src_device", "task_op", "task_tensor", "task_samples", "task_lo",
+                    "task_hi", "task_seconds", "task_bytes", "task_priority", "task_weight")
+        for name in per_task:
+            if len(getattr(self, name)) != m:
+                raise ValueError(f"PlacedGraph.{name}: length {len(getattr(self, name))} != {m} tasks")
+        for name in ("link_ptr", "part_ptr", "out_ptr", "in_ptr"):
+            if len(getattr(self, name)) != m + 1:
+                raise ValueError(f"PlacedGraph.{name}: must have {m + 1} entries (CSR over tasks)")
+        for name in ("buf_device", "buf_bytes", "buf_tensor"):
+            if len(getattr(self, name)) != f:
+                raise ValueError(f"PlacedGraph.{name}: length != {f} buffers")
+        if len(self.dep_src) != len(self.dep_dst) or len(self.in_buf) != len(self.in_edge):
+            raise ValueError("PlacedGraph: dep_src/dep_dst or in_buf/in_edge lengths differ")
+        if len(self.static_bytes) != len(self.device_names):
+            raise ValueError("PlacedGraph.static_bytes: one entry per device")
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.task_kind)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.device_names)
+
+    def tasks_of_op(self, op: int) -> np.ndarray:
+        """Task ids of op `op`'s instances (its replicas or mirrors)."""
+        return np.arange(self.op_task_ptr[op], self.op_task_ptr[op + 1])
+
+    def successors(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(succ_ptr[M+1], succ_idx[K], indegree[M]): the dependency lists as CSR by source."""
+        cached = self.__dict__.get("_succ")
+        if cached is None:
+            cached = csr_from_pairs(self.dep_src, self.dep_dst, self.num_tasks)
+            indegree = np.bincount(self.dep_dst, minlength=self.num_tasks).astype(np.int32)
+            cached = (cached[0], cached[1], indegree)
+            object.__setattr__(self, "_succ", cached)
+        return cached
+
+    def task_name(self, task: int) -> str:
+        """Readable name of a task, used in traces: "conv1/Conv2D/replica_1", "transfer x:0 -> gpu1"."""
+        kind = int(self.task_kind[task])
+        op = int(self.task_op[task])
+        base = self.op_names[op] if 0 <= op < len(self.op_names) else f"op{op}"
+        if kind == TASK_COMPUTE:
+            return f"{base}/replica_{task - int(self.op_task_ptr[op])}"
+        if kind == TASK_TRANSFER:
+            return (f"transfer {base}:{int(self.task_tensor[task])} {self.device_names[self.task_src_device[task]]}"
+                    f"->{self.device_names[self.task_device[task]]}")
+        return f"{TASK_KIND_NAMES[kind]} {base}:{int(self.task_tensor[task])}"
+
+
+def csr_from_pairs(keys: np.ndarray, values: np.ndarray, n: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Groups `values` by `keys` (ints in [0, n)), keeping their order within a key.
+
+    Returns (ptr[n+1] int64, grouped values int32)."""
+    keys = np.asarray(keys, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys, minlength=n), out=ptr[1:])
+    return ptr, np.asarray(values, dtype=np.int32)[order]
