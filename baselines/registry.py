@@ -1,0 +1,133 @@
+"""Baseline and planner names -> generators (DESIGN §11).
+
+    strategy = generate("dp_proportional_allreduce", problem)
+    names()                    # every name below, in table order
+
+Strategy generators (each returns a Strategy that goes through the lowering and simulator):
+  single                       fastest device that fits (data_parallel.single_device)
+  dp_even_allreduce / _ps      DP-EV with ring all-reduce / with a PS (best-linked device)
+  dp_proportional_allreduce / _ps   DP-CP, shares ∝ profiled device throughput
+  dp_ratio_lp                  HAP's ratio LP re-balancing DP-EV's device set (ratio_lp)
+  model_parallel_round_robin, model_parallel_contiguous   HeteroG's MP seeds (model_parallel)
+  heft, m_etf, m_sct           memory-aware list-scheduling placers (list_scheduling)
+  pipeline                     DAPPLE-style planner (prints its estimated speed-up over DP)
+  pipeline_ratio_lp            the pipeline plan re-balanced by the ratio LP
+
+Runtime baselines (run for real, not strategies): horovod_even and horovod_proportional run the
+original graph under Horovod (horovod_runner). For simulated tables they stand for the strategy
+they implement: `SIMULATED_AS[name]`.
+
+The names of tfplace.config.BASELINES are all here (a test checks it).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+from tfplace.errors import InputError
+from tfplace.strategy import Strategy
+
+from tfplace.baselines import data_parallel, list_scheduling, model_parallel, pipeline, ratio_lp
+from tfplace.baselines.horovod_runner import HorovodResult, even_batches, proportional_batches, run_horovod
+from tfplace.baselines.problem import Problem, make_problem
+
+Generator = Callable[[Problem], Strategy]
+
+GENERATORS: Dict[str, Generator] = {
+    "single": data_parallel.single_device,
+    "dp_even_allreduce": lambda p: data_parallel.dp_even(p, "allreduce"),
+    "dp_even_ps": lambda p: data_parallel.dp_even(p, "ps"),
+    "dp_proportional_allreduce": lambda p: data_parallel.dp_proportional(p, "allreduce"),
+    "dp_proportional_ps": lambda p: data_parallel.dp_proportional(p, "ps"),
+    "dp_ratio_lp": lambda p: ratio_lp.rebalance(p, data_parallel.dp_even(p, "allreduce")).strategy,
+    "model_parallel_round_robin": model_parallel.round_robin,
+    "model_parallel_contiguous": model_parallel.contiguous,
+    "heft": list_scheduling.heft,
+    "m_etf": list_scheduling.m_etf,
+    "m_sct": list_scheduling.m_sct,
+    "pipeline": pipeline.pipeline,
+    "pipeline_ratio_lp": lambda p: ratio_lp.rebalance(p, pipeline.plan_pipeline(p, log=None).strategy).strategy,
+}
+
+RUNTIME_BASELINES = ("horovod_even", "horovod_proportional")
+SIMULATED_AS = {"horovod_even": "dp_even_allreduce", "horovod_proportional": "dp_proportional_allreduce"}
+REFERENCE = "dp_even_allreduce"  # speed-ups are reported over this one
+
+
+def default_profile(graph, kinds: Sequence[str]):
+    """The device model's roofline profile (tfplace.device_model.default_profile, or its
+    roofline_profile), or, while that module does not exist, every op the same on every kind
+    (tfplace.testing.uniform_profile, so DP-CP = DP-EV). `has_device_model()` tells which."""
+    model = _device_model()
+    if model is not None:
+        return model(graph, list(kinds))
+    from tfplace.testing import uniform_profile
+    return uniform_profile(graph, list(kinds))
+
+
+def _device_model():
+    try:
+        from tfplace import device_model
+    except ImportError:
+        return None
+    return getattr(device_model, "default_profile", None) or getattr(device_model, "roofline_profile", None)
+
+
+def has_device_model() -> bool:
+    return _device_model() is not None
+
+
+def baseline_factories(graph, cluster, batch_size: int, max_groups: int, profile=None, grouping=None,
+                       include: Optional[Sequence[str]] = None) -> Dict[str, Callable[[], Strategy]]:
+    """name -> zero-argument factory for every strategy generator (or those in `include`), over
+    one shared Problem (for seeding the policy's pool). profile None: `default_profile`. The
+    pipeline planner is quiet here. Names whose generator cannot apply (DP-EV with fewer samples
+    than devices) are left out."""
+    problem = make_problem(graph, cluster, profile if profile is not None else default_profile(graph, cluster.kinds),
+                           max_groups=max_groups, global_batch_size=batch_size, grouping=grouping)
+    quiet = dict(GENERATORS, pipeline=lambda p: pipeline.plan_pipeline(p, log=None).strategy)
+    wanted = [n for n in (include or GENERATORS) if n in GENERATORS]
+    if batch_size < cluster.num_devices:
+        wanted = [n for n in wanted if not n.startswith("dp_even") and n != "dp_ratio_lp"]
+    return {n: (lambda fn=quiet[n]: fn(problem)) for n in wanted}
+
+
+def names() -> Tuple[str, ...]:
+    return tuple(GENERATORS) + RUNTIME_BASELINES
+
+
+def _check(name: str) -> None:
+    if name not in GENERATORS and name not in RUNTIME_BASELINES:
+        raise InputError("argument", "baseline", f"unknown baseline {name!r}", f"use one of {list(names())}")
+
+
+def generate(name: str, problem: Problem) -> Strategy:
+    """The strategy of baseline `name` (a runtime baseline gives the strategy it implements)."""
+    _check(name)
+    return GENERATORS[SIMULATED_AS.get(name, name)](problem)
+
+
+def is_runtime(name: str) -> bool:
+    _check(name)
+    return name in RUNTIME_BASELINES
+
+
+def horovod_batch_sizes(name: str, global_batch_size: int, num_ranks: int,
+                        weights: Optional[Sequence[float]] = None) -> Tuple[int, ...]:
+    """Per-rank batches of a Horovod baseline: even, or ∝ `weights` (rank speeds; default: even)."""
+    _check(name)
+    if name == "horovod_even" or weights is None:
+        return even_batches(global_batch_size, num_ranks)
+    if len(weights) != num_ranks:
+        raise InputError("argument", "weights", f"{len(weights)} weights for {num_ranks} ranks", "one per rank")
+    return proportional_batches(global_batch_size, weights)
+
+
+def run_runtime_baseline(name: str, bundle: str, global_batch_size: int, num_ranks: int,
+                         weights: Optional[Sequence[float]] = None, **kwargs) -> HorovodResult:
+    """Runs horovod_even / horovod_proportional; kwargs go to `run_horovod` (steps,
+    warmup_steps, threads_per_rank, device_names, ...)."""
+    if not is_runtime(name):
+        raise InputError("argument", "baseline", f"{name!r} is a simulated strategy, not a runtime baseline",
+                         f"use one of {list(RUNTIME_BASELINES)}")
+    return run_horovod(bundle, horovod_batch_sizes(name, global_batch_size, num_ranks, weights), **kwargs)

@@ -1,0 +1,35 @@
+"""The comparison CLI end to end on a tiny bundle (python -m tfplace.compare)."""
+
+import json
+import os
+
+from tfplace import compare
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_MLP = os.path.join(REPO, "graph_defs", "zoo", "tiny_mlp_b16_sgd.json")
+CLUSTER = os.path.join(REPO, "clusters", "two_kind_4gpu.json")
+
+
+def test_compare_writes_table_json_png_and_strategies(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    rc = compare.main(["--graph", TINY_MLP, "--cluster", CLUSTER, "--max-groups", "12", "--out", str(out),
+                       "--strategies", "single,dp_even_allreduce,dp_proportional_ps,heft,pipeline,horovod_even"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "estimated speed-up" in printed and "ideal compute bound" in printed
+    result = json.loads((out / "compare.json").read_text())
+    rows = {r["strategy"]: r for r in result["rows"]}
+    assert set(rows) == {"single", "dp_even_allreduce", "dp_proportional_ps", "heft", "pipeline"}
+    assert rows["dp_even_allreduce"]["speedup_vs_dp_even"] == 1.0
+    for r in rows.values():
+        assert r["time_s"] >= result["ideal_compute_s"] and 0 < r["fraction_of_ideal"] <= 1.0
+    assert (out / "compare.png").stat().st_size > 10_000
+    assert (out / "strategies" / "heft.json").exists()
+    assert "dp_proportional_ps" in (out / "table.txt").read_text()
+
+
+def test_bad_input_exits_2(tmp_path, capsys):
+    assert compare.main(["--graph", TINY_MLP, "--cluster", CLUSTER, "--strategies", "magic",
+                         "--out", str(tmp_path)]) == 2
+    assert "unknown baseline" in capsys.readouterr().err
+    assert compare.main(["--graph", "no_such_model", "--cluster", CLUSTER, "--out", str(tmp_path)]) == 2
