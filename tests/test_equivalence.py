@@ -6,8 +6,8 @@ rewritten, run for 3 steps on a local cluster of 3 TF server processes, and comp
 original graph on one CPU: the global loss and every mirror of every variable, relative error
 <= 1e-5 (fp32). Mirrors of one variable must also agree with each other.
 
-Models: tfplace.testing's tiny MLP and single-head attention ("transformer"), and a small CNN
-built here *without* batch norm: batch-norm statistics are per replica in any data-parallel
+Models: tfplace.testing's tiny MLP and single-head attention ("transformer"), the MLP with a
+sum-reduced loss (weight-1 aggregation), and a small CNN built here *without* batch norm: batch-norm statistics are per replica in any data-parallel
 system, so a BN model's forward pass (not only its moving averages) differs by design.
 
 CI runs TFPLACE_EQUIV_STRATEGIES random strategies per (model, optimizer) (default 2); set it
@@ -54,7 +54,25 @@ def cnn_graph_def(optimizer):
     return graph.as_graph_def()
 
 
+def sum_mlp_graph_def(optimizer):
+    """The tiny MLP with a *sum*-reduced loss (gradients aggregate with weight 1)."""
+    import tensorflow as tf
+    from tfplace.testing import _dense, _train_step
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as graph:
+        v1.set_random_seed(0)
+        labels = v1.placeholder(tf.int32, [None], name="labels")
+        x = v1.placeholder(tf.float32, [None, 16], name="features")
+        logits = _dense(tf.nn.relu(_dense(x, 32, "dense_0")), 4, "dense_1")
+        per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+        _train_step(tf.identity(tf.reduce_sum(per_example), name="loss"), optimizer)
+    return graph.as_graph_def()
+
+
 def model_graph(model, optimizer):
+    if model == "mlp_sum":
+        return load_op_graph(sum_mlp_graph_def(optimizer), sinks=["train_op"], batch_size=BATCH, loss="loss",
+                             loss_reduction="sum", source=f"mlp_sum_{optimizer}")
     if model == "cnn":
         return load_op_graph(cnn_graph_def(optimizer), sinks=["train_op"], batch_size=BATCH, loss="loss",
                              source=f"cnn_nobn_{optimizer}")
@@ -119,7 +137,7 @@ COUNT = {}
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("model", ["mlp", "cnn", "attention"])
+@pytest.mark.parametrize("model", ["mlp", "mlp_sum", "cnn", "attention"])
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
 def test_rewritten_step_equals_single_device(local_cluster, model, optimizer):
     cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
@@ -134,3 +152,56 @@ def test_rewritten_step_equals_single_device(local_cluster, model, optimizer):
         assert err <= TOL, f"strategy {i} ({s.to_json()}): relative error {err:.3g}"
     COUNT[(model, optimizer)] = len(strategies)
     print(f"equivalence: {model}/{optimizer}: {len(strategies)} strategies equal (<= {TOL})")
+
+
+# ---- a real zoo model: ResNet-50 (32x32 images, batch 8, SGD) under DP-even / DP-proportional ----
+# Batch norm normalises with per-replica batch statistics (as in every data-parallel system), so
+# the single-device step is not the reference. The reference is the original step run once per
+# replica range from the same weights, combined with the aggregation weights s_r / B
+# (runtime.per_replica_reference_run). For SGD this is exact for the loss, every weight *and*
+# the BN moving statistics (their updates are affine in the per-replica statistic, which the
+# lowering aggregates with the same weights), so nothing is excluded.
+RESNET_BATCH, RESNET_STEPS, RESNET_TOL = 8, 2, 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.xfail(run=False, reason="OPEN: the rewritten ResNet-50 step hangs on the local cluster (init runs; "
+                   "the first step never finishes, with PS as with all-reduce, so not the collectives); "
+                   "run with --runxfail while debugging")
+@pytest.mark.parametrize("kind", ["dp_even", "dp_proportional"])
+def test_resnet50_data_parallel_equals_per_replica_reference(local_cluster, kind):
+    import sys
+    from tfplace.runtime import per_replica_reference_run
+    from tfplace.strategy import proportional_strategy
+    sys.path.insert(0, ROOT)
+    from tfplace.graph_defs.export import ensure_bundle
+    graph = load_op_graph(ensure_bundle("resnet50", batch_size=RESNET_BATCH, image_size=32))
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    devs = list(cluster.device_names)
+    strategy = (even_strategy(devs, RESNET_BATCH, 1) if kind == "dp_even"
+                else proportional_strategy(devs, [2.0, 1.0, 1.0], RESNET_BATCH, 1))
+    step = rewrite_step(graph, strategy, cluster)
+    placed = step.placed
+    first = placed.tasks_of_op(graph.inputs[0])
+    ranges = sorted(zip(placed.task_lo[first].tolist(), placed.task_hi[first].tolist()))
+    feeds = [random_feed(step.inputs, RESNET_BATCH, 100 + i) for i in range(RESNET_STEPS)]
+    with StepRunner(local_cluster, step, timeout_s=300) as runner:
+        runner.initialize()
+        init = {k: v[0] for k, v in runner.variables().items()}
+        losses, states = [], []
+        for feed in feeds:
+            losses.append(runner.step(feed))
+            states.append(runner.variables())
+    ref_losses, ref_states = per_replica_reference_run(graph, feeds, ranges, init)
+    worst, worst_name = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)), "loss"
+    for got, ref in zip(states, ref_states):
+        for name, value in ref.items():
+            for m in got[name]:
+                assert rel_err(m, got[name][0]) <= TOL, f"mirrors of {name} disagree"
+                e = rel_err(m, value)
+                if e > worst:
+                    worst, worst_name = e, name
+    print(f"equivalence: resnet50/{kind} ranges {ranges}: worst relative error {worst:.3g} ({worst_name}), "
+          f"{len(ref_states[-1])} variables incl. BN moving statistics")
+    assert worst <= RESNET_TOL, f"{worst_name}: relative error {worst:.3g}"

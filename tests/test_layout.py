@@ -47,6 +47,33 @@ def _tfplace_imports(path):
                     yield node.lineno, f"{node.module}.{alias.name}" if node.module == "tfplace" else node.module
 
 
+FOLDERS = {"simulator", "policy", "baselines", "graph_defs"}
+
+
+def _bare_folder_imports(path):
+    """Imports of a layout folder by its folder name (`import simulator`): they only work from
+    the repository root and dodge the import rules; the installed name is `tfplace.<folder>`."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+        for name in names:
+            if name.split(".")[0] in FOLDERS:
+                yield node.lineno, name
+
+
+def test_no_bare_folder_imports():
+    bad = []
+    for folder in list(PACKAGES) + ["tests", "benchmarks", "examples"]:
+        for root, _, files in os.walk(os.path.join(REPO, folder)):
+            for fname in files:
+                if fname.endswith(".py"):
+                    path = os.path.join(root, fname)
+                    bad += [f"{os.path.relpath(path, REPO)}:{n} imports {m}" for n, m in _bare_folder_imports(path)]
+    assert not bad, "import these as tfplace.<folder>:\n" + "\n".join(bad)
+
+
 def _is_entry_point(path):
     with open(path, encoding="utf-8") as f:
         return 'if __name__ == "__main__":' in f.read()

@@ -291,3 +291,111 @@ def test_changing_one_group_re_resolves_only_its_signatures():
     assert seen[0] == lowerer.index.num_sigs
     assert seen[1] == len(lowerer.index.sigs_of_groups([3])) < seen[0]
     assert len(seen) == 2  # an unchanged strategy resolves nothing
+
+
+# ---- per-replica metadata, sum-reduced losses, mean-scaled slices (TF graphs) -----------------
+
+def _sum_mlp_graph(batch=12, reduction="sum"):
+    """Tiny MLP whose loss is tf.reduce_sum (or reduce_mean) of per-example cross entropy."""
+    import tensorflow as tf
+    from tfplace.graph_loader import load_op_graph
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as g:
+        v1.set_random_seed(0)
+        x = v1.placeholder(tf.float32, [None, 16], name="features")
+        y = v1.placeholder(tf.int32, [None], name="labels")
+        logits = testing._dense(tf.nn.relu(testing._dense(x, 8, "dense_0")), 4, "dense_1")
+        per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+        reduce = tf.reduce_sum if reduction == "sum" else tf.reduce_mean
+        testing._train_step(tf.identity(reduce(per_example), name="loss"), "sgd")
+    return load_op_graph(g.as_graph_def(), sinks=["train_op"], batch_size=batch, loss="loss",
+                         loss_reduction=reduction, source=f"{reduction}_mlp")
+
+
+def _grad_tensors(graph):
+    """Tensors feeding a variable updater that come from the backward pass (weight gradients)."""
+    upd = {u for v in graph.variables for u in v.updaters}
+    out = set()
+    for t, d in zip(graph.edge_tensor.tolist(), graph.edge_dst.tolist()):
+        if d in upd and graph.names[graph.tensor_op[t]].startswith("gradients/"):
+            out.add(t)
+    return sorted(out)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_gradient_weights_follow_the_loss_reduction_in_a_tf_graph(reduction):
+    # TF seeds gradients with a constant (gradients/Fill): they do not descend from the loss
+    # through data edges, yet they must be weighted per the loss reduction (sum: 1, mean: s/B).
+    g = _sum_mlp_graph(reduction=reduction)
+    ix = GraphIndex(g, _grouping4(g))
+    grads = _grad_tensors(g)
+    assert grads
+    assert ix.tensor_weight_mean[grads].tolist() == [reduction == "mean"] * len(grads)
+    loss_t = int(g.loss_tensor)
+    assert bool(ix.tensor_weight_mean[loss_t]) == (reduction == "mean")
+    # batched backward tensors carry 1/s per sample only under a mean loss
+    assert ix.tensor_mean_scaled.any() == (reduction == "mean")
+    assert not (ix.tensor_mean_scaled & (g.tensor_batch_axis < 0)).any()
+
+
+def _grouping4(g, groups=4):
+    from tfplace.grouping import make_grouping
+    return make_grouping(g, groups)
+
+
+def test_placed_graph_carries_mean_scaled_tensors():
+    g = _sum_mlp_graph(reduction="mean")
+    gr = _grouping4(g)
+    cluster = testing.four_device_cluster()
+    devs = list(cluster.device_names)
+    placed = lower(g, gr, cluster, Strategy(12, 4, decision({devs[0]: 7, devs[1]: 5}, "allreduce"), {}),
+                   testing.uniform_profile(g, cluster.kinds))
+    assert placed.tensor_mean_scaled.shape == (placed.tensor_weight_mean.shape[0],)
+    assert placed.tensor_mean_scaled.any()
+
+
+def _attention_placed(shares_a, shares_b):
+    from tfplace.grouping import make_grouping
+    g = testing.tiny_graph("attention", 12, "sgd")
+    gr = make_grouping(g, 4)
+    cluster = testing.four_device_cluster()
+    names = gr.group_names
+    groups = {n: decision(shares_a if i % 2 else shares_b, "allreduce") for i, n in enumerate(names)}
+    lowerer = Lowerer(g, gr, cluster, testing.uniform_profile(g, cluster.kinds))
+    return g, lowerer, lowerer.lower(Strategy(12, 4, None, groups))
+
+
+def test_metadata_is_computed_per_consumer_replica():
+    # Shape-derived values (the shape fed to a mean's BroadcastTo, its 1/B) depend on the
+    # replica size: a consumer replica must never read one computed for another size.
+    from tfplace.lowering_meta import CLONE_SUFFIX, metadata_ops
+    cluster = testing.four_device_cluster()
+    d = list(cluster.device_names)
+    g, lowerer, placed = _attention_placed({d[0]: 7, d[1]: 5}, {d[0]: 2, d[1]: [4, 6]})
+    lg = lowerer.graph
+    # original ids are kept; clones are appended and cost as their original
+    assert placed.op_names[:g.num_ops] == g.names and len(placed.op_names) > g.num_ops
+    assert all(CLONE_SUFFIX in n for n in placed.op_names[g.num_ops:])
+    meta = metadata_ops(lg)
+    assert {lg.op_types[i] for i in np.nonzero(meta)[0]} >= {"Shape"}
+    assert not meta[list(lg.inputs)].any()
+    for i in np.nonzero(meta)[0].tolist():
+        assert not (lg.tensor_batch_axis[lg.tensor_op == i] >= 0).any()
+    checked = 0
+    for t in range(placed.num_compute):
+        if placed.task_samples[t] == 0:
+            continue
+        for b, e in zip(placed.in_buf[placed.in_ptr[t]:placed.in_ptr[t + 1]].tolist(),
+                        placed.in_edge[placed.in_ptr[t]:placed.in_ptr[t + 1]].tolist()):
+            src = int(placed.buf_task[b])
+            if meta[lg.tensor_op[lg.edge_tensor[e]]]:
+                assert placed.task_kind[src] == 0 and placed.task_samples[src] == placed.task_samples[t]
+                assert placed.task_lo[src] == placed.task_lo[t] and placed.task_device[src] == placed.task_device[t]
+                checked += 1
+    assert checked > 10
+
+
+def test_graphs_without_cross_group_metadata_are_not_changed():
+    g = fk.dp_graph(W)
+    lowerer = Lowerer(g, fk.grouping(g), fk.pair_cluster(), fk.dp_profile(g))
+    assert lowerer.graph is g

@@ -28,8 +28,8 @@ from tfplace.strategy import Strategy, decision, even_strategy, load_strategy, p
 
 def baseline_strategy(name: str, cluster: Cluster, batch: int, weights: Optional[Sequence[float]] = None) -> Strategy:
     """The strategy of a non-Horovod baseline (one default decision; max_groups 1).
-    dp_proportional_* shares the batch by `weights` (default: device memory, a stand-in when
-    no profile says how fast each device is)."""
+    dp_proportional_* shares the batch by `weights` (default: each device kind's speed from the
+    device model, `tfplace.device_model.relative_speed`)."""
     devs = list(cluster.device_names)
     if name == "single":
         return Strategy(batch, 1, decision({devs[0]: batch}), {})
@@ -38,15 +38,20 @@ def baseline_strategy(name: str, cluster: Cluster, batch: int, weights: Optional
     if name.startswith("dp_even"):
         return even_strategy(devs, batch, 1, sync, ps)
     if name.startswith("dp_proportional"):
-        w = list(weights) if weights is not None else [float(d.memory_bytes) for d in cluster.devices]
+        w = list(weights) if weights is not None else _speed_weights(cluster)
         return proportional_strategy(devs, w, batch, 1, sync, ps)
     raise ValueError(f"no strategy for baseline {name!r}")
+
+
+def _speed_weights(cluster: Cluster) -> List[float]:
+    from tfplace.device_model import relative_speed
+    return [float(relative_speed(d.kind)) for d in cluster.devices]
 
 
 def _graph_path(graph: Optional[str], model: Optional[str], batch: int) -> str:
     if graph:
         return graph
-    from graph_defs.export import ensure_bundle
+    from tfplace.graph_defs.export import ensure_bundle
     return ensure_bundle(model, batch_size=batch)
 
 
@@ -77,20 +82,24 @@ def _jobs(config: ActivateConfig, errors: Dict[str, Any]) -> List[Dict[str, Any]
 
 
 def _run_one(job, cluster: Cluster, lc, config: ActivateConfig) -> Dict[str, Any]:
-    from simulator import simulate
+    from tfplace.simulator import simulate
     from tfplace.graph_loader import load_op_graph
     from tfplace.rewrite import rewrite_step
     from tfplace.runtime import StepRunner, random_feed
     graph = load_op_graph(job["graph"])
     if job["kind"] == "baseline" and job["baseline"].startswith("horovod"):
-        from baselines.horovod_runner import even_batches, proportional_batches, run_horovod
+        from tfplace.baselines.horovod_runner import even_batches, proportional_batches, run_horovod
         n, b = cluster.num_devices, job["batch"]
         per = even_batches(b, n) if job["baseline"] == "horovod_even" else \
-            proportional_batches(b, [float(d.memory_bytes) for d in cluster.devices])
+            proportional_batches(b, _speed_weights(cluster))
         res = run_horovod(job["graph"], per, steps=config.steps, warmup_steps=config.warmup_steps)
         return {"step_times_s": list(res.report.step_times_s), "simulated_s": None, "timeline": ""}
     strategy = job.get("strategy") or baseline_strategy(job["baseline"], cluster, job["batch"])
-    step = rewrite_step(graph, strategy, cluster)
+    from tfplace.device_model import default_profile
+    # The simulated time uses the device model's profile (the bundled measured one when the
+    # graph has it, else the roofline model), the same one the search would use.
+    profile = default_profile(graph, cluster.kinds)
+    step = rewrite_step(graph, strategy, cluster, profile=profile)
     sim = simulate(step.placed, cluster).iteration_time_s
     feed = random_feed(step.inputs, strategy.global_batch_size, 0)
     with StepRunner(lc, step) as runner:
@@ -155,3 +164,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     rows = run(args.config)
     return 1 if rows and all(r["error"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -41,6 +41,7 @@ from tfplace.lowering_assemble import assemble
 from tfplace.lowering_costs import ComputeCosts, LinkCosts, memory_bandwidth
 from tfplace.lowering_graph import PM_AGG, GraphIndex
 from tfplace.lowering_layouts import LayoutTable
+from tfplace.lowering_meta import split_metadata
 from tfplace.lowering_patterns import PatternStore
 from tfplace.placed_graph import PlacedGraph
 from tfplace.profile import Profile
@@ -68,6 +69,12 @@ class LoweringOptions:
     default_memory_bandwidth_bytes_per_s: float = 2.0e11
 
 
+@dataclasses.dataclass(frozen=True)
+class _RegroupedGrouping:
+    op_group: np.ndarray
+    group_names: Tuple[str, ...]
+
+
 class Lowerer:
     """Lowers strategies for one (graph, grouping, cluster, profile); caches everything that
     does not depend on the strategy, and the layouts and edge patterns of past strategies, so a
@@ -76,6 +83,11 @@ class Lowerer:
 
     def __init__(self, graph: OpGraph, grouping, cluster: Cluster, profile: Profile,
                  options: Optional[LoweringOptions] = None):
+        # Metadata (shapes and what derives from them) runs in each consumer's group: the
+        # lowered graph may carry clones of metadata ops after the original ops (lowering_meta).
+        self.original_graph = graph
+        graph, op_group = split_metadata(graph, grouping.op_group)
+        grouping = _RegroupedGrouping(op_group, tuple(grouping.group_names))
         self.graph, self.cluster, self.profile = graph, cluster, profile
         self.options = options or LoweringOptions()
         self.index = GraphIndex(graph, grouping)

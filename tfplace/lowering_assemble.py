@@ -148,7 +148,8 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
         out_ptr=exclusive_cumsum(np.bincount(buf_task, minlength=m)),
         in_ptr=exclusive_cumsum(np.bincount(read_task, minlength=m)), in_buf=read_buf.astype(np.int32),
         in_edge=np.concatenate([r2_edge, np.full(len(r1_task), -1)]).astype(np.int32), static_bytes=static,
-        tensor_weight_mean=ix.tensor_weight_mean, op_names=graph.names)
+        tensor_weight_mean=ix.tensor_weight_mean, op_names=graph.names,
+        tensor_mean_scaled=ix.tensor_mean_scaled)
 
 
 def _template_seconds(ctx, kind, dev, src, coll, nbytes, traffic) -> np.ndarray:

@@ -40,10 +40,12 @@ class ComputeCosts:
         self.source = profile.source or "profile"
         self.missing_op_s = float(missing_op_s)
         listed_missing = set(profile.missing_ops)
+        clone_of = graph.meta.get("tfplace_clone_of", {})  # metadata clones cost as their original
+        listed_missing |= {c for c, o in clone_of.items() if o in listed_missing}
         n = graph.num_ops
         self.bat, self.sec, self.npts, self.ok = [], [], [], []
         for kind in self.kinds:
-            rows = [profile.ops.get(name, {}).get(kind) for name in graph.names]
+            rows = [profile.ops.get(clone_of.get(name, name), {}).get(kind) for name in graph.names]
             width = max([len(r[0]) for r in rows if r is not None] + [1])
             bat = np.full((n, width), np.inf)
             sec = np.zeros((n, width))

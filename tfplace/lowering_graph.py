@@ -60,6 +60,7 @@ class GraphIndex:
       tensor_cls[T] int8; tensor_ps_bytes[T] (bytes per sample, batched), tensor_full_bytes[T]
       tensor_mem_scale[T]    1.0, or 0.0 where the output aliases a variable
       tensor_weight_mean[T]  bool, see PlacedGraph
+      tensor_mean_scaled[T]  bool, see PlacedGraph
       tensor_sig[T] int32; edge_slot[E] int32 (index of the edge's consumer slot in its signature)
       sig_cls[S], sig_pgroup[S], sig_plkind[S]; sig_slot_ptr[S+1] with slot_group, slot_lkind,
       slot_pmode (CSR of consumer slots); group_sig_ptr[G+1], group_sig_idx (signatures touching
@@ -140,7 +141,8 @@ class GraphIndex:
         candidate = (graph.op_batch_dependent & ~batched_in & ~batched_out & ~is_input).tolist()
         upd = updater.tolist()
         # Reverse topological order: an op is UPDATE-side when all its consumers already are.
-        for i in range(n - 1, -1, -1):
+        from tfplace.lowering_meta import topological_order
+        for i in reversed(topological_order(graph).tolist()):
             if not upd[i] and candidate[i] and consumers[i] and all(upd[c] for c in consumers[i]):
                 upd[i] = True
         upd_side = np.array(upd, dtype=bool)
@@ -177,11 +179,39 @@ class GraphIndex:
         self.tensor_mem_scale = np.where(alias, 0.0, 1.0)
         self.op_out_ps_bytes = np.bincount(prod, weights=self.tensor_ps_bytes, minlength=graph.num_ops)
         self.op_out_full_bytes = np.bincount(prod, weights=self.tensor_full_bytes, minlength=graph.num_ops)
-        # Which tensors descend from the loss: their replica values are scaled per the loss
-        # reduction; other partials (batch statistics) are means over the batch.
-        from_loss = self._descends_from_loss(graph)
+        # Which tensors follow the loss (the loss itself and the backward pass): their replica
+        # values are scaled per the loss reduction; other partials (forward batch statistics)
+        # are means over the batch. The backward pass is found as the batch-dependent ops that
+        # are not ancestors of the loss: TF seeds the gradients with a constant (`gradients/
+        # Fill`), so gradients do not descend from the loss through data edges.
         mean_loss = graph.loss_reduction == "mean"
+        backward = self._backward_ops(graph)
+        from_loss = self._descends_from_loss(graph) | backward
         self.tensor_weight_mean = np.where(from_loss[prod], mean_loss, True)
+        # Batched tensors of a mean loss's backward pass carry 1/s per sample (each replica's
+        # loss is a mean over its own s samples): a slice moved to a consumer replica of another
+        # size is rescaled by s_producer / s_consumer (PlacedGraph.tensor_mean_scaled).
+        self.tensor_mean_scaled = backward[prod] & batched & mean_loss & (graph.loss_tensor >= 0)
+
+    @staticmethod
+    def _backward_ops(graph: OpGraph) -> np.ndarray:
+        """bool[N]: batch-dependent ops that are not ancestors (data or control) of the loss op."""
+        n = graph.num_ops
+        if graph.loss_tensor < 0:
+            return np.zeros(n, dtype=bool)
+        parents = [[] for _ in range(n)]
+        for t, c in zip(graph.tensor_op[graph.edge_tensor].tolist(), graph.edge_dst.tolist()):
+            parents[c].append(t)
+        for s, d in zip(graph.control_src.tolist(), graph.control_dst.tolist()):
+            parents[d].append(s)
+        forward = np.zeros(n, dtype=bool)
+        stack = [int(graph.tensor_op[graph.loss_tensor])]
+        while stack:
+            i = stack.pop()
+            if not forward[i]:
+                forward[i] = True
+                stack.extend(parents[i])
+        return graph.op_batch_dependent & ~forward
 
     @staticmethod
     def _descends_from_loss(graph: OpGraph) -> np.ndarray:
@@ -189,13 +219,15 @@ class GraphIndex:
         if graph.loss_tensor < 0:
             return np.ones(n, dtype=bool)
         reached = np.zeros(n, dtype=bool)
-        reached[graph.tensor_op[graph.loss_tensor]] = True
-        prod = graph.tensor_op[graph.edge_tensor]
-        order = np.argsort(prod, kind="stable")  # edges by producer; producers in topological order
-        src, dst = prod[order].tolist(), graph.edge_dst[order].tolist()
-        for s, d in zip(src, dst):
-            if reached[s]:
-                reached[d] = True
+        succ = [[] for _ in range(n)]
+        for s, d in zip(graph.tensor_op[graph.edge_tensor].tolist(), graph.edge_dst.tolist()):
+            succ[s].append(d)
+        stack = [int(graph.tensor_op[graph.loss_tensor])]
+        while stack:  # order-free (metadata clones are appended after their consumers)
+            i = stack.pop()
+            if not reached[i]:
+                reached[i] = True
+                stack.extend(succ[i])
         return reached
 
     # ---- signatures ----------------------------------------------------------------------------

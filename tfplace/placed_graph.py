@@ -49,6 +49,10 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
   weights     tensor_weight_mean[T] bool  True: combining replicas of the tensor (sum of partial
                                        values, or concatenation into an update) weights replica r
                                        by task_weight (= samples_r / B); False: weight 1
+              tensor_mean_scaled[T] bool  batched tensors of a mean-reduced loss's backward pass:
+                                       replica r's values carry 1/s_r per sample, so a slice a
+                                       RESPLIT/TRANSFER hands to a consumer replica of s_c samples
+                                       is scaled by s_r / s_c (empty: none; additive field)
 
 Reading it to emit a graph (the rewrite): COMPUTE task k of op i is replica k of i on
 task_device, reading in_buf in port order; a buffer is (producer task, tensor) on buf_device;
@@ -109,6 +113,7 @@ class PlacedGraph:
     static_bytes: np.ndarray
     tensor_weight_mean: np.ndarray
     op_names: Tuple[str, ...] = ()
+    tensor_mean_scaled: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     def __post_init__(self):
         m, f = len(self.task_kind), len(self.buf_task)

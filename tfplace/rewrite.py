@@ -113,42 +113,26 @@ def rewrite_step(graph, strategy: Strategy, cluster: Cluster, *, grouping=None, 
     if graph.graph_def is None:
         raise InputError(graph.source or "graph", "graph_def", "the OpGraph carries no GraphDef",
                          "load it with tfplace.graph_loader.load_op_graph")
+    from tfplace.grouping import make_grouping
+    if grouping is None and (placed is None or len(placed.op_names) != graph.num_ops):
+        grouping = make_grouping(graph, strategy.max_groups)
     if placed is None:
-        from tfplace.grouping import make_grouping
-        from tfplace.lowering import lower
-        if grouping is None:
-            grouping = make_grouping(graph, strategy.max_groups)
+        from tfplace.lowering import Lowerer
         if profile is None:
             from tfplace.testing import uniform_profile
             profile = uniform_profile(graph, cluster.kinds)
-        placed = lower(graph, grouping, cluster, strategy, profile)
+        lowerer = Lowerer(graph, grouping, cluster, profile)
+        placed = lowerer.lower(strategy)
+        graph = lowerer.graph  # with the lowering's metadata clones (tfplace.lowering_meta)
+    elif len(placed.op_names) != graph.num_ops:
+        from tfplace.lowering_meta import split_metadata
+        graph = split_metadata(graph, grouping.op_group)[0]
+    if tuple(placed.op_names) != tuple(graph.names):
+        raise InputError(graph.source or "graph", "placed", "the PlacedGraph was lowered from another graph",
+                         "pass the OpGraph and grouping the strategy was lowered with")
     if key_base is None:
         key_base = 1 + zlib.crc32(repr((graph.names, strategy.to_json())).encode()) % (2 ** 29)
     return _Emitter(graph, placed, cluster, key_base, init_op).run()
-
-
-def mean_scaled_tensors(graph: OpGraph) -> np.ndarray:
-    """bool[T]: batched tensors of the backward pass of a mean-reduced loss. Each replica's loss
-    is a mean over its own s_r samples, so these carry 1/s_r per sample (the gradient of a mean
-    is linear in 1/s). Backward = batch-dependent ops that are not ancestors of the loss op.
-    TODO(lowering): this belongs in the PlacedGraph (the simulator does not need it)."""
-    if graph.loss_tensor < 0 or graph.loss_reduction != "mean":
-        return np.zeros(graph.num_tensors, dtype=bool)
-    n = graph.num_ops
-    parents = [[] for _ in range(n)]
-    for t, c in zip(graph.tensor_op[graph.edge_tensor].tolist(), graph.edge_dst.tolist()):
-        parents[c].append(t)
-    for s, d in zip(graph.control_src.tolist(), graph.control_dst.tolist()):
-        parents[d].append(s)
-    forward = np.zeros(n, dtype=bool)
-    stack = [int(graph.tensor_op[graph.loss_tensor])]
-    while stack:
-        i = stack.pop()
-        if not forward[i]:
-            forward[i] = True
-            stack.extend(parents[i])
-    backward_op = graph.op_batch_dependent & ~forward
-    return backward_op[graph.tensor_op] & (graph.tensor_batch_axis >= 0)
 
 
 class _Emitter:
@@ -165,7 +149,10 @@ class _Emitter:
         self._weighted: Dict[Tuple[str, int], str] = {}
         p = placed
         self.buf_tensor_dtype = lambda b: graph.tensor_dtype[p.buf_tensor[b]]
-        self.loss_mean = mean_scaled_tensors(graph)  # re-split slices of these are rescaled
+        self.loss_mean = placed.tensor_mean_scaled  # decided by the lowering
+        if len(self.loss_mean) != graph.num_tensors:
+            raise InputError(graph.source or "graph", "placed", "the PlacedGraph has no tensor_mean_scaled",
+                             "lower it with this version of tfplace.lowering")
         first_input = graph.inputs[0]
         self.feed_dev = self.dev[p.task_device[p.op_task_ptr[first_input]]]
 

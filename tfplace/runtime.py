@@ -133,3 +133,47 @@ def reference_run(graph: OpGraph, feeds: Sequence[Mapping[str, np.ndarray]],
             losses.append(float(out[1]) if loss else None)
             states.append(sess.run(reads))
     return losses, states
+
+
+def per_replica_reference_run(graph: OpGraph, feeds: Sequence[Mapping[str, np.ndarray]],
+                              ranges: Sequence[Tuple[int, int]], init_values: Mapping[str, np.ndarray]):
+    """Reference for graphs whose forward pass uses per-replica batch statistics (batch norm):
+    each step runs the original step once per replica range [lo, hi) of the global batch, from
+    the same variable values, and combines the results with weights (hi - lo) / B, the
+    aggregation weights of a mean-reduced loss (DESIGN §4.3).
+
+    For plain SGD this equals the data-parallel step exactly: the update w - lr * sum_r w_r g_r
+    and the moving-average update m + (1 - d)(stat_r - m) are affine in the per-replica
+    gradient / statistic, so averaging the per-replica results is averaging their inputs.
+    Returns (losses per step, variable values after each step) like `reference_run`."""
+    import tensorflow as tf
+    g = _import(graph.graph_def)
+    batch = sum(hi - lo for lo, hi in ranges)
+    loss = graph.names[graph.tensor_op[graph.loss_tensor]] + f":{int(graph.tensor_port[graph.loss_tensor])}"
+    axes = {graph.names[i] + ":0": int(graph.tensor_batch_axis[graph.tensor_op == i][0]) for i in graph.inputs}
+    with g.as_default():
+        reads, assigns = {}, {}
+        for v in graph.variables:
+            handle = g.get_tensor_by_name(v.name + ":0")
+            reads[v.name] = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.as_dtype(v.dtype))
+            ph = tf.compat.v1.placeholder(tf.as_dtype(v.dtype))
+            assigns[v.name] = (ph, tf.raw_ops.AssignVariableOp(resource=handle, value=ph))
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
+    losses, states = [], []
+    state = {k: np.asarray(v) for k, v in init_values.items()}
+    with tf.compat.v1.Session(graph=g, config=config) as sess:
+        sess.run(graph.meta.get("init_op") or "init")
+        for feed in feeds:
+            total_loss, new = 0.0, {k: np.zeros_like(v, dtype=np.float64) for k, v in state.items()}
+            for lo, hi in ranges:
+                sess.run([op for _, op in assigns.values()], {ph: state[k] for k, (ph, _) in assigns.items()})
+                part = {k: np.take(v, np.arange(lo, hi), axis=max(axes.get(k, 0), 0)) for k, v in feed.items()}
+                out = sess.run([graph.names[graph.sink], loss], part)
+                w = (hi - lo) / batch
+                total_loss += w * float(out[1])
+                for k, v in sess.run(reads).items():
+                    new[k] += w * v
+            state = {k: v.astype(state[k].dtype) for k, v in new.items()}
+            losses.append(total_loss)
+            states.append(state)
+    return losses, states
