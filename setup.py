@@ -30,7 +30,8 @@ setup(
     packages=list(PACKAGE_DIR),
     package_dir=PACKAGE_DIR,
     package_data={
-        "tfplace.graph_defs": ["manifest.json", "zoo/*.json", "zoo/*.pb"],
+        "tfplace.graph_defs": ["manifest.json", "zoo/*.json", "zoo/*.pb", "profiles/*.json",
+                               "profiles/*/*.json"],
     },
     py_modules=[],
     install_requires=[

@@ -71,7 +71,7 @@ def load_op_graph(path_or_graph_def: GraphSource, *, sinks: Optional[Sequence[st
     Raises:
       InputError (UnsupportedGraphError for control flow / cycles).
     """
-    graph_def, meta, src = _read_source(path_or_graph_def, source)
+    graph_def, meta, src = read_graph_source(path_or_graph_def, source)
     sink_names = _sink_names(sinks, meta, src)
     loss_name = loss if loss is not None else meta.get("loss")
     reduction = loss_reduction if loss_reduction is not None else meta.get("loss_reduction")
@@ -126,7 +126,7 @@ _META_OPTIONAL = {
 }
 
 
-def _read_source(obj, source):
+def read_graph_source(obj, source):
     """Returns (graph_def, meta dict, source name)."""
     if not isinstance(obj, (str, os.PathLike)):
         if not hasattr(obj, "node"):

@@ -187,3 +187,9 @@ def load_profile(path: Union[str, os.PathLike]) -> Profile:
 
 def save_profile(profile: Profile, path: Union[str, os.PathLike]) -> None:
     write_json(path, profile.to_json())
+
+
+if __name__ == "__main__":  # `python -m tfplace.profile ...` is the profiler's command line
+    import sys
+    from tfplace.profiler_cli import main
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""LocalCluster: start, cross-task ops, clean shutdown (normal exit, exception, Ctrl-C, a launcher
+killed outright), and a dead worker reported within seconds. Multi-process."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tfplace.errors import InputError
+from tfplace.local_cluster import LocalCluster, WorkerDiedError
+
+pytestmark = pytest.mark.multiprocess
+tf = pytest.importorskip("tensorflow")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # alive or a zombie not yet reaped by its parent: a zombie runs nothing
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _wait_gone(pids, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(_gone(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _cross_task_graph(lc):
+    g = tf.Graph()
+    with g.as_default():
+        with tf.device(lc.device_names[1]):
+            v = tf.Variable(tf.fill([1000], 2.0), name="on_task1")
+        with tf.device(lc.device_names[0]):
+            total = tf.reduce_sum(v.read_value() * 3.0)
+        init = tf.compat.v1.global_variables_initializer()
+    return g, init, total
+
+
+def test_two_tasks_run_a_cross_task_op_and_leave_nothing_behind():
+    with LocalCluster(num_tasks=2, threads_per_task=[1, 1]) as lc:
+        pids = lc.pids
+        assert len(lc.task_addresses) == 2 and all(a.startswith("127.0.0.1:") for a in lc.task_addresses)
+        assert lc.target == f"grpc://{lc.task_addresses[0]}"
+        assert lc.device_names[1] == "/job:worker/replica:0/task:1/device:CPU:0"
+        g, init, total = _cross_task_graph(lc)
+        with lc.session(graph=g) as sess:
+            lc.run(sess, init)
+            md = tf.compat.v1.RunMetadata()
+            opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+            assert lc.run(sess, total, options=opts, run_metadata=md) == pytest.approx(6000.0)
+            devices = {d.device for d in md.step_stats.dev_stats}
+            assert any("task:1" in d for d in devices) and any("task:0" in d for d in devices)
+        assert all(not _gone(p) for p in pids)
+    assert _wait_gone(pids, 1.0), "worker processes left after the with block"
+
+
+def test_killed_worker_is_a_clear_error_within_seconds():
+    with LocalCluster(num_tasks=2) as lc:
+        pids = lc.pids
+        g, init, total = _cross_task_graph(lc)
+        with lc.session(graph=g) as sess:
+            lc.run(sess, init)
+            lc.kill_task(1)
+            start = time.monotonic()
+            with pytest.raises(WorkerDiedError) as e:
+                lc.run(sess, total)
+            assert time.monotonic() - start < 5.0
+        msg = str(e.value)
+        assert "task 1" in msg and "SIGKILL" in msg and e.value.task == 1
+    assert _wait_gone(pids, 5.0)
+
+
+def test_exception_inside_the_block_shuts_down():
+    with pytest.raises(RuntimeError, match="boom"):
+        with LocalCluster(num_tasks=2) as lc:
+            pids = lc.pids
+            raise RuntimeError("boom")
+    assert _wait_gone(pids, 1.0)
+
+
+_LAUNCHER = textwrap.dedent("""
+    import os, signal, sys, time
+    from tfplace.local_cluster import LocalCluster
+    mode = sys.argv[1]
+    with LocalCluster(num_tasks=2) as lc:
+        print(" ".join(map(str, lc.pids)), flush=True)
+        if mode == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)   # no cleanup code runs
+        time.sleep(60)                            # Ctrl-C lands here
+""")
+
+
+@pytest.mark.parametrize("mode", ["sigint", "sigkill"])
+def test_no_orphans_after_ctrl_c_or_a_killed_launcher(mode):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER, mode], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        pids = [int(x) for x in line.split()]
+        assert len(pids) == 2, proc.stderr.read()
+        if mode == "sigint":
+            proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        assert _wait_gone(pids, 5.0), f"workers {pids} outlived their launcher ({mode})"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_bad_arguments():
+    with pytest.raises(InputError, match="num_tasks"):
+        LocalCluster(num_tasks=0)
+    with pytest.raises(InputError, match="threads_per_task"):
+        LocalCluster(num_tasks=2, threads_per_task=[1])
+    with pytest.raises(InputError, match=r"threads_per_task\[1\]"):
+        LocalCluster(num_tasks=2, threads_per_task=[1, -2])
+    with pytest.raises(RuntimeError, match="not running"):
+        LocalCluster(num_tasks=1).target
+
+
+def test_worker_that_fails_to_start_is_reported(tmp_path):
+    lc = LocalCluster(num_tasks=1, env_per_task=[{"PYTHONPATH": str(tmp_path)}], start_timeout_s=60)
+    (tmp_path / "tensorflow.py").write_text("raise ImportError('no tensorflow in this worker')\n")
+    with pytest.raises(WorkerDiedError, match="no tensorflow in this worker") as e:
+        lc.start()
+    assert "while starting" in str(e.value)

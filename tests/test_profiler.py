@@ -1,0 +1,191 @@
+"""Profiler: per-op measurement of real training steps on this machine's CPU (single process),
+the step-stats rules (GPU stream records included, on a hand-written StepStats), fused-kernel
+attribution, the command line, and derived profiles of measured graphs."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tfplace import device_model, profiler, profiler_cli
+from tfplace.errors import InputError
+from tfplace.profile import load_profile
+
+tf = pytest.importorskip("tensorflow")
+
+
+def _bundle(model):
+    from tfplace.graph_defs.export import ZOO_DIR, ensure_bundle
+    committed = {"tiny_mlp": "tiny_mlp_b16_sgd.json", "tiny_cnn": "tiny_cnn_b16_s16_sgd.json"}
+    path = os.path.join(ZOO_DIR, committed[model])
+    return path if os.path.exists(path) else ensure_bundle(model)
+
+
+@pytest.fixture(scope="module")
+def tiny_cnn_profile():
+    opts = profiler.ProfileOptions(device="CPU", batch_sizes=(2, 4), repeats=2, warmup=1)
+    return profiler.profile_bundle(_bundle("tiny_cnn"), opts)
+
+
+# Op types that run no kernel of their own: nothing else may be missing from a profile.
+NO_KERNEL = {"Placeholder"}
+
+
+@pytest.mark.parametrize("model", ["tiny_mlp", "tiny_cnn"])
+def test_profile_has_every_op_of_the_step(model, tiny_cnn_profile):
+    from tfplace.graph_loader import load_op_graph
+    path = _bundle(model)
+    result = tiny_cnn_profile if model == "tiny_cnn" else profiler.profile_bundle(
+        path, profiler.ProfileOptions(batch_sizes=(2, 4), repeats=2, warmup=1))
+    prof = result.profile
+    graph = load_op_graph(path)
+    for name, op_type in zip(graph.names, graph.op_types):
+        if name in prof.ops:
+            batches, secs = prof.ops[name]["CPU"]
+            assert batches == (2, 4) and all(s >= 0 for s in secs)
+        else:
+            assert name in prof.missing_ops, f"{name} ({op_type}) neither measured nor listed missing"
+            assert result.missing_reasons[name]
+            assert op_type in NO_KERNEL, f"compute op {name} ({op_type}) missing: {result.missing_reasons[name]}"
+    assert set(prof.ops) | set(prof.missing_ops) == set(graph.names)
+    c = prof.conditions
+    for key in ("tf_version", "repeats", "statistic", "cpu_model", "date", "intra_op_threads", "step_wall_s"):
+        assert key in c
+    assert c["statistic"] == "min" and prof.graph == os.path.basename(path).split(".json")[0].replace("_b16", "")
+
+
+def test_fused_kernels_are_split_among_their_ops():
+    """oneDNN fuses Conv2D + BiasAdd into one kernel named after the BiasAdd; the Conv2D must
+    still get a time (its roofline share), never silently 0."""
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as g:
+        x = v1.placeholder(tf.float32, [None, 16, 16, 8], name="x")
+        w = v1.get_variable("w", [3, 3, 8, 16], use_resource=True)
+        b = v1.get_variable("b", [16], use_resource=True, initializer=v1.zeros_initializer())
+        y = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, w, 1, "SAME", name="conv"), b, name="bias"))
+        loss = tf.identity(tf.reduce_mean(y), name="loss")
+        v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train_op")
+        init = v1.variables_initializer(v1.global_variables(), name="init")
+    meta = {"sink": "train_op", "init_op": init.name, "loss": "loss",
+            "inputs": [{"name": "x", "dtype": "float32", "shape": [-1, 16, 16, 8], "batch_axis": 0}]}
+    res = profiler.profile_graph(g.as_graph_def(), meta, profiler.ProfileOptions(batch_sizes=(4,), repeats=2, warmup=1))
+    ops = res.profile.ops
+    assert "conv" in ops and "bias" in ops and res.profile.missing_ops == ("x",)
+    fused = res.profile.conditions["fused"]
+    if fused:  # oneDNN on: the conv's share is most of the fused kernel's time
+        assert fused == {"conv": "bias"}
+        assert ops["conv"]["CPU"][1][0] > ops["bias"]["CPU"][1][0] > 0
+
+
+def _node(step_stats_dev, name, micros):
+    ns = step_stats_dev.node_stats.add()
+    ns.node_name, ns.all_end_rel_micros = name, micros
+
+
+def test_step_stats_rules_for_gpu_streams():
+    from tensorflow.core.framework import step_stats_pb2
+    ss = step_stats_pb2.StepStats()
+    gpu = ss.dev_stats.add(device="/job:localhost/replica:0/task:0/device:GPU:0")
+    _node(gpu, "conv", 12)        # launch record: replaced by the kernels below
+    _node(gpu, "shape", 3)        # host-only op on the GPU device: kept
+    streams = ss.dev_stats.add(device="/device:GPU:0/stream:all")
+    _node(streams, "conv:Conv2D", 100)
+    _node(streams, "conv:Conv2D", 50)   # two kernels of one op in one step: summed
+    one_stream = ss.dev_stats.add(device="/device:GPU:0/stream:7")
+    _node(one_stream, "conv:Conv2D", 100)  # per-stream duplicate: ignored
+    memcpy = ss.dev_stats.add(device="/device:GPU:0/memcpy")
+    _node(memcpy, "x", 40)
+    cpu = ss.dev_stats.add(device="/job:localhost/replica:0/task:0/device:CPU:0")
+    _node(cpu, "_SOURCE", 1)
+    _node(cpu, "loss:0", 7)
+    out = profiler.op_seconds_from_step_stats(ss, known={"conv", "shape", "loss", "x"})
+    assert out == pytest.approx({"conv": 150e-6, "shape": 3e-6, "loss": 7e-6})
+
+
+def test_reduce_samples_and_statistics():
+    samples = [{"a": 3.0, "b": 1.0}, {"a": 1.0}, {"a": 2.0, "b": 5.0}]
+    assert profiler.reduce_samples(samples, "min") == {"a": 1.0, "b": 1.0}
+    assert profiler.reduce_samples(samples, "median") == {"a": 2.0, "b": 3.0}
+
+
+def test_synthetic_feed_respects_dtype_shape_and_range():
+    rng = np.random.default_rng(0)
+    feed = profiler.synthetic_feed([
+        {"name": "img", "dtype": "float32", "shape": [-1, 4, 4, 3], "batch_axis": 0},
+        {"name": "tok", "dtype": "int32", "shape": [7, -1], "batch_axis": 1, "max_value": 5},
+    ], 6, rng)
+    assert feed["img:0"].shape == (6, 4, 4, 3) and feed["img:0"].dtype == np.float32
+    assert feed["tok:0"].shape == (7, 6) and feed["tok:0"].dtype == np.int32
+    assert feed["tok:0"].min() >= 0 and feed["tok:0"].max() < 5
+
+
+def test_measured_profile_derives_faster_gpu_profiles(tiny_cnn_profile):
+    from tfplace.graph_loader import load_op_graph
+    graph = load_op_graph(_bundle("tiny_cnn"))
+    measured = tiny_cnn_profile.profile
+    derived = device_model.derive_profile(measured, graph, "CPU", ["V100", "P100"])
+    conv = "conv_0/Conv2D"
+    assert derived.seconds(conv, "V100", 4) < derived.seconds(conv, "P100", 4) < measured.seconds(conv, "CPU", 4)
+    merged = profiler.merge_profiles(measured, derived)
+    assert set(merged.kinds) == {"CPU", "V100", "P100"} and merged.derived == {"V100": "CPU", "P100": "CPU"}
+    small = profiler.rounded(merged, 3)
+    s = small.ops[conv]["V100"][1][0]
+    assert s == float(f"{s:.3g}")
+
+
+def test_cli_writes_a_profile_with_derived_kinds(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    rc = profiler_cli.main(["--graph", _bundle("tiny_mlp"), "--batch-sizes", "2,4", "--repeats", "1",
+                            "--warmup", "0", "--derive", "V100", "--quiet", "--out", str(out)])
+    assert rc == 0
+    prof = load_profile(out)
+    assert set(prof.kinds) == {"CPU", "V100"} and prof.derived == {"V100": "CPU"}
+    assert "measured" in capsys.readouterr().out
+    raw = json.loads(out.read_text())
+    assert raw["conditions"]["by_kind"]["CPU"]["repeats"] == 1
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--batch-sizes", "0,4"], "batch_sizes[0]"),
+    (["--batch-sizes", "4,x"], "--batch-sizes"),
+    (["--device", "TPU:0"], "device"),
+    (["--device", "GPU"], "kind"),
+    (["--repeats", "0"], "repeats"),
+])
+def test_cli_bad_arguments_name_the_field(tmp_path, capsys, args, field):
+    rc = profiler_cli.main(["--graph", _bundle("tiny_mlp"), "--quiet", "--out", str(tmp_path / "p.json")] + args)
+    err = capsys.readouterr().err
+    assert rc == 2 and field in err and "Fix:" in err
+
+
+def test_cli_missing_graph_file(tmp_path, capsys):
+    rc = profiler_cli.main(["--graph", str(tmp_path / "nope.json"), "--quiet", "--out", str(tmp_path / "p.json")])
+    assert rc == 2 and "nope.json" in capsys.readouterr().err
+
+
+def test_options_validation():
+    with pytest.raises(InputError, match="statistic"):
+        profiler.ProfileOptions(statistic="mean").validated()
+    assert profiler.ProfileOptions(device="gpu:1", kind="V100").validated().device == "/device:GPU:1"
+    assert profiler.ProfileOptions(batch_sizes=(8, 2, 8)).validated().batch_sizes == (2, 8)
+
+
+def test_kernel_replay_op_table_and_profile():
+    """The GPU replay's TensorFlow-side halves: the op table carries shapes and small constants;
+    a replay result becomes a profile keyed by the GPU kind with host ops missing."""
+    from tfplace import kernel_replay
+    from tfplace.graph_loader import load_op_graph
+    graph = load_op_graph(_bundle("tiny_cnn"))
+    table = kernel_replay.export_op_table(graph)
+    by_name = {op["name"]: op for op in table["ops"]}
+    assert len(table["ops"]) == graph.num_ops and table["reference_batch_size"] == 16
+    conv = by_name["conv_0/Conv2D"]
+    assert conv["in"][0][0] == [16, 16, 16, 3] and conv["in"][0][2] == 0 and conv["attrs"]["padding"] == "SAME"
+    means = [op for op in table["ops"] if op["type"] == "Mean"]
+    assert means and all(op["in"][1][3] is not None for op in means)  # reduction axes are constants
+    result = {"graph": "tiny_cnn_s16_sgd", "device": "NVIDIA H100", "batch_sizes": [4, 8],
+              "seconds": {"conv_0/Conv2D": {"4": 2e-6, "8": 3e-6}}, "skipped": {"images": "host op: no device kernel"}}
+    prof = kernel_replay.replay_to_profile(result, "H100")
+    assert prof.ops["conv_0/Conv2D"]["H100"] == ((4, 8), (2e-6, 3e-6))
+    assert prof.missing_ops == ("images",) and prof.conditions["device"] == "NVIDIA H100"
