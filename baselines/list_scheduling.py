@@ -1,8 +1,14 @@
 """Memory-aware list-scheduling placers (HEFT, m-ETF, m-SCT family): every group on one device
-with the whole batch, chosen by a list schedule of the graph's ops.
+with the whole batch, chosen by a list schedule of the placement groups.
 
-The schedule is an estimate used to choose devices; the strategy is then judged by the
-simulator like any other. Instance (`SchedulingInstance`; `instance_from_problem` builds it):
+The decision is per group, so the schedule is per group too: a group is one node whose cost on a
+device is the summed cost of its tasks there, and it is placed once, looking at all its work and
+at its communication with the groups already placed. (Scheduling single ops and committing a
+group at its first op let tiny, early-ready ops, such as the shape ops of a backward group, pull
+whole groups onto idle slow devices.) The schedule is an estimate used to choose devices; the
+strategy is then judged by the simulator like any other.
+
+Instance (`SchedulingInstance`; `instance_from_problem` builds it from a Problem):
 
   cost_s[T, D]        task t on device d (T tasks: the ops that depend on the batch, i.e. the
                       lowering's replica and update ops, at the global batch, profile per kind)
@@ -16,35 +22,56 @@ simulator like any other. Instance (`SchedulingInstance`; `instance_from_problem
                       the start of the step on its group's device and must travel from there
   bandwidth[D, D], latency[D, D]   bottleneck bandwidth and latency of each device path
 
+Group view (`_GroupView`): a group can hold forward and backward ops, so the graph of groups can
+have cycles (A's forward feeds B, B's gradient feeds A's backward). Each group is therefore cut
+into phases: phase(t) = max(phase of t's inputs in its own group, 1 + the latest phase of its
+own group among the ancestors t reaches through another group); the (group, phase) nodes form a
+DAG in practice (a path that leaves a group and comes back always lands in a later phase; the
+rare cycle left by two independent exchanges between the same groups is broken in node order,
+its backward edges charged as traffic, not precedences). A node's cost on
+a device is the summed cost of its tasks; node edges are the task edges between nodes, bytes
+summed. A node starts when all its inputs are on its device and the device is free.
+
+A group takes its device when its first node is scheduled, scoring each candidate device with
+the group's whole work and traffic (the decision is per group, so no single op decides it):
+    finish of the node + extra cost of the group's other phases there over their best device
+    + transfer times of the group's edges to and from groups already placed (other than the
+      node's own inputs, which are in its finish)
+(− the m-SCT credit below). Later phases of a placed group just follow it. Mirror inputs of a
+placed group are inputs ready at time 0 on its device (and count in the traffic term); a group
+without tasks (weights, constants) follows its first consumer (Baechi colocates variables with
+their first user), or, if it does not fit there, goes to the allowed device closest to it; a
+group nobody reads goes to the fastest device it fits on.
+
 Transfer time of b bytes between devices i != j: latency[i, j] + b / bandwidth[i, j]; a device
 sends one transfer at a time and receives one at a time, first come first served (the lowering's
-device ports; shared NIC links between hosts are not modelled here).
+device ports; shared NIC links between hosts are not modelled here). Devices run one group at a
+time (start = max(inputs on the device, device free)).
 
-Placement: a group takes its device when its first task is scheduled; the score of that choice
-also charges the extra time the group's whole work would take on the device compared with its
-fastest device (a group is not committed to a slow device for the sake of one tiny first task).
-Candidates are the devices where
-the groups already there plus this one fit in memory (no freeing, as in Baechi's m-* placers);
-if none fits, the device with the most free memory, reported in `Schedule.overflow`.
-Batch-independent ops (weight handles and reads, constants) are not tasks: a group whose value
-a task reads before the group has a device follows that task (weights go with their first
-consumer, as Baechi colocates variables), or, if it does not fit there, goes to the allowed
-device closest to it; a group nobody placed goes to the fastest device it fits on.
+Candidates are the devices where the groups already there plus this one fit in memory (no
+freeing, as in Baechi's m-* placers); if none fits, the device with the most free memory,
+reported in `Schedule.overflow`. Ties go to the lower device index.
 
-  heft:  tasks by decreasing upward rank (mean cost over devices + the heaviest mean transfer
-         time plus rank below); each on the device giving the earliest finish.
-  m_etf: repeatedly schedule, among tasks whose predecessors are scheduled, the (task, device)
-         pair with the earliest start (ties: higher upward rank, lower task, lower device).
-  m_sct: m-ETF with Baechi's favourite-child idea in heuristic form: each task's favourite child
-         is its successor with the most bytes; when the child is scheduled, the favourite
-         parent's device gets a credit equal to the transfer time that staying saves (the
-         edge's time to the nearest other device). (Baechi picks favourites with an LP
-         relaxation; this is the greedy variant.)
+  heft:  among nodes whose predecessors are scheduled, the one with the highest upward rank
+         (mean cost over devices + max over successors of mean transfer time + their rank;
+         ties: earlier node), on its best-scoring device (earliest finish + group terms).
+  m_etf: among those nodes, each on its best-scoring device, the one that starts earliest
+         (ETF's rule; ties: higher upward rank, earlier node).
+  m_sct: m-ETF with Baechi's favourite-child idea in heuristic form: a node's favourite child
+         is its successor in another group over the heaviest edge; if the child's group is not
+         placed yet, the favourite parent's device gets a credit equal to the transfer time
+         staying saves (that edge's time to the nearest other device), both in the device
+         score and in the start used for the selection. Memory-aware like m-ETF.
+         (Baechi picks favourites with an LP relaxation; this is the greedy variant.)
+
+The returned `Schedule` has per-task times: a node's tasks run back to back, in task order,
+from the node's start; group_start_s / group_finish_s span a group's nodes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -109,68 +136,179 @@ class SchedulingInstance:
         out[src] = 0.0
         return out
 
-    def adjacency(self):
-        """(preds, succs): per task, lists of (other task, bytes)."""
-        preds: List[List[Tuple[int, float]]] = [[] for _ in range(self.num_tasks)]
-        succs: List[List[Tuple[int, float]]] = [[] for _ in range(self.num_tasks)]
-        for s, t, b in zip(self.edge_src.tolist(), self.edge_dst.tolist(), self.edge_bytes.tolist()):
-            preds[t].append((s, b))
-            succs[s].append((t, b))
-        return preds, succs
+    def comm_col_s(self, dst: int, num_bytes: float) -> np.ndarray:
+        """[D] transfer time from every device to device dst."""
+        out = self.latency[:, dst] + num_bytes / self.bandwidth[:, dst]
+        out[dst] = 0.0
+        return out
 
-    def upward_rank(self, succs) -> np.ndarray:
-        """HEFT's rank_u: mean cost + max over successors of (mean transfer time + their rank)."""
+    def mean_comm_s(self, num_bytes: float) -> float:
+        """Transfer time of num_bytes averaged over the device pairs (HEFT's mean edge cost)."""
         d = self.num_devices
+        if d < 2:
+            return 0.0
         off = ~np.eye(d, dtype=bool)
-        inv_bw = float(np.mean(1.0 / self.bandwidth[off])) if d > 1 else 0.0
-        lat = float(np.mean(self.latency[off])) if d > 1 else 0.0
-        mean_cost = self.cost_s.mean(axis=1)
-        rank = mean_cost.copy()
-        for t in range(self.num_tasks - 1, -1, -1):  # successors have larger indices
-            if succs[t]:
-                rank[t] = mean_cost[t] + max(lat + b * inv_bw + rank[s] for s, b in succs[t])
-        return rank
+        return float(np.mean(self.latency[off]) + num_bytes * np.mean(1.0 / self.bandwidth[off]))
 
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """task device[T], start_s[T], finish_s[T]; group_device[P]; makespan_s; overflow: groups
-    placed where they did not fit."""
+    """task device[T], start_s[T], finish_s[T]; group_device[P]; group_start_s[P],
+    group_finish_s[P] (0 for groups without tasks); makespan_s; overflow: groups placed where
+    they did not fit."""
     device: np.ndarray
     start_s: np.ndarray
     finish_s: np.ndarray
     group_device: np.ndarray
     makespan_s: float
     overflow: Tuple[int, ...]
+    group_start_s: Optional[np.ndarray] = None
+    group_finish_s: Optional[np.ndarray] = None
+
+
+class _GroupView:
+    """The instance seen per group and phase (module docstring, "Group view")."""
+
+    def __init__(self, inst: SchedulingInstance):
+        self.inst = inst
+        p, d, t_count = inst.num_groups, inst.num_devices, inst.num_tasks
+        tg = inst.task_group.astype(np.int64)
+        self.group_cost = np.zeros((p, d))
+        np.add.at(self.group_cost, tg, inst.cost_s)
+        task_preds: List[List[Tuple[int, float]]] = [[] for _ in range(t_count)]
+        for a, b, nb in zip(np.asarray(inst.edge_src).tolist(), np.asarray(inst.edge_dst).tolist(),
+                            np.asarray(inst.edge_bytes).tolist()):
+            task_preds[int(b)].append((int(a), float(nb)))
+        # Phases: phase(t) = max(phases of same-group inputs, 1 + the latest phase of its own
+        # group among the ancestors reached through another group). reach[t, h] = latest phase of
+        # group h among t's ancestors (and t itself), -1 if none.
+        phase = np.zeros(t_count, dtype=np.int64)
+        reach = np.full((t_count, max(p, 1)), -1, dtype=np.int64)
+        for t in range(t_count):
+            g = int(tg[t])
+            ph = 0
+            if task_preds[t]:
+                srcs = np.array([a for a, _ in task_preds[t]], dtype=np.int64)
+                other = tg[srcs] != g
+                if (~other).any():
+                    ph = int(phase[srcs[~other]].max())
+                if other.any():
+                    ph = max(ph, int(reach[srcs[other], g].max()) + 1)
+                reach[t] = reach[srcs].max(axis=0)
+            phase[t] = ph
+            reach[t, g] = max(int(reach[t, g]), ph)
+        keys = sorted(set(zip(tg.tolist(), phase.tolist())))
+        node_id = {k: i for i, k in enumerate(keys)}
+        self.num_nodes = n = len(keys)
+        self.node_group = np.array([k[0] for k in keys], dtype=np.int64)
+        self.task_node = np.array([node_id[k] for k in zip(tg.tolist(), phase.tolist())], dtype=np.int64)
+        self.tasks: List[List[int]] = [[] for _ in range(n)]
+        for t, v in enumerate(self.task_node.tolist()):
+            self.tasks[v].append(t)
+        self.cost = np.zeros((n, d))
+        np.add.at(self.cost, self.task_node, inst.cost_s)
+        pair_bytes = {}
+        for t in range(t_count):
+            for a, nb in task_preds[t]:
+                u, v = int(self.task_node[a]), int(self.task_node[t])
+                if u != v:
+                    pair_bytes[(u, v)] = pair_bytes.get((u, v), 0.0) + nb
+        all_preds: List[List[Tuple[int, float]]] = [[] for _ in range(n)]
+        all_succs: List[List[Tuple[int, float]]] = [[] for _ in range(n)]
+        for (u, v), nb in sorted(pair_bytes.items()):
+            all_preds[v].append((u, nb))
+            all_succs[u].append((v, nb))
+        # Topological order of the nodes (Kahn), earliest first task first. Two groups exchanging
+        # values in both directions along independent paths can still close a cycle of nodes;
+        # then the waiting node with the earliest first task goes next, and the edges that point
+        # backwards in the order are no precedences: their transfer is charged like traffic
+        # (`back`).
+        indeg = [len(x) for x in all_preds]
+        first = [self.tasks[v][0] for v in range(n)]
+        heap = [(first[v], v) for v in range(n) if indeg[v] == 0]
+        heapq.heapify(heap)
+        self.order: List[int] = []
+        queued = np.zeros(n, dtype=bool)
+        queued[[v for _, v in heap]] = True
+        while len(self.order) < n:
+            if not heap:
+                v = min((x for x in range(n) if not queued[x]), key=lambda x: first[x])
+                heap.append((first[v], v))
+                queued[v] = True
+            _, v = heapq.heappop(heap)
+            self.order.append(v)
+            for s, _ in all_succs[v]:
+                indeg[s] -= 1
+                if indeg[s] == 0 and not queued[s]:
+                    queued[s] = True
+                    heapq.heappush(heap, (first[s], s))
+        self.pos = np.zeros(n, dtype=np.int64)
+        self.pos[self.order] = np.arange(n)
+        self.preds: List[List[Tuple[int, float]]] = [[] for _ in range(n)]  # forward in the order
+        self.succs: List[List[Tuple[int, float]]] = [[] for _ in range(n)]
+        self.back: List[List[Tuple[int, float, bool]]] = [[] for _ in range(n)]  # (other, bytes, sends)
+        for v in range(n):
+            for u, nb in all_preds[v]:
+                if self.pos[u] < self.pos[v]:
+                    self.preds[v].append((u, nb))
+                    self.succs[u].append((v, nb))
+                else:
+                    self.back[v].append((u, nb, False))
+                    self.back[u].append((v, nb, True))
+        self.group_nodes: List[List[int]] = [[] for _ in range(p)]
+        for v in self.order:
+            self.group_nodes[int(self.node_group[v])].append(v)
+        # Mirror inputs per (source group, consumer node).
+        mirror = {}
+        for w, t, nb in zip(np.asarray(inst.mirror_group).tolist(), np.asarray(inst.mirror_task).tolist(),
+                            np.asarray(inst.mirror_bytes).tolist()):
+            v = int(self.task_node[t])
+            if w != int(self.node_group[v]):
+                mirror[(w, v)] = mirror.get((w, v), 0.0) + nb
+        self.mirror_in: List[List[Tuple[int, float]]] = [[] for _ in range(n)]
+        self.mirror_out: List[List[Tuple[int, float]]] = [[] for _ in range(p)]
+        for (w, v), nb in sorted(mirror.items()):
+            self.mirror_in[v].append((w, nb))
+            self.mirror_out[w].append((v, nb))
+        self.rank = self._upward_rank()
+
+    def _upward_rank(self) -> np.ndarray:
+        mean_cost = self.cost.mean(axis=1)
+        rank = mean_cost.copy()
+        for v in reversed(self.order):
+            if self.succs[v]:
+                rank[v] = mean_cost[v] + max(self.inst.mean_comm_s(b) + rank[s] for s, b in self.succs[v])
+        return rank
+
+    def favourites(self) -> Tuple[np.ndarray, np.ndarray]:
+        """(fav_parent[N], fav_bytes[N]): v's parent node when v is that node's heaviest
+        successor in another group (the first such parent in the order), else -1."""
+        n = self.num_nodes
+        parent, nbytes = np.full(n, -1, dtype=np.int64), np.zeros(n)
+        for u in self.order:
+            cand = [(s, b) for s, b in self.succs[u] if self.node_group[s] != self.node_group[u]]
+            if cand:
+                child, b = max(cand, key=lambda x: (x[1], -self.pos[x[0]]))
+                if parent[child] < 0 and b > 0:
+                    parent[child], nbytes[child] = u, b
+        return parent, nbytes
 
 
 class _State:
     """Placement and timing state shared by the three algorithms."""
 
-    def __init__(self, inst: SchedulingInstance):
-        self.inst = inst
-        t, d, p = inst.num_tasks, inst.num_devices, inst.num_groups
-        self.device = np.full(t, -1, dtype=np.int64)
-        self.start = np.zeros(t)
-        self.finish = np.zeros(t)
+    def __init__(self, inst: SchedulingInstance, view: _GroupView):
+        self.inst, self.view = inst, view
+        p, d = inst.num_groups, inst.num_devices
+        self.group_device = np.full(p, -1, dtype=np.int64)
+        self.start = np.zeros(view.num_nodes)
+        self.finish = np.zeros(view.num_nodes)
+        self.done = np.zeros(view.num_nodes, dtype=bool)
         self.avail = np.zeros(d)
         self.out_free = np.zeros(d)  # when each device's outgoing / incoming port is next free
         self.in_free = np.zeros(d)
-        self.booked = {}  # (producer task, consumer task) -> arrival time of an eager transfer
         self.used = np.zeros(d)
-        self.group_device = np.full(p, -1, dtype=np.int64)
         self.overflow: List[int] = []
-        self.preds, self.succs = inst.adjacency()
-        self.rank = inst.upward_rank(self.succs)
-        # Extra seconds the whole group would take on each device over its fastest one: what
-        # committing the group to a device costs beyond the task at hand.
-        work = np.zeros((p, d))
-        np.add.at(work, inst.task_group.astype(np.int64), inst.cost_s)
-        self.commit_s = work - work.min(axis=1, keepdims=True)
-        self.mirror_in: List[List[Tuple[int, float]]] = [[] for _ in range(t)]
-        for g, task, nb in zip(inst.mirror_group.tolist(), inst.mirror_task.tolist(), inst.mirror_bytes.tolist()):
-            if g != int(inst.task_group[task]):
-                self.mirror_in[task].append((g, nb))
 
     def allowed(self, g: int) -> np.ndarray:
         """[D] bool: devices g may take (its device once placed; else where it fits)."""
@@ -184,42 +322,69 @@ class _State:
             out[int(np.argmax(inst.capacity_bytes - self.used))] = True
         return out
 
-    def _inputs(self, t: int):
-        """(source device, earliest send time, bytes) of every input of task t that has a device
-        and no transfer booked yet."""
-        for p, b in self.preds[t]:
-            if (p, t) not in self.booked:
-                yield int(self.device[p]), float(self.finish[p]), b
-        for g, b in self.mirror_in[t]:  # from the step's start, once the group has a device
-            if self.group_device[g] >= 0:
-                yield int(self.group_device[g]), 0.0, b
+    def _dev(self, v: int) -> int:
+        return int(self.group_device[self.view.node_group[v]])
 
-    def data_ready(self, t: int) -> np.ndarray:
-        """[D] time all inputs of task t could be on each device (transfers wait for their path)."""
-        ready = np.zeros(self.inst.num_devices)
-        for src, at, b in self._inputs(t):
-            arrive = np.maximum(max(at, self.out_free[src]), self.in_free) + self.inst.comm_row_s(src, b)
-            arrive[src] = at
-            ready = np.maximum(ready, arrive)
-        for p, _ in self.preds[t]:
-            if (p, t) in self.booked:  # t's group is placed: only its device matters
-                ready = np.maximum(ready, self.booked[(p, t)])
-        return ready
+    def _inputs(self, v: int) -> List[Tuple[int, float, float]]:
+        """(source device, earliest send time, bytes) of node v's inputs, by send time: its
+        predecessors (all scheduled) and mirror inputs of placed groups (ready at time 0)."""
+        out = [(self._dev(q), float(self.finish[q]), b) for q, b in self.view.preds[v]]
+        out += [(int(self.group_device[w]), 0.0, b) for w, b in self.view.mirror_in[v] if self.group_device[w] >= 0]
+        return sorted(out, key=lambda x: (x[1], x[0]))
 
-    def _receive(self, t: int, d: int) -> float:
-        """Books the transfers of t's inputs into d, one after another on the ports; returns
-        when the last input is on d."""
+    def _receive(self, v: int, d: int, book: bool) -> float:
+        """When all of v's inputs are on d, their transfers taking the ports one after another;
+        book=True reserves the ports."""
+        out_free = self.out_free if book else self.out_free.copy()
+        in_free = self.in_free if book else self.in_free.copy()
         ready = 0.0
-        for src, at, b in self._inputs(t):
+        for src, at, b in self._inputs(v):
             if src == d:
                 ready = max(ready, at)
                 continue
-            end = max(at, self.out_free[src], self.in_free[d]) + self.inst.comm_s(src, d, b)
-            self.out_free[src] = self.in_free[d] = end
+            end = max(at, out_free[src], in_free[d]) + self.inst.comm_s(src, d, b)
+            out_free[src] = in_free[d] = end
             ready = max(ready, end)
-        for p, _ in self.preds[t]:
-            ready = max(ready, self.booked.get((p, t), 0.0))
         return ready
+
+    def _group_penalty(self, v: int) -> np.ndarray:
+        """[D] what placing v's (unplaced) group on each device adds beyond v's finish: the extra
+        work of its other phases over their best device, and the transfers between the group and
+        placed groups other than v's own inputs."""
+        inst, view = self.inst, self.view
+        g = int(view.node_group[v])
+        rest = view.group_cost[g] - view.cost[v]
+        out = rest - rest.min()
+        for m in view.group_nodes[g]:
+            for q, b in view.preds[m]:
+                e = self._dev(q)
+                if m != v and e >= 0 and view.node_group[q] != g:
+                    out = out + inst.comm_row_s(e, b)
+            for s, b in view.succs[m]:
+                e = self._dev(s)
+                if e >= 0 and view.node_group[s] != g:
+                    out = out + inst.comm_col_s(e, b)
+            for q, b, sends in view.back[m]:
+                e = self._dev(q)
+                if e >= 0 and view.node_group[q] != g:
+                    out = out + (inst.comm_col_s(e, b) if sends else inst.comm_row_s(e, b))
+        for s, b in view.mirror_out[g]:
+            e = self._dev(s)
+            if e >= 0:
+                out = out + inst.comm_col_s(e, b)
+        return out
+
+    def evaluate(self, v: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(start[D], score[D]) of node v on every device (score inf where v may not go)."""
+        g = int(self.view.node_group[v])
+        allowed = self.allowed(g)
+        d = self.inst.num_devices
+        start = np.array([max(self._receive(v, x, book=False), self.avail[x]) if allowed[x] else np.inf
+                          for x in range(d)])
+        score = start + self.view.cost[v]
+        if self.group_device[g] < 0:
+            score = score + self._group_penalty(v)
+        return start, np.where(allowed, score, np.inf)
 
     def place_group(self, g: int, d: int) -> None:
         inst = self.inst
@@ -235,108 +400,82 @@ class _State:
             d = min(np.nonzero(allowed)[0].tolist(), key=lambda x: (self.inst.comm_s(x, d, 1e9), x))
         self.place_group(g, d)
 
-    def run_task(self, t: int, d: int) -> None:
-        g = int(self.inst.task_group[t])
+    def run_node(self, v: int, d: int) -> None:
+        g = int(self.view.node_group[v])
         if self.group_device[g] < 0:
             self.place_group(g, d)
-        self.start[t] = max(self._receive(t, d), self.avail[d])
-        self.finish[t] = self.start[t] + self.inst.cost_s[t, d]
-        self.avail[d] = self.finish[t]
-        self.device[t] = d
-        for w, _ in self.mirror_in[t]:
-            if self.group_device[w] < 0:
+        self.start[v] = max(self._receive(v, d, book=True), self.avail[d])
+        self.finish[v] = self.start[v] + self.view.cost[v, d]
+        self.avail[d] = self.finish[v]
+        self.done[v] = True
+        for w, _ in self.view.mirror_in[v]:  # weights without tasks follow their first consumer
+            if self.group_device[w] < 0 and not self.view.group_nodes[w]:
                 self.place_near(w, d)
-        # Outputs to consumers whose device is known leave as soon as they exist (as in the
-        # simulator, where a transfer starts when its producer ends, not when its consumer runs).
-        for c, b in self.succs[t]:
-            e = int(self.group_device[self.inst.task_group[c]])
-            if e >= 0 and e != d:
-                end = max(self.finish[t], self.out_free[d], self.in_free[e]) + self.inst.comm_s(d, e, b)
-                self.out_free[d] = self.in_free[e] = end
-                self.booked[(t, c)] = end
 
     def result(self) -> Schedule:
-        inst = self.inst
+        inst, view = self.inst, self.view
         order = list(inst.speed_order) if inst.speed_order else list(range(inst.num_devices))
-        for g in np.nonzero(self.group_device < 0)[0].tolist():  # groups without tasks
+        for g in np.nonzero(self.group_device < 0)[0].tolist():  # groups nobody placed
             allowed = self.allowed(g)
             self.place_group(g, next(d for d in order if allowed[d]))
-        return Schedule(self.device.copy(), self.start.copy(), self.finish.copy(), self.group_device.copy(),
-                        float(self.finish.max(initial=0.0)), tuple(self.overflow))
+        t = inst.num_tasks
+        device, start, finish = np.zeros(t, dtype=np.int64), np.zeros(t), np.zeros(t)
+        for v in view.order:
+            d, clock = self._dev(v), float(self.start[v])
+            for task in view.tasks[v]:
+                device[task], start[task] = d, clock
+                clock += float(inst.cost_s[task, d])
+                finish[task] = clock
+        p = inst.num_groups
+        g_start, g_finish = np.zeros(p), np.zeros(p)
+        for g in range(p):
+            if view.group_nodes[g]:
+                g_start[g] = min(self.start[v] for v in view.group_nodes[g])
+                g_finish[g] = max(self.finish[v] for v in view.group_nodes[g])
+        return Schedule(device, start, finish, self.group_device.copy(), float(self.finish.max(initial=0.0)),
+                        tuple(self.overflow), g_start, g_finish)
 
 
-def heft_schedule(inst: SchedulingInstance) -> Schedule:
-    st = _State(inst)
-    for t in range(inst.num_tasks):
-        g = int(inst.task_group[t])
-        ready = st.data_ready(t)
-        score = np.maximum(ready, st.avail) + inst.cost_s[t] + (st.commit_s[g] if st.group_device[g] < 0 else 0.0)
-        st.run_task(t, int(np.argmin(np.where(st.allowed(g), score, np.inf))))
-    return st.result()
-
-
-def _favourites(inst: SchedulingInstance, succs) -> Tuple[np.ndarray, np.ndarray]:
-    """(fav_parent[T], fav_bytes[T]): t's parent p when t is p's favourite child, else -1."""
-    parent = np.full(inst.num_tasks, -1, dtype=np.int64)
-    nbytes = np.zeros(inst.num_tasks)
-    for p in range(inst.num_tasks):
-        if succs[p]:
-            child, b = max(succs[p], key=lambda x: (x[1], -x[0]))
-            if parent[child] < 0 and b > 0:
-                parent[child], nbytes[child] = p, b
-    return parent, nbytes
-
-
-def _etf(inst: SchedulingInstance, sct: bool) -> Schedule:
-    st = _State(inst)
-    t_count, d = inst.num_tasks, inst.num_devices
-    fav, fav_bytes = _favourites(inst, st.succs) if sct else (np.full(t_count, -1), np.zeros(t_count))
-    indeg = np.zeros(t_count, dtype=np.int64)
-    for t in range(t_count):
-        indeg[t] = len(st.preds[t])
-    dr = np.zeros((t_count, d))
-    ready = [t for t in range(t_count) if indeg[t] == 0]
-    group = inst.task_group.astype(np.int64)
+def _list_schedule(inst: SchedulingInstance, rule: str) -> Schedule:
+    """rule: "heft" (highest rank first), "etf" or "sct" (earliest start first)."""
+    view = _GroupView(inst)
+    st = _State(inst, view)
+    fav, fav_bytes = view.favourites() if rule == "sct" else (None, None)
+    indeg = np.array([len(view.preds[v]) for v in range(view.num_nodes)], dtype=np.int64)
+    ready = [v for v in view.order if indeg[v] == 0]
     while ready:
-        idx = np.array(ready, dtype=np.int64)
-        grp = group[idx]
-        placed = st.group_device[grp]
-        fits = st.used[None, :] + inst.memory_bytes[grp][:, None] <= inst.capacity_bytes[None, :]
-        none_fit = ~fits.any(axis=1)
-        fits[none_fit, int(np.argmax(inst.capacity_bytes - st.used))] = True
-        allowed = np.where((placed >= 0)[:, None], np.arange(d)[None, :] == placed[:, None], fits)
-        score = np.maximum(dr[idx], st.avail[None, :]) + np.where((placed >= 0)[:, None], 0.0, st.commit_s[grp])
-        if sct:
-            for r, t in enumerate(ready):
-                if fav[t] >= 0:
-                    home = int(st.device[fav[t]])
-                    others = np.delete(inst.comm_row_s(home, fav_bytes[t]), home)
-                    score[r, home] -= float(others.min()) if len(others) else 0.0
-        score = np.where(allowed, score, np.inf)
-        col = np.argmin(score, axis=1)
-        val = score[np.arange(len(idx)), col]
-        r = int(np.lexsort((idx, -st.rank[idx], val))[0])
-        t = ready.pop(r)
-        unplaced = [w for w, _ in st.mirror_in[t] if st.group_device[w] < 0]
-        st.run_task(t, int(col[r]))
-        if unplaced:  # values of newly placed groups now travel to the tasks waiting for them
-            for q in ready:
-                if any(w in unplaced for w, _ in st.mirror_in[q]):
-                    dr[q] = st.data_ready(q)
-        for s, b in st.succs[t]:
+        best = None
+        for v in ready if rule != "heft" else [min(ready, key=lambda x: (-view.rank[x], view.pos[x]))]:
+            start, score = st.evaluate(v)
+            credit = np.zeros(inst.num_devices)
+            if rule == "sct" and fav[v] >= 0 and st.group_device[view.node_group[v]] < 0:
+                home = st._dev(int(fav[v]))
+                others = np.delete(inst.comm_row_s(home, fav_bytes[v]), home)
+                credit[home] = float(others.min()) if len(others) else 0.0
+            d = int(np.argmin(score - credit))
+            key = (float(start[d] - credit[d]), -float(view.rank[v]), int(view.pos[v]))
+            if best is None or key < best[0]:
+                best = (key, v, d)
+        _, v, d = best
+        ready.remove(v)
+        st.run_node(v, d)
+        for s, _ in view.succs[v]:
             indeg[s] -= 1
             if indeg[s] == 0:
-                dr[s] = st.data_ready(s)
                 ready.append(s)
     return st.result()
 
 
+def heft_schedule(inst: SchedulingInstance) -> Schedule:
+    return _list_schedule(inst, "heft")
+
+
 def m_etf_schedule(inst: SchedulingInstance) -> Schedule:
-    return _etf(inst, sct=False)
+    return _list_schedule(inst, "etf")
 
 
 def m_sct_schedule(inst: SchedulingInstance) -> Schedule:
-    return _etf(inst, sct=True)
+    return _list_schedule(inst, "sct")
 
 
 def instance_from_problem(problem: Problem) -> SchedulingInstance:

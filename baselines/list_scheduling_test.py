@@ -113,6 +113,47 @@ def test_weights_follow_their_first_consumer():
     assert s.start_s[1] == pytest.approx(5.0) and s.finish_s[1] == pytest.approx(6.0)
 
 
+@pytest.mark.parametrize("schedule", [ls.heft_schedule, ls.m_etf_schedule, ls.m_sct_schedule])
+def test_shape_ops_do_not_decide_a_groups_device(schedule):
+    # Group 0: task 0, 100 s on d0 (fast) / 300 s on d1. Group 1: a tiny shape task 1 (no inputs,
+    # ready at 0) and its expensive task 2 (10 s / 30 s) that needs task 0 (1 s on the wire).
+    # Placing per task, the shape task would start at 0 on the idle d1 (d0 is busy until 100)
+    # and drag task 2 there: 101 + 30 = 131. Per group: group 1 is one node ready at 100;
+    # d0 gives 100 + 10.001 = 110.001, d1 101 + 30.001 -> d0, makespan 110.001.
+    inst = instance([[100, 300], [0.001, 0.001], [10, 30]], [(0, 2, 1.0), (1, 2, 0.0)],
+                    task_group=np.array([0, 1, 1]))
+    s = schedule(inst)
+    assert s.group_device.tolist() == [0, 0] and s.device.tolist() == [0, 0, 0]
+    assert s.makespan_s == pytest.approx(110.001)
+    assert s.group_start_s.tolist() == pytest.approx([0.0, 100.0])
+
+
+@pytest.mark.parametrize("schedule", [ls.heft_schedule, ls.m_etf_schedule, ls.m_sct_schedule])
+def test_forward_backward_groups_keep_their_order(schedule):
+    # Group A = {forward task 0, backward task 3}, group B = {forward 1, backward 2}; chain
+    # 0 -> 1 -> 2 -> 3, so the group graph A <-> B has a cycle. A is split into phases {0} and {3}
+    # (3 depends on A's task 0 through B), B is one phase {1, 2}: nodes A0 -> B0 -> A1. Every task
+    # 1 s on d0 and 2 s on d1, 0.5 s per transfer: all on d0, tasks back to back, makespan 4,
+    # and task 3 starts after task 2 (a whole-group view of A would run it before B).
+    inst = instance([[1, 2]] * 4, [(0, 1, 0.5), (1, 2, 0.5), (2, 3, 0.5)], task_group=np.array([0, 1, 1, 0]))
+    s = schedule(inst)
+    assert s.group_device.tolist() == [0, 0]
+    assert s.start_s.tolist() == pytest.approx([0, 1, 2, 3]) and s.makespan_s == pytest.approx(4.0)
+
+
+def test_group_is_charged_for_its_later_phases_and_back_edges():
+    # Same chain as above, but A's backward task 3 is 10 s on d0 and 1 s on d1 while B is cheap
+    # on d0. A's placement is decided at its first phase (task 0, 1 s on either device), with
+    # the rest of its work counted: d0 costs 10 - 1 = 9 s more for task 3 -> A on d1. Then B:
+    # on d0 it finishes at 1.5 + 2 = 3.5 but its output must go back to A (0.5 s): 4.0; on d1
+    # 1 + 4 = 5 -> B on d0. A's task 3 runs on d1 [4, 5]: makespan 5 (all on d0 would be 13).
+    inst = instance([[1, 1], [1, 2], [1, 2], [10, 1]], [(0, 1, 0.5), (1, 2, 0.5), (2, 3, 0.5)],
+                    task_group=np.array([0, 1, 1, 0]))
+    s = ls.heft_schedule(inst)
+    assert s.group_device.tolist() == [1, 0]
+    assert s.start_s[3] == pytest.approx(4.0) and s.makespan_s == pytest.approx(5.0)
+
+
 def test_edges_must_go_forward():
     with pytest.raises(ValueError, match="forward"):
         instance([[1, 1]] * 2, [(1, 0, 1.0)])
