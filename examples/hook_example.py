@@ -30,7 +30,6 @@ def main(strategy_path, steps=5):
     from tfplace.hook import PlacementHook
     from tfplace.local_cluster import LocalCluster
     tf.compat.v1.disable_eager_execution()
-    tf.compat.v1.disable_resource_variables() if False else tf.compat.v1.enable_resource_variables()
     rng = np.random.default_rng(0)
     with LocalCluster(num_tasks=3) as lc, tf.Graph().as_default():
         x, y, loss, train_op = build()

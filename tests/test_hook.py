@@ -52,7 +52,6 @@ def test_hooked_steps_equal_the_rewritten_graph(local_cluster, tmp_path):
     import tensorflow as tf
     from tfplace.hook import PlacementHook
     from tfplace.runtime import StepRunner
-    tf.compat.v1.disable_eager_execution()
     strategy = os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json")
     cluster = os.path.join(ROOT, "clusters", "local_cpu.json")
     feeds = _feeds()
