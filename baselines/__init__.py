@@ -1,4 +1,4 @@
-"""Baselines and planners (DESIGN §11): every peer's strategy in tfplace's strategy space, and
+"""Baselines and planners: every peer's strategy in tfplace's strategy space, and
 Horovod data parallelism for real.
 
     from tfplace.baselines import make_problem, generate, names

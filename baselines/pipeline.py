@@ -28,7 +28,7 @@ devices (device share split into M near-equal micro-batches) and all-reduce amon
 and prints the estimated speed-up (and the simulated one). How far the simulator follows the
 estimate depends on the execution order the lowering gives micro-batches: with every
 micro-batch of an op run before the next op (op-major), a stage hands its first micro-batch on
-only near its end, and micro-batching does not overlap stages (see the report of issue 5).
+only near its end, and micro-batching does not overlap stages.
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def plan_pipeline(problem: Problem, max_stages: Optional[int] = None,
     list — the model's best plan for every stage count and for every micro-batch count, and
     plain data parallelism — and returns the one the simulator finds fastest: the analytic model
     assumes micro-batches flow through the stages as in DAPPLE's schedule, which the execution
-    order of the lowering may not give (see the report of issue 5).
+    order of the lowering may not give.
     """
     model = _Model(problem)
     order = hierarchical_order(problem)

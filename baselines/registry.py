@@ -1,4 +1,4 @@
-"""Baseline and planner names -> generators (DESIGN §11).
+"""Baseline and planner names -> generators.
 
     strategy = generate("dp_proportional_allreduce", problem)
     names()                    # every name below, in table order

@@ -1,4 +1,4 @@
-"""Bad input gets one clear InputError naming the file, the field and the fix (DESIGN §12).
+"""Bad input gets one clear InputError naming the file, the field and the fix.
 
 Each case writes a bad file (plus any good files it needs) to tmp_path, loads it the way the
 tools do, and checks the error's type and that its message names the file, the field path and

@@ -1,4 +1,4 @@
-"""Session hook (DESIGN §8): an unchanged tf.compat.v1 script with `PlacementHook` on a
+"""Session hook: an unchanged tf.compat.v1 script with `PlacementHook` on a
 MonitoredTrainingSession trains exactly like the rewritten graph run directly.
 
 The hooked run and a direct StepRunner run of the hook's own RewrittenStep start from the same

@@ -1,4 +1,4 @@
-"""The layout contract of DESIGN §2: folders, one import root, and who may import whom.
+"""The layout contract: folders, one import root, and who may import whom.
 
 Import rules are checked on the source (every `import tfplace...` / `from tfplace... import`),
 so a forbidden dependency fails here even if no test happens to execute that line.

@@ -70,7 +70,7 @@ class Budget:
 
 @dataclasses.dataclass(frozen=True)
 class NetworkConfig:
-    """Graph-network sizes (DESIGN §10)."""
+    """Graph-network sizes."""
     hidden_size: int = 64
     num_message_passing_steps: int = 3
     num_heads: int = 4
@@ -182,7 +182,7 @@ def _budget(r: FieldReader) -> Budget:
 
 # check_model(name, batch_size, image_size=, seq_len=, num_layers=, optimizer=) raises ValueError
 # naming the problem, e.g. tfplace.graph_defs.export.resolve_options. Core may not import the zoo
-# (DESIGN §2), so callers that have it pass it in; without it model names are checked at export.
+#, so callers that have it pass it in; without it model names are checked at export.
 ModelCheck = Callable[..., Any]
 
 

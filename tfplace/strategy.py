@@ -10,7 +10,7 @@ File format `strategy.json` (a person can read and edit it):
         "block5_conv4/kernel": {"shares": {"v100_0": 64}, "sync": "ps", "ps_device": "v100_0",
                                 "priority": 3}}}
 
-Semantics (DESIGN §4): `shares` maps a device to its samples of the global batch, or to a list
+Semantics: `shares` maps a device to its samples of the global batch, or to a list
 of micro-batch sizes run one after another on that device. Shares always sum to the global batch.
 Batch-split ops of the group run on every listed device with that many samples; non-batch ops
 (variables, optimizer updates) are mirrored on every listed device, and the gradients of a

@@ -11,7 +11,7 @@ SIGKILLed launcher never leaves servers behind; the launcher still terminates it
 on a normal shutdown.
 
 Thread limits (`--intra-threads`, `--inter-threads`) apply to every op this task runs; they are
-how a local cluster emulates devices of different speeds on one machine (DESIGN.md §9).
+how a local cluster emulates devices of different speeds on one machine.
 """
 
 from __future__ import annotations
