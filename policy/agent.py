@@ -8,7 +8,7 @@ Per task (graph, cluster) and step, with K sampled actions a_k and rewards r_k:
     loss = mean over tasks [ -mean_k(A_k log pi(a_k)) / G  -  beta H(pi) / G ]
 (G = groups of the task, so tasks of different sizes weigh the same). One Adam update per step
 over all tasks; then b <- decay b + (1 - decay) mean_k(r_k). Only fresh on-policy samples enter
-the gradient (no off-policy pool replay without importance weights, HeteroG's §9.20 bug).
+the gradient (no off-policy pool replay without importance weights, a flaw of HeteroG's learner).
 """
 
 from __future__ import annotations
@@ -45,17 +45,47 @@ class ReinforceLearner:
         """Creates the network and optimizer variables (before restoring a checkpoint)."""
         self.network(batch_observation(obs))
         self.optimizer.build(self.network.trainable_variables)
+        self._built = True
+
+    def _ensure_built(self, obs: Dict[str, np.ndarray]) -> None:
+        if not getattr(self, "_built", False):
+            self.build(obs)
+
+    # The network passes run as tf.functions (one trace per graph/cluster shape family; relaxed
+    # shapes after the first retrace), which removes most of the per-step Python/eager overhead.
+    @tf.function(reduce_retracing=True)
+    def _sample_fn(self, obs, n, seed):
+        dists, _ = self.network(obs)
+        return {k: d.sample(n, seed=tf.random.experimental.stateless_fold_in(seed, i))
+                for i, (k, d) in enumerate(sorted(dists.items()))}
+
+    @tf.function(reduce_retracing=True)
+    def _greedy_fn(self, obs):
+        dists, _ = self.network(obs)
+        return {k: d.mode() for k, d in dists.items()}
+
+    @tf.function(reduce_retracing=True)
+    def _task_grads(self, obs, acts, adv, beta):
+        with tf.GradientTape() as tape:
+            dists, _ = self.network(obs, training=True)
+            g = tf.cast(tf.shape(obs["nodes"])[1], tf.float32)
+            lp = log_prob(dists, acts)[:, 0]  # [K]
+            ent = entropy(dists)[0]
+            loss = -tf.reduce_mean(adv * lp) / g - beta * ent / g
+        variables = self.network.trainable_variables
+        grads = tape.gradient(loss, variables)
+        grads = [tf.zeros_like(v) if gr is None else gr for gr, v in zip(grads, variables)]
+        return loss, ent / g, grads
 
     def sample(self, obs: Dict[str, np.ndarray], n: int, seed: Sequence[int]) -> List[Action]:
-        dists, _ = self.network(batch_observation(obs))
+        self._ensure_built(obs)
         seed_t = tf.constant(np.asarray(seed, dtype=np.int32))
-        out = {k: d.sample(n, seed=tf.random.experimental.stateless_fold_in(seed_t, i)).numpy()[:, 0]
-               for i, (k, d) in enumerate(sorted(dists.items()))}
+        out = {k: v.numpy()[:, 0] for k, v in self._sample_fn(batch_observation(obs), int(n), seed_t).items()}
         return [{k: v[i].astype(np.int32) for k, v in out.items()} for i in range(n)]
 
     def greedy(self, obs: Dict[str, np.ndarray]) -> Action:
-        dists, _ = self.network(batch_observation(obs))
-        return {k: d.mode().numpy()[0].astype(np.int32) for k, d in dists.items()}
+        self._ensure_built(obs)
+        return {k: v.numpy()[0].astype(np.int32) for k, v in self._greedy_fn(batch_observation(obs)).items()}
 
     def advantages(self, label: str, rewards: Sequence[float]) -> np.ndarray:
         r = np.asarray(rewards, dtype=np.float64)
@@ -67,22 +97,20 @@ class ReinforceLearner:
         return adv.astype(np.float32)
 
     def update(self, batch: Sequence[Tuple[Dict[str, np.ndarray], List[Action], np.ndarray]]) -> Dict[str, float]:
-        """One gradient step over [(observation, sampled actions, advantages)] of several tasks."""
-        beta = self.config.entropy_coef
-        with tf.GradientTape() as tape:
-            losses, ents = [], []
-            for obs, actions, adv in batch:
-                dists, _ = self.network(batch_observation(obs), training=True)
-                acts = {k: tf.constant(np.stack([a[k] for a in actions])[:, None]) for k in actions[0]}
-                g = float(obs["nodes"].shape[0])
-                lp = log_prob(dists, acts)[:, 0]  # [K]
-                ent = entropy(dists)[0]
-                losses.append(-tf.reduce_mean(tf.constant(adv) * lp) / g - beta * ent / g)
-                ents.append(ent / g)
-            loss = tf.add_n(losses) / len(losses)
-        grads = tape.gradient(loss, self.network.trainable_variables)
-        if any(not np.all(np.isfinite(gr.numpy())) for gr in grads if gr is not None):
+        """One gradient step over [(observation, sampled actions, advantages)] of several tasks
+        (the loss is the mean over tasks, so the gradient is the mean of the per-task ones)."""
+        self._ensure_built(batch[0][0])
+        beta = tf.constant(self.config.entropy_coef, tf.float32)
+        total, losses, ents = None, [], []
+        for obs, actions, adv in batch:
+            acts = {k: tf.constant(np.stack([a[k] for a in actions])[:, None]) for k in actions[0]}
+            loss, ent, grads = self._task_grads(batch_observation(obs), acts, tf.constant(adv, tf.float32), beta)
+            total = list(grads) if total is None else [t + g for t, g in zip(total, grads)]
+            losses.append(float(loss))
+            ents.append(float(ent))
+        grads = [g / len(batch) for g in total]
+        if any(not np.all(np.isfinite(gr.numpy())) for gr in grads):
             raise FloatingPointError("policy gradient is not finite; lower rl.learning_rate")
         grads, _ = tf.clip_by_global_norm(grads, 5.0)
         self.optimizer.apply_gradients(zip(grads, self.network.trainable_variables))
-        return {"loss": float(loss), "entropy_per_group": float(tf.add_n(ents) / len(ents))}
+        return {"loss": float(np.mean(losses)), "entropy_per_group": float(np.mean(ents))}

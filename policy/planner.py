@@ -24,6 +24,7 @@ from tfplace.policy.agent import ReinforceLearner
 from tfplace.policy.environment import PlacementTask
 from tfplace.policy.network import PlacementNetwork
 from tfplace.policy.pool import PoolEntry, StrategyPool
+from tfplace.policy.search import HillClimber
 from tfplace.policy import train_lib
 
 
@@ -70,13 +71,22 @@ def plan_task(learner: ReinforceLearner, task: PlacementTask, search_seconds: fl
     zero_s = time.time() - start
     for e in shot:
         pool.add(e)
+    climber = HillClimber(task, pool, rng)
+    best_act = pool.best_with_action()  # kept apart: strategy-search entries may push actions out of the pool
+    it = 0
     while time.time() - start < search_seconds:
-        for a in learner.sample(obs, 4, rng.integers(0, 2**31 - 1, 2)):
-            pool.add(_entry(task, "search sample", a))
-        base = pool.best_with_action()
-        for _ in range(16):
-            pool.add(_entry(task, "local search", A.mutate(rng, base.action, int(rng.integers(1, 4)))))
-            base = pool.best_with_action()
+        if it % 4 == 0:  # policy samples and action mutations: a quarter of the rounds
+            for a in learner.sample(obs, 2, rng.integers(0, 2**31 - 1, 2)):
+                pool.add(_entry(task, "search sample", a))
+            best_act = min((e for e in [best_act, pool.best_with_action()] if e is not None),
+                           key=lambda e: e.effective_time_s)
+            for _ in range(4):
+                cand = _entry(task, "local search", A.mutate(rng, best_act.action, int(rng.integers(1, 4))))
+                pool.add(cand)
+                if cand.effective_time_s < best_act.effective_time_s:
+                    best_act = cand
+        climber.step(8)  # strategy-level moves around the pool's best (baselines included)
+        it += 1
     bb = pool.best_baseline()
     return PlanResult(task.label, pool.best, zero, pool.baseline_times(), bb.source, bb.time_s,
                       time.time() - start, zero_s)
