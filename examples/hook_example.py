@@ -34,7 +34,7 @@ def main(strategy_path, steps=5):
     with LocalCluster(num_tasks=3) as lc, tf.Graph().as_default():
         x, y, loss, train_op = build()
         hook = PlacementHook(strategy_path, os.path.join(ROOT, "clusters", "local_cpu.json"), train_op, loss)
-        with tf.compat.v1.train.MonitoredTrainingSession(master=lc.target, config=lc.session_config(),
+        with tf.compat.v1.train.MonitoredTrainingSession(master=lc.target, config=hook.session_config(lc.session_config()),
                                                          hooks=[hook]) as sess:
             for i in range(steps):
                 feed = {x: rng.standard_normal((16, 16)).astype(np.float32), y: rng.integers(0, 4, 16)}

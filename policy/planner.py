@@ -72,6 +72,8 @@ def plan_task(learner: ReinforceLearner, task: PlacementTask, search_seconds: fl
     for e in shot:
         pool.add(e)
     climber = HillClimber(task, pool, rng)
+    if all(b.oom for b in pool.baselines):  # nothing fits: start also from memory-balanced stages
+        climber.seed_memory_partitions()
     best_act = pool.best_with_action()  # kept apart: strategy-search entries may push actions out of the pool
     it = 0
     while time.time() - start < search_seconds:

@@ -12,6 +12,18 @@ in the pool, baseline or not:
             boundary, merges stages)
   micro     split every share in two micro-batches, or merge them back
   priority  set the execution priority
+Memory moves (chosen most of the time while the base strategy is OOM; they read the base's
+per-device peak memory, so the search cuts the worst excess before it looks at time):
+  mb_split  double the micro-batches of groups on the most over-full device (activations scale
+            with the micro-batch size)
+  offload   move the over-full device's samples of a run of its groups (the first or last of
+            them: a stage boundary) to the device with the most free memory; for a group held
+            only there this moves its weights and optimizer slots (a model-parallel stage)
+  ps_free   parameter server on the device with the most free memory for groups on the
+            over-full device (their variables and slots leave the workers)
+  drop_full remove the over-full device from groups it shares with other devices
+`memory_partitions` gives memory-balanced model-parallel seeds (contiguous groups on devices in
+proportion to their memory), used when every baseline is OOM.
 Each move applies to one of three scopes: every group, a contiguous run of groups, or one group.
 Consecutive candidates differ from the base in few groups, so the incremental `Lowerer` re-lowers
 little. Accept-if-better (on the effective time, OOM penalty folded in).
@@ -27,6 +39,7 @@ import numpy as np
 from tfplace.strategy import GroupDecision, Strategy
 
 MOVES = ("shift", "shift", "shift", "drop", "sync", "copy", "copy", "micro", "priority")
+MEMORY_MOVES = ("mb_split", "mb_split", "offload", "offload", "offload", "ps_free", "drop_full")
 
 
 def explicit(strategy: Strategy, group_names: Sequence[str]) -> Strategy:
@@ -157,14 +170,167 @@ def neighbour(rng: np.random.Generator, strategy: Strategy, group_names: Sequenc
     return Strategy(strategy.global_batch_size, strategy.max_groups, None, groups, strategy.graph)
 
 
-class HillClimber:
-    """Accept-if-better search over strategies; `step(n)` evaluates up to n new neighbours."""
+def _with_micro(d: GroupDecision, factor: int) -> GroupDecision:
+    """`d` with every device's micro-batch count multiplied by `factor` (capped at its samples)."""
+    shares = []
+    for dev, mb in d.shares:
+        n = sum(mb)
+        k = max(1, min(n, len(mb) * factor))
+        shares.append((dev, tuple(n // k + (1 if i < n % k else 0) for i in range(k))))
+    return GroupDecision(tuple(shares), d.sync, d.ps_device, d.priority)
 
-    def __init__(self, task, pool, rng: np.random.Generator, source: str = "strategy search"):
+
+def memory_neighbour(rng: np.random.Generator, strategy: Strategy, group_names: Sequence[str],
+                     device_names: Sequence[str], fill: Sequence[float]) -> Optional[Strategy]:
+    """One move that aims at peak memory. `fill[d]` = peak / capacity of device d under `strategy`.
+
+    The source is the fullest device (or another over-full one), the target the emptiest (or
+    another of the emptier half). None if the move changed nothing.
+    """
+    groups = dict(strategy.groups)
+    fill = np.asarray(fill, dtype=np.float64)
+    order = np.argsort(-fill)
+    over = [int(i) for i in order if fill[i] > 1.0] or [int(order[0])]
+    src = device_names[over[0] if rng.random() < 0.7 else over[int(rng.integers(len(over)))]]
+    emptiest = [int(i) for i in np.argsort(fill) if device_names[int(i)] != src]
+    if not emptiest:
+        return None
+    half = emptiest[:max(1, len(emptiest) // 2)]
+    dst = device_names[half[0] if rng.random() < 0.6 else half[int(rng.integers(len(half)))]]
+    on_src = [i for i, gname in enumerate(group_names) if groups[gname].samples_on(src) > 0]
+    if not on_src:
+        return None
+    move = MEMORY_MOVES[int(rng.integers(len(MEMORY_MOVES)))]
+    # scope: all of the source's groups, the first or last run of them (a stage boundary), or one
+    r = rng.random()
+    if r < 0.3:
+        scope = on_src
+    elif r < 0.85:
+        m = int(rng.integers(1, max(2, (len(on_src) + 1) // 2) + 1))
+        scope = on_src[:m] if rng.random() < 0.5 else on_src[-m:]
+    else:
+        scope = [on_src[int(rng.integers(len(on_src)))]]
+    changed = False
+    for i in scope:
+        d = groups[group_names[i]]
+        nd = d
+        if move == "mb_split":
+            nd = _with_micro(d, 2)
+        elif move == "offload":
+            c = _counts(d)
+            have = c.get(src, 0)
+            n = have if rng.random() < 0.6 else max(1, int(round(have * float(rng.choice([0.25, 0.5])))))
+            c[src] = have - n
+            c[dst] = c.get(dst, 0) + n
+            k = max([len(mb) for dev, mb in d.shares if dev in (src, dst)] or [1])
+            shares = []
+            for dev in device_names:
+                cnt = c.get(dev, 0)
+                if cnt <= 0:
+                    continue
+                kk = max(1, min(cnt, k if dev in (src, dst) else len(dict(d.shares)[dev])))
+                shares.append((dev, tuple(cnt // kk + (1 if j < cnt % kk else 0) for j in range(kk))))
+            ps = d.ps_device
+            nd = GroupDecision(tuple(shares), d.sync, ps, d.priority)
+        elif move == "ps_free":
+            nd = GroupDecision(d.shares, "ps", dst, d.priority)
+        else:  # drop_full
+            c = _counts(d)
+            have = c.pop(src, 0)
+            if not c:
+                continue
+            tot = sum(c.values())
+            add = {k: have * v / tot for k, v in c.items()}
+            base = {k: int(np.floor(x)) for k, x in add.items()}
+            for k in sorted(add, key=lambda k: add[k] - base[k], reverse=True)[:have - sum(base.values())]:
+                base[k] += 1
+            for k, v in base.items():
+                c[k] += v
+            nd = _rebuild(d, c, device_names)
+        if nd != d:
+            groups[group_names[i]] = nd
+            changed = True
+    if not changed:
+        return None
+    return Strategy(strategy.global_batch_size, strategy.max_groups, None, groups, strategy.graph)
+
+
+def group_memory_bytes(task) -> np.ndarray:
+    """Rough per-group memory at the global batch: variables x 4 (weights, gradients, two
+    optimizer slots) plus every output tensor (activations kept for the backward pass)."""
+    graph, grouping = task.graph, task.grouping
+    g = grouping.num_groups
+    params = np.zeros(g)
+    for v in graph.variables:
+        params[grouping.op_group[v.op]] += v.num_bytes
+    acts = np.bincount(grouping.op_group[graph.tensor_op], weights=graph.tensor_bytes_at(task.batch_size),
+                       minlength=g)[:g]
+    return 4.0 * params + acts
+
+
+def stage_partition(weights: Sequence[float], capacities: Sequence[float]) -> List[int]:
+    """Stage index per group: contiguous runs whose weight is proportional to `capacities`."""
+    w = np.maximum(np.asarray(weights, dtype=np.float64), 0.0)
+    caps = np.asarray(capacities, dtype=np.float64)
+    cum = np.cumsum(w) - w / 2.0  # a group goes to the stage that holds its midpoint
+    bounds = np.cumsum(caps) / caps.sum() * max(w.sum(), 1e-30)
+    stage = np.searchsorted(bounds, cum, side="right")
+    return [int(min(s, len(caps) - 1)) for s in stage]
+
+
+def memory_partitions(task, micro_batches: Sequence[int] = (1, 4)) -> List[Tuple[str, Strategy]]:
+    """Memory-balanced model-parallel strategies: contiguous groups on devices in proportion to
+    their memory, over all devices in file order, the devices by memory (largest first), and the
+    larger half by memory; each with the given micro-batch counts (every stage takes the batch)."""
+    names = list(task.grouping.group_names)
+    cluster = task.cluster
+    devs = list(cluster.device_names)
+    mem = {d.name: float(d.memory_bytes) for d in cluster.devices}
+    by_mem = sorted(devs, key=lambda n: -mem[n])
+    orders = [("file order", devs), ("by memory", by_mem)]
+    if len(devs) > 2:
+        orders.append(("larger half", by_mem[:max(2, len(devs) // 2)]))
+    w = group_memory_bytes(task)
+    b = task.batch_size
+    out, keys = [], set()
+    for label, order in orders:
+        stage = stage_partition(w, [mem[n] for n in order])
+        for k in micro_batches:
+            k = max(1, min(k, b))
+            mb = tuple(b // k + (1 if j < b % k else 0) for j in range(k))
+            groups = {g: GroupDecision(((order[stage[i]], mb),), "allreduce", None, None) for i, g in enumerate(names)}
+            s = Strategy(b, task.max_groups, None, groups, task.label)
+            if strategy_key(s) not in keys:  # orders can coincide (e.g. equal memories)
+                keys.add(strategy_key(s))
+                out.append((f"memory partition ({label}, {k} micro-batches)", s))
+    return out
+
+
+def evaluate_with_fill(task, strategy: Strategy):
+    """(Evaluation as `task.evaluate_strategy` computes it, peak / capacity per device)."""
+    from tfplace.policy.environment import Evaluation
+    r = task.simulate(strategy)
+    fill = [p / c for p, c in zip(r.peak_memory_bytes, r.memory_capacity_bytes)]
+    excess = max(0.0, max(f - 1.0 for f in fill))
+    eff = r.iteration_time_s * (task.oom_penalty * (1.0 + excess) if r.oom else 1.0)
+    return Evaluation(r.iteration_time_s, eff, r.oom, excess), fill
+
+
+class HillClimber:
+    """Accept-if-better search over strategies; `step(n)` evaluates up to n new neighbours.
+
+    While the base strategy is OOM, `memory_share` of the moves are memory moves (they need the
+    base's per-device peaks: kept for every strategy the climber evaluated, simulated once more
+    for a pool entry it did not)."""
+
+    def __init__(self, task, pool, rng: np.random.Generator, source: str = "strategy search",
+                 memory_share: float = 0.75):
         self.task, self.pool, self.rng, self.source = task, pool, rng, source
         self.groups = list(task.grouping.group_names)
         self.devices = list(task.cluster.device_names)
+        self.memory_share = memory_share
         self.seen: set = set()
+        self.fill: Dict[str, List[float]] = {}
         self.evaluations = 0
 
     def _start(self):
@@ -173,27 +339,53 @@ class HillClimber:
             return entries[int(self.rng.integers(1, min(4, len(entries))))]
         return entries[0]
 
-    def step(self, n: int) -> int:
+    def _fill_of(self, strategy: Strategy, key: str) -> Optional[List[float]]:
+        if key not in self.fill:
+            try:
+                self.fill[key] = evaluate_with_fill(self.task, strategy)[1]
+            except Exception:  # noqa: BLE001
+                return None
+        return self.fill[key]
+
+    def _add(self, source: str, cand: Strategy) -> Optional[bool]:
+        """Evaluates and offers `cand` to the pool; True if it became the best, None if refused."""
         from tfplace.policy.pool import PoolEntry
+        key = strategy_key(cand)
+        self.seen.add(key)
+        try:
+            ev, fill = evaluate_with_fill(self.task, cand)
+        except Exception:  # noqa: BLE001 - a move the lowering refuses is just skipped
+            return None
+        self.evaluations += 1
+        self.fill[key] = fill
+        return self.pool.add(PoolEntry(source, cand, ev.time_s, ev.effective_time_s, ev.oom, 0, None))
+
+    def seed_memory_partitions(self) -> int:
+        """Adds the memory-balanced stage partitions to the pool; returns how many were evaluated."""
+        n = 0
+        for label, s in memory_partitions(self.task):
+            if strategy_key(s) not in self.seen and self._add(label, s) is not None:
+                n += 1
+        return n
+
+    def step(self, n: int) -> int:
         improved = 0
         for _ in range(n):
             base = self._start()
             cur = explicit(base.strategy, self.groups)
+            memory = base.oom and self.rng.random() < self.memory_share
+            fill = self._fill_of(cur, strategy_key(cur)) if memory else None
             cand = None
             for _ in range(8):
-                cand = neighbour(self.rng, cur, self.groups, self.devices)
+                if fill is not None:
+                    cand = memory_neighbour(self.rng, cur, self.groups, self.devices, fill)
+                else:
+                    cand = neighbour(self.rng, cur, self.groups, self.devices)
                 if cand is not None and strategy_key(cand) not in self.seen:
                     break
                 cand = None
             if cand is None:
                 continue
-            self.seen.add(strategy_key(cand))
-            try:
-                ev = self.task.evaluate_strategy(cand)
-            except Exception:  # noqa: BLE001 - a move the lowering refuses is just skipped
-                continue
-            self.evaluations += 1
-            entry = PoolEntry(self.source, cand, ev.time_s, ev.effective_time_s, ev.oom, 0, None)
-            if self.pool.add(entry):
+            if self._add(self.source, cand):
                 improved += 1
         return improved

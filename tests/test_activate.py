@@ -1,4 +1,4 @@
-"""`python activate.py cfg` end to end on the local CPU cluster (DESIGN §9, issue 6 item 4):
+"""`python activate.py cfg` end to end on the local CPU cluster:
 one good strategy, one bad entry (a strategy naming a device the cluster lacks) and one baseline;
 the run completes, the bad entry is reported while the others run, results.json carries
 measured and simulated times and their ratio, and every timeline is a valid Chrome trace."""
@@ -55,3 +55,23 @@ def test_activate_runs_good_entries_and_reports_the_bad_one(tmp_path, monkeypatc
         with open(r["timeline"]) as f:
             trace = json.load(f)
         assert trace["traceEvents"], "empty timeline"
+
+
+@pytest.mark.parametrize("name", ["single", "dp_even_allreduce", "dp_even_ps", "dp_proportional_allreduce",
+                                  "dp_proportional_ps"])
+def test_activate_baselines_are_the_registry_strategies(name):
+    """activate builds its baselines with make_problem + registry.generate (compare's grouping
+    level), so its strategy is the one compare and training evaluate."""
+    from tfplace.activate import BASELINE_MAX_GROUPS, baseline_plan
+    from tfplace.baselines import registry
+    from tfplace.baselines.problem import make_problem
+    from tfplace.cluster import load_cluster
+    from tfplace.device_model import default_profile
+    from tfplace.graph_loader import load_op_graph
+    graph = load_op_graph(os.path.join(ROOT, "graph_defs", "zoo", "tiny_mlp_b16_sgd.json"))
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    profile = default_profile(graph, cluster.kinds)
+    strategy, grouping = baseline_plan(name, graph, cluster, profile, 16)
+    problem = make_problem(graph, cluster, profile, max_groups=BASELINE_MAX_GROUPS, global_batch_size=16)
+    assert strategy.to_json() == registry.generate(name, problem).to_json()
+    assert grouping.group_names == problem.grouping.group_names

@@ -60,7 +60,7 @@ def test_hooked_steps_equal_the_rewritten_graph(local_cluster, tmp_path):
         x, y, loss, train_op = _build()
         hook = PlacementHook(strategy, cluster, train_op, loss)
         with tf.compat.v1.train.MonitoredTrainingSession(master=local_cluster.target,
-                                                         config=local_cluster.session_config(),
+                                                         config=hook.session_config(local_cluster.session_config()),
                                                          hooks=[hook]) as sess:
             hooked_init = sess.run(hook.variables)
             for fx, fy in feeds:

@@ -23,24 +23,23 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from tfplace.cluster import Cluster, load_cluster
 from tfplace.config import ActivateConfig, load_activate_config, validate_entries
-from tfplace.strategy import Strategy, decision, even_strategy, load_strategy, proportional_strategy
+from tfplace.strategy import load_strategy
 
 
-def baseline_strategy(name: str, cluster: Cluster, batch: int, weights: Optional[Sequence[float]] = None) -> Strategy:
-    """The strategy of a non-Horovod baseline (one default decision; max_groups 1).
-    dp_proportional_* shares the batch by `weights` (default: each device kind's speed from the
-    device model, `tfplace.device_model.relative_speed`)."""
-    devs = list(cluster.device_names)
-    if name == "single":
-        return Strategy(batch, 1, decision({devs[0]: batch}), {})
-    sync = "ps" if name.endswith("_ps") else "allreduce"
-    ps = devs[0] if sync == "ps" else None
-    if name.startswith("dp_even"):
-        return even_strategy(devs, batch, 1, sync, ps)
-    if name.startswith("dp_proportional"):
-        w = list(weights) if weights is not None else _speed_weights(cluster)
-        return proportional_strategy(devs, w, batch, 1, sync, ps)
-    raise ValueError(f"no strategy for baseline {name!r}")
+# The grouping level of baseline strategies: compare's default (`python -m tfplace.compare
+# --max-groups`), so a baseline here is the very strategy compare and training evaluate.
+BASELINE_MAX_GROUPS = 64
+
+
+def baseline_plan(name: str, graph, cluster: Cluster, profile, batch: Optional[int] = None,
+                  max_groups: int = BASELINE_MAX_GROUPS):
+    """(strategy, grouping) of a non-Horovod baseline, from tfplace.baselines.registry:
+    `make_problem` + `registry.generate(name, problem)`, exactly as compare and training build
+    them (same profile, same grouping level)."""
+    from tfplace.baselines import registry
+    from tfplace.baselines.problem import make_problem
+    problem = make_problem(graph, cluster, profile, max_groups=max_groups, global_batch_size=batch)
+    return registry.generate(name, problem), problem.grouping
 
 
 def _speed_weights(cluster: Cluster) -> List[float]:
@@ -94,12 +93,14 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig) -> Dict[str, Any
             proportional_batches(b, _speed_weights(cluster))
         res = run_horovod(job["graph"], per, steps=config.steps, warmup_steps=config.warmup_steps)
         return {"step_times_s": list(res.report.step_times_s), "simulated_s": None, "timeline": ""}
-    strategy = job.get("strategy") or baseline_strategy(job["baseline"], cluster, job["batch"])
     from tfplace.device_model import default_profile
     # The simulated time uses the device model's profile (the bundled measured one when the
     # graph has it, else the roofline model), the same one the search would use.
     profile = default_profile(graph, cluster.kinds)
-    step = rewrite_step(graph, strategy, cluster, profile=profile)
+    strategy, grouping = job.get("strategy"), None
+    if strategy is None:
+        strategy, grouping = baseline_plan(job["baseline"], graph, cluster, profile, job["batch"])
+    step = rewrite_step(graph, strategy, cluster, profile=profile, grouping=grouping)
     sim = simulate(step.placed, cluster).iteration_time_s
     feed = random_feed(step.inputs, strategy.global_batch_size, 0)
     with StepRunner(lc, step) as runner:

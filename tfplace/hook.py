@@ -1,7 +1,7 @@
 """A session hook that runs an unchanged tf.compat.v1 training script under a strategy.
 
     hook = PlacementHook("strategy.json", "clusters/local_cpu.json", train_op=train_op, loss=loss)
-    with tf.compat.v1.train.MonitoredTrainingSession(master=target, config=hook.session_config(),
+    with tf.compat.v1.train.MonitoredTrainingSession(master=target, config=hook.session_config(base),
                                                      hooks=[hook]) as sess:
         sess.run(train_op, feed_dict={x: ..., y: ...})      # runs the rewritten step
 
@@ -35,6 +35,12 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         self.step = None
         self.loss = None
         self.variables = {}
+
+    def session_config(self, base=None):
+        """The ConfigProto to create the session with: a copy of `base` (e.g. the cluster's) with
+        Grappler's meta optimizer off, as every rewritten step runs (`runtime.step_session_config`)."""
+        from tfplace.runtime import step_session_config
+        return step_session_config(base)
 
     def begin(self):
         from tfplace.graph_loader import load_op_graph

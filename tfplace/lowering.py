@@ -1,4 +1,4 @@
-"""The lowering: the one place where a Strategy's meaning lives (DESIGN §4–5).
+"""The lowering: the one place where a Strategy's meaning lives.
 
     placed = lower(graph, grouping, cluster, strategy, profile)          # one-off
     lowerer = Lowerer(graph, grouping, cluster, profile)                 # in a search loop
@@ -19,7 +19,8 @@ What a strategy means, task by task (PlacedGraph documents the arrays):
   * weights: combining replica r's partial value uses weight samples_r / B when the tensor
     follows a mean-reduced loss (or is a batch statistic), else 1, so one step equals
     single-device training on the global batch (PlacedGraph.task_weight, tensor_weight_mean).
-  * order: per-device priority = the group's `priority` (default 0), then topological rank.
+  * order: priority key = (group `priority` (default 0), micro-batch index on its device, topological
+    rank), so micro-batch 0 flows through pipeline stages first (tfplace.lowering_assemble).
   * control edges: per replica where both ends share a layout, else all-to-all.
   * memory: every copy of a variable is resident; optimizer slots only where updates run.
 

@@ -53,7 +53,9 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     inst_sec = stack[cols[ent], inst_op]
     ctx.compute.check(inst_sec, inst_op, inst_dev)
     inst_bytes = ix.op_out_ps_bytes[inst_op] * eff_batch + ix.op_out_full_bytes[inst_op]
-    prio_op = prio[group].astype(np.int64) * (n + 1) + np.arange(n)
+    inst_mb = _micro_batch_index(lay_ptr, lay_size, lay_dev, lay_samp)[ent]
+    n_mb = int(inst_mb.max()) + 1 if len(inst_mb) else 1
+    prio_grp = prio[group].astype(np.int64)
 
     # ---- instance output buffers: per instance, its op's outputs in port order ----------------
     n_out = (ix.op_out_ptr[1:] - ix.op_out_ptr[:-1])[inst_op]
@@ -121,23 +123,32 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     read_task = np.concatenate([r2_task, r1_task])
     read_buf = np.concatenate([r2_buf, r1_buf])
     c_src, c_dst = _control_pairs(ix, op_lay, cnt, op_ptr)
+    task_op = np.concatenate([inst_op, t_prod[tt_t], sb_op]).astype(np.int64)
+    task_mb = _propagate_micro_batch(inst_mb, m, r1_task, buf_task[r1_buf])
+    # priority key (group priority, micro-batch index on its device, topological rank): micro-batch
+    # 0 of every op of a stage runs before micro-batch 1, so a pipeline stage hands its first
+    # micro-batch on early and stages overlap (DESIGN §4.5: the rewrite's chains follow it too)
+    task_prio = (prio_grp[task_op] * n_mb + task_mb) * (n + 1) + task_op
 
     # ---- static memory: every copy of a variable (weights on holders, slots where updated) ----
     v_idx, v_pos = expand(cnt[ix.var_op])
     v_dev = inst_dev[op_ptr[ix.var_op[v_idx]] + v_pos]
     static = np.bincount(v_dev, weights=ix.var_bytes[v_idx], minlength=links.num_devices)
 
+    seconds = np.concatenate([inst_sec, tt_sec, sb_sec])
+    _add_runtime_overheads(seconds, kind, device, ctx, op_ptr, graph)
+
     return PlacedGraph(
         device_names=ctx.cluster.device_names, global_batch_size=batch, num_compute=m0, op_task_ptr=op_ptr,
         task_kind=kind, task_device=device, task_src_device=src_dev,
-        task_op=np.concatenate([inst_op, t_prod[tt_t], sb_op]).astype(np.int32),
+        task_op=task_op.astype(np.int32),
         task_tensor=np.concatenate([np.full(m0, -1), tt_t, np.full(nx, -1)]).astype(np.int32),
         task_samples=np.concatenate([inst_samp, A["nsamp"][row], np.zeros(nx, np.int64)]).astype(np.int32),
         task_lo=np.concatenate([lay_lo[ent], A["lo"][row], np.zeros(nx, np.int64)]).astype(np.int32),
         task_hi=np.concatenate([lay_hi[ent], A["hi"][row], np.full(nx, batch)]).astype(np.int32),
-        task_seconds=np.concatenate([inst_sec, tt_sec, sb_sec]),
+        task_seconds=seconds,
         task_bytes=np.concatenate([inst_bytes, tt_bytes, sb_bytes]),
-        task_priority=np.concatenate([prio_op[inst_op], prio_op[t_prod[tt_t]], prio_op[sb_op]]),
+        task_priority=task_prio,
         task_weight=np.concatenate([inst_samp / batch, np.zeros(m - m0)]),
         dep_src=np.concatenate([buf_task[read_buf], c_src, sb_dep_src]).astype(np.int32),
         dep_dst=np.concatenate([read_task, c_dst, sb_dep_dst]).astype(np.int32),
@@ -150,6 +161,59 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
         in_edge=np.concatenate([r2_edge, np.full(len(r1_task), -1)]).astype(np.int32), static_bytes=static,
         tensor_weight_mean=ix.tensor_weight_mean, op_names=graph.names,
         tensor_mean_scaled=ix.tensor_mean_scaled)
+
+
+def _add_runtime_overheads(seconds, kind, device, ctx, op_ptr, graph) -> None:
+    """Measured fixed costs of the runtime the profile was taken for (profile conditions
+    `runtime_overheads`, written by benchmarks/fidelity_bench.py from micro-benchmarks on the
+    local cluster): `step_s` once per step (client -> master -> workers dispatch and the fetch,
+    charged to the first input's first instance: nothing starts before the feed arrives),
+    `op_s` per compute task (the executor's dispatch around each kernel the profile timed),
+    `transfer_s` per cross-task tensor (gRPC rendezvous on top of the link fit) and
+    `collective_s` per collective (on top of the fitted all-reduce), `worker_s` per further task
+    running part of the step (the master's per-partition RunGraph). Absent: nothing added."""
+    prof = getattr(ctx, "profile", None)
+    over = (getattr(prof, "conditions", None) or {}).get("runtime_overheads") if prof is not None else None
+    if not over:
+        return
+    seconds[kind == TASK_COMPUTE] += float(over.get("op_s", 0.0))
+    seconds[kind == TASK_TRANSFER] += float(over.get("transfer_s", 0.0))
+    seconds[kind == TASK_COLLECTIVE] += float(over.get("collective_s", 0.0))
+    if graph.inputs:
+        used = len(np.unique(device[kind == TASK_COMPUTE]))  # tasks the master runs a partition on
+        seconds[int(op_ptr[graph.inputs[0]])] += float(over.get("step_s", 0.0)) + \
+            float(over.get("worker_s", 0.0)) * max(used - 1, 0)
+
+
+def _micro_batch_index(lay_ptr, lay_size, lay_dev, lay_samp) -> np.ndarray:
+    """Per layout entry: its micro-batch index among the entries of its layout on the same device
+    (0 for the first micro-batch a device runs; mirrors, samples 0, are 0)."""
+    owner, pos = expand(lay_size)
+    order = np.lexsort((pos, lay_dev[:len(owner)], owner))
+    key = owner[order] * (int(lay_dev.max(initial=0)) + 1) + lay_dev[order]
+    start = np.ones(len(order), dtype=bool)
+    start[1:] = key[1:] != key[:-1]
+    run_start = np.maximum.accumulate(np.where(start, np.arange(len(order)), 0))
+    mb = np.zeros(len(owner), dtype=np.int64)
+    mb[order] = np.arange(len(order)) - run_start
+    return np.where(lay_samp[:len(owner)] > 0, mb, 0)
+
+
+def _propagate_micro_batch(inst_mb, m, read_task, read_src) -> np.ndarray:
+    """Micro-batch index per task: compute instances from their layout entry; a template task
+    (transfer, re-split, sum, collective) takes the smallest index among the tasks it reads
+    (templates of one tensor read each other in chains of at most a few hops); send-backs 0."""
+    m0 = len(inst_mb)
+    big = np.iinfo(np.int64).max
+    mb = np.concatenate([inst_mb, np.full(m - m0, big, dtype=np.int64)])
+    for _ in range(4):
+        new = mb.copy()
+        np.minimum.at(new, read_task, mb[read_src])
+        new[:m0] = inst_mb
+        if np.array_equal(new, mb):
+            break
+        mb = new
+    return np.where(mb == big, 0, mb)
 
 
 def _template_seconds(ctx, kind, dev, src, coll, nbytes, traffic) -> np.ndarray:

@@ -16,7 +16,7 @@ Layout kinds (lkind[N] int8) pick which of the group's four instance layouts an 
   MIRROR op feeding only UPDATE ops of its group (an optimizer slot, the learning rate) lives on
   the update devices; one feeding both (a weight's handle) lives on both.
 
-Variables are pinned (DESIGN §4.3): a weight's readers and updaters take the weight's group, an
+Variables are pinned: a weight's readers and updaters take the weight's group, an
 optimizer slot (handle and readers) takes its updater's group, whatever the grouping says.
 
 Tensor classes (tensor_cls[T] int8):

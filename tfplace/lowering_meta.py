@@ -1,4 +1,4 @@
-"""Per-replica metadata, recomputed in each consumer's layout (part of the lowering, DESIGN §4).
+"""Per-replica metadata, recomputed in each consumer's layout (part of the lowering).
 
 A batch-dependent op without a batched output produces one value per replica. Two kinds exist:
 

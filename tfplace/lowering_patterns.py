@@ -16,7 +16,7 @@ A ref >= 0 names a template buffer; a ref < 0 names producer instance -(ref+1)'s
 Transfers are de-duplicated per (source buffer, destination, slice) inside a pattern, which is
 per (tensor, destination device) since every consumer of a tensor is in its one pattern.
 
-Rules (DESIGN §4):
+Rules:
   * batched: a consumer instance with range [a, b) reads the producer slices overlapping it;
     slices on other devices are transferred (their bytes); unless the consumer reads exactly one
     whole producer output, a RESPLIT task on the consumer's device cuts/concatenates (2x bytes

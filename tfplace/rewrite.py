@@ -1,4 +1,4 @@
-"""The rewrite pass (DESIGN §8): emits the PlacedGraph of a strategy as a TensorFlow GraphDef.
+"""The rewrite pass: emits the PlacedGraph of a strategy as a TensorFlow GraphDef.
 
     step = rewrite_step(graph, strategy, cluster)       # RewrittenStep: GraphDef + names to run
     graph_def = rewrite(graph, strategy, cluster)       # the GraphDef alone

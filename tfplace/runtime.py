@@ -1,4 +1,4 @@
-"""Running rewritten steps on a TF cluster (DESIGN §9): init once, warm-up, timed steps, a
+"""Running rewritten steps on a TF cluster: init once, warm-up, timed steps, a
 FULL_TRACE Chrome timeline; and the single-device reference the equivalence tests compare with.
 
     with LocalCluster(num_tasks=3) as lc:
@@ -36,6 +36,28 @@ def random_feed(inputs, batch_size: int, seed: int) -> Dict[str, np.ndarray]:
     return feed
 
 
+def step_session_config(config=None, cluster=None):
+    """The ConfigProto a rewritten step must run under: Grappler's meta optimizer off.
+
+    The rewrite is the graph optimisation (DESIGN §8); its priority chains encode a schedule
+    across devices that Grappler does not know about. With Grappler on, the rewritten ResNet-50
+    step deadlocked with every worker idle although the emitted graph is acyclic even with every
+    collective's participants contracted into one node (checked); with the meta optimizer off it
+    runs, and so it does with no chains at all. So Grappler's rewrite of the chained,
+    partitioned graph (its passes merge, fold and re-wire nodes and control edges per partition)
+    is what hangs. The profiler measures with Grappler off too (ProfileOptions.grappler), so the
+    simulator's per-op times describe the same graph the runtime executes.
+    `config` (or the cluster's `session_config()`) is copied, not changed."""
+    import tensorflow as tf
+    out = tf.compat.v1.ConfigProto()
+    if config is not None:
+        out.CopyFrom(config)
+    elif cluster is not None and hasattr(cluster, "session_config"):
+        out.CopyFrom(cluster.session_config())
+    out.graph_options.rewrite_options.disable_meta_optimizer = True
+    return out
+
+
 def _import(graph_def):
     import tensorflow as tf
     g = tf.Graph()
@@ -51,6 +73,7 @@ class StepRunner:
     def __init__(self, cluster, step, config=None, timeout_s: Optional[float] = 300.0):
         self.cluster, self.step_def, self.timeout_s = cluster, step, timeout_s
         self.graph = _import(step.graph_def)
+        config = step_session_config(config, cluster)
         if hasattr(cluster, "session"):
             self.session = cluster.session(graph=self.graph, config=config)
         else:
@@ -135,19 +158,34 @@ def reference_run(graph: OpGraph, feeds: Sequence[Mapping[str, np.ndarray]],
     return losses, states
 
 
+def _unknown_batch(graph: OpGraph):
+    """The GraphDef with the batch dimension of every input placeholder unknown, so that a
+    replica's slice of the global batch can be fed (bundles are exported with a static batch)."""
+    gd = type(graph.graph_def)()
+    gd.CopyFrom(graph.graph_def)
+    axes = {graph.names[i]: int(graph.tensor_batch_axis[graph.tensor_op == i][0]) for i in graph.inputs}
+    for node in gd.node:
+        axis = axes.get(node.name, -1)
+        if axis >= 0 and "shape" in node.attr and len(node.attr["shape"].shape.dim) > axis:
+            node.attr["shape"].shape.dim[axis].size = -1
+        if "_output_shapes" in node.attr:  # recorded static shapes would pin the batch again
+            del node.attr["_output_shapes"]
+    return gd
+
+
 def per_replica_reference_run(graph: OpGraph, feeds: Sequence[Mapping[str, np.ndarray]],
                               ranges: Sequence[Tuple[int, int]], init_values: Mapping[str, np.ndarray]):
     """Reference for graphs whose forward pass uses per-replica batch statistics (batch norm):
     each step runs the original step once per replica range [lo, hi) of the global batch, from
     the same variable values, and combines the results with weights (hi - lo) / B, the
-    aggregation weights of a mean-reduced loss (DESIGN §4.3).
+    aggregation weights of a mean-reduced loss.
 
     For plain SGD this equals the data-parallel step exactly: the update w - lr * sum_r w_r g_r
     and the moving-average update m + (1 - d)(stat_r - m) are affine in the per-replica
     gradient / statistic, so averaging the per-replica results is averaging their inputs.
     Returns (losses per step, variable values after each step) like `reference_run`."""
     import tensorflow as tf
-    g = _import(graph.graph_def)
+    g = _import(_unknown_batch(graph))
     batch = sum(hi - lo for lo, hi in ranges)
     loss = graph.names[graph.tensor_op[graph.loss_tensor]] + f":{int(graph.tensor_port[graph.loss_tensor])}"
     axes = {graph.names[i] + ":0": int(graph.tensor_batch_axis[graph.tensor_op == i][0]) for i in graph.inputs}

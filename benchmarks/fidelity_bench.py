@@ -1,0 +1,268 @@
+"""Simulator fidelity on the local CPU cluster (issue #6, item 6).
+
+    .venv/bin/python benchmarks/fidelity_bench.py [--models tiny_mlp,tiny_cnn,tiny_transformer]
+        [--strategies 10] [--steps 5] [--warmup 2] [--out benchmarks/fidelity_bench.md]
+
+For each model: a CPU profile measured under the workers' thread setting (intra 1, inter 1;
+`python -m tfplace.profile --threads 1`, Grappler off like the runtime), with the loopback comm
+fit of graph_defs/profiles/local_comm_cpu.json attached; strategies = the registry baselines
+(make_problem + registry.generate, as compare uses them) plus random valid strategies up to
+--strategies; for each, the real iteration time (StepRunner.timed: warm-up, then the median of
+timed steps) on a LocalCluster of 3 tasks (clusters/local_cpu.json) and the simulated time of the
+same PlacedGraph. Prints per model median / worst |sim - real| / real and Kendall tau, and the
+table; writes it (with the command) to --out.
+
+Homogeneous: on this 2-core machine per-task thread limits give only ~1.2x, so every task runs
+with 1 intra-op thread and the cluster is homogeneous (all devices kind CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUNDLES = {"tiny_mlp": "graph_defs/zoo/tiny_mlp_b48_sgd.json",
+           "tiny_cnn": "graph_defs/zoo/tiny_cnn_b48_s16_sgd.json",
+           "tiny_transformer": "graph_defs/zoo/tiny_transformer_b16_t8_n2_sgd.json"}
+BASELINES = ("single", "dp_even_allreduce", "dp_even_ps", "dp_proportional_allreduce", "dp_proportional_ps",
+             "model_parallel_round_robin", "model_parallel_contiguous", "heft", "pipeline")
+MAX_GROUPS = 8
+
+
+def measure_overheads(lc, reps: int = 30, hops: int = 16) -> dict:
+    """Fixed costs of the local TF runtime, from micro-benchmarks independent of the models:
+    op_s: per op executed (executor dispatch; a chain of 4*hops dependent tiny adds, so it
+    includes their ~1 µs kernels); step_s: a one-task step (feed a [48,16] batch, one op, fetch a NoOp); worker_s: each further
+    task that runs a partition; transfer_s: per cross-task tensor beyond the p2p link fit
+    (a chain of `hops` dependent 16-byte transfers between tasks 1 and 2); collective_s: per
+    all-reduce beyond the 3-participant fit (a chain of `hops` dependent 3-task all-reduces)."""
+    import tensorflow as tf
+    from tfplace.runtime import step_session_config
+    with open(os.path.join(ROOT, "graph_defs", "profiles", "local_comm_cpu.json")) as f:
+        comm = json.load(f)["comm"]
+    devs = lc.device_names
+    feed_value = np.zeros((48, 16), np.float32)
+
+    def timed(build):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [None, 16], name="x")
+            with tf.device(devs[0]):
+                x0 = x * 1.0
+            fetch = tf.group(*build(x0))
+        with lc.session(graph=g, config=step_session_config(None, lc)) as sess:
+            for _ in range(5):
+                sess.run(fetch, {x: feed_value})
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                sess.run(fetch, {x: feed_value})
+                ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    def one_task(x0):
+        return [x0]
+
+    def three_tasks(x0):
+        out = [x0]
+        for d in devs[1:]:
+            with tf.device(d):
+                out.append(tf.constant([1.0]) + 1.0)
+        return out
+
+    def chain(k):
+        def build(x0):
+            with tf.device(devs[1]):
+                v = tf.constant([1.0, 2.0, 3.0, 4.0]) + 1.0
+            for i in range(k):
+                with tf.device(devs[2 if i % 2 == 0 else 1]):
+                    v = v + 1.0
+            return [x0, v]
+        return build
+
+    def collectives(k):
+        def build(x0):
+            vals = []
+            for d in devs:
+                with tf.device(d):
+                    vals.append(tf.constant([1.0, 2.0, 3.0, 4.0]) + 1.0)
+            for i in range(k):
+                new = []
+                for d, v in zip(devs, vals):
+                    with tf.device(d):
+                        new.append(tf.raw_ops.CollectiveReduceV2(
+                            input=v, group_size=len(devs), group_key=7, instance_key=1000 + i, ordering_token=[],
+                            merge_op="Add", final_op="Id"))
+                vals = new
+            return [x0] + vals
+        return build
+
+    def ops(k):
+        def build(x0):
+            with tf.device(devs[0]):
+                v = tf.constant([1.0, 2.0, 3.0, 4.0]) + 1.0
+                for _ in range(k):
+                    v = v + 1.0
+            return [x0, v]
+        return build
+
+    step = timed(one_task)
+    op = (timed(ops(4 * hops)) - timed(ops(0))) / (4 * hops)
+    worker = (timed(three_tasks) - step) / 2
+    hop = (timed(chain(hops)) - timed(chain(0))) / hops
+    lat = comm["p2p"]["latency_s"] + 16 / comm["p2p"]["bandwidth_bytes_per_s"]
+    coll = (timed(collectives(hops)) - timed(collectives(0))) / hops
+    fit3 = comm["allreduce"]["3"]
+    coll_fit = fit3["latency_s"] + 16 / fit3["bandwidth_bytes_per_s"]
+    return {"step_s": step, "op_s": max(op, 0.0), "worker_s": max(worker, 0.0), "transfer_s": max(hop - lat, 0.0),
+            "collective_s": max(coll - coll_fit, 0.0),
+            "raw": {"hop_s": hop, "collective_s": coll, "p2p_fit_s": lat, "allreduce3_fit_s": coll_fit},
+            "how": "benchmarks/fidelity_bench.py measure_overheads (median of %d steps)" % reps}
+
+
+def profile_path(model: str, bundle: str, batch: int, workdir: str) -> str:
+    """Measures (once, cached in workdir) the CPU profile of `bundle` at 1 intra/inter thread and
+    attaches the local comm fit."""
+    out = os.path.join(workdir, f"{model}_t1.json")
+    if not os.path.exists(out):
+        sizes = sorted({b for b in (1, 2, 4, 8, 16, 24, 32, 48) if b <= batch} | {batch})
+        subprocess.run([sys.executable, "-m", "tfplace.profile", "--graph", bundle, "--device", "CPU",
+                        "--batch-sizes", ",".join(map(str, sizes)), "--threads", "1", "--inter-threads", "1",
+                        "--repeats", "5", "--warmup", "2", "--out", out, "--quiet"], check=True, cwd=ROOT)
+        with open(out) as f:
+            prof = json.load(f)
+        with open(os.path.join(ROOT, "graph_defs", "profiles", "local_comm_cpu.json")) as f:
+            comm = json.load(f)
+        prof["comm"] = comm["comm"]
+        prof.setdefault("conditions", {})["comm"] = comm["conditions"]["comm"]
+        with open(out, "w") as f:
+            json.dump(prof, f)
+    return out
+
+
+def random_strategy(rng, devices, group_names, batch):
+    from tfplace.strategy import Strategy, decision
+    groups = {}
+    for name in group_names:
+        n = int(rng.integers(1, len(devices) + 1))
+        chosen = list(rng.choice(devices, size=n, replace=False))
+        cuts = np.sort(rng.choice(np.arange(1, batch), size=n - 1, replace=False)) if n > 1 else []
+        sizes = np.diff(np.concatenate([[0], cuts, [batch]])).astype(int).tolist()
+        shares = {str(d): s for d, s in zip(chosen, sizes)}
+        ps = rng.random() < 0.3
+        groups[name] = decision(shares, "ps" if ps else "allreduce", str(rng.choice(devices)) if ps else None)
+    return Strategy(batch, len(group_names), None, groups)
+
+
+def bench_model(model, lc, cluster, args, workdir, out_rows, overheads=None):
+    from tfplace.baselines import registry
+    from tfplace.baselines.problem import make_problem
+    from tfplace.graph_loader import load_op_graph
+    from tfplace.profile import load_profile
+    from tfplace.rewrite import rewrite_step
+    from tfplace.runtime import StepRunner, random_feed
+    from tfplace.simulator import simulate
+    bundle = os.path.join(ROOT, BUNDLES[model])
+    graph = load_op_graph(bundle)
+    batch = int(graph.reference_batch_size)
+    profile = load_profile(profile_path(model, bundle, batch, workdir))
+    if overheads is not None:
+        import dataclasses
+        profile = dataclasses.replace(profile, conditions={**profile.conditions, "runtime_overheads": overheads})
+    problem = make_problem(graph, cluster, profile, max_groups=MAX_GROUPS, global_batch_size=batch)
+    plans = []
+    for name in BASELINES:
+        try:
+            plans.append((name, registry.generate(name, problem)))
+        except Exception as err:  # a planner that cannot serve this problem is skipped, reported
+            print(f"  {model}/{name}: skipped ({type(err).__name__}: {str(err)[:80]})", flush=True)
+    rng = np.random.default_rng(0)
+    devs = list(cluster.device_names)
+    k = 0
+    while len(plans) < args.strategies:
+        plans.append((f"random_{k}", random_strategy(rng, devs, problem.group_names, batch)))
+        k += 1
+    rows = []
+    for name, strategy in plans:
+        try:
+            step = rewrite_step(graph, strategy, cluster, profile=profile, grouping=problem.grouping)
+            sim = simulate(step.placed, cluster).iteration_time_s
+            feed = random_feed(step.inputs, batch, 0)
+            with StepRunner(lc, step, timeout_s=120) as runner:
+                runner.initialize()
+                times, _ = runner.timed(args.steps, args.warmup, feed)
+            real = statistics.median(times)
+            rows.append((name, real, sim))
+            print(f"  {model}/{name}: real {real * 1e3:.2f} ms  sim {sim * 1e3:.2f} ms", flush=True)
+        except Exception as err:
+            print(f"  {model}/{name}: FAILED {type(err).__name__}: {str(err)[:120]}", flush=True)
+    out_rows[model] = rows
+    return rows
+
+
+def summary(rows):
+    from scipy.stats import kendalltau
+    real = np.array([r[1] for r in rows])
+    sim = np.array([r[2] for r in rows])
+    err = np.abs(sim - real) / real
+    tau = kendalltau(real, sim).statistic if len(rows) > 1 else float("nan")
+    return float(np.median(err)), float(np.max(err)), float(tau)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="tiny_mlp,tiny_cnn,tiny_transformer")
+    p.add_argument("--strategies", type=int, default=10)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--workdir", default="/tmp/tfplace_fidelity")
+    p.add_argument("--no-overheads", action="store_true",
+                   help="simulate without the measured runtime overheads (the profile alone)")
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "fidelity_bench.md"))
+    args = p.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.makedirs(args.workdir, exist_ok=True)
+    from tfplace.cluster import load_cluster
+    from tfplace.local_cluster import LocalCluster
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    results = {}
+    t0 = time.time()
+    with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[1, 1, 1]) as lc:
+        overheads = None if args.no_overheads else measure_overheads(lc)
+        print("runtime overheads:", json.dumps(overheads), flush=True)
+        for model in args.models.split(","):
+            bench_model(model, lc, cluster, args, args.workdir, results, overheads)
+    lines = ["# Simulator fidelity on the local CPU cluster", "",
+             "Command: `.venv/bin/python benchmarks/fidelity_bench.py " + " ".join(argv or sys.argv[1:]) + "`", "",
+             "3 TF server tasks on 127.0.0.1 (clusters/local_cpu.json), 1 intra-op + 1 inter-op thread each, "
+             "homogeneous (thread limits give only ~1.2x on this 2-core machine). Profile: "
+             "`python -m tfplace.profile --threads 1 --inter-threads 1` per model + local_comm_cpu.json comm fit. "
+             f"Real = median of {args.steps} timed steps after {args.warmup} warm-up. ({time.time() - t0:.0f} s)", "",
+             "Runtime overheads in the model (profile conditions `runtime_overheads`, measured by micro-benchmarks "
+             "before the models run): " + (json.dumps(overheads) if overheads else "none (--no-overheads)"), "",
+             "| model | strategies | median err | worst err | Kendall tau |", "|---|---|---|---|---|"]
+    for model, rows in results.items():
+        if rows:
+            med, worst, tau = summary(rows)
+            lines.append(f"| {model} | {len(rows)} | {med:.1%} | {worst:.1%} | {tau:.2f} |")
+    lines += ["", "| model | strategy | real ms | sim ms | sim/real |", "|---|---|---|---|---|"]
+    for model, rows in results.items():
+        for name, real, sim in rows:
+            lines.append(f"| {model} | {name} | {real * 1e3:.2f} | {sim * 1e3:.2f} | {sim / real:.2f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    with open(args.out, "w") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

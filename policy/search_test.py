@@ -1,0 +1,140 @@
+"""Strategy-level search (policy/search.py) on the tiny fake graphs and clusters."""
+
+import numpy as np
+import pytest
+
+from tfplace import testing
+from tfplace.cluster import Device, build_cluster
+from tfplace.grouping import make_grouping
+from tfplace.strategy import Strategy, even_strategy, validate_strategy
+
+from tfplace.policy import search as S
+from tfplace.policy.environment import PlacementTask
+from tfplace.policy.fallbacks import default_profile
+from tfplace.policy.pool import PoolEntry, StrategyPool
+from tfplace.policy.testing_fixtures import tiny_task
+
+CASES = [("mlp", "two", 8), ("mlp", "four", 8), ("cnn", "two", 8), ("cnn", "four", 16)]
+
+
+def _pool_with(task, strategy, source="start"):
+    pool = StrategyPool(8)
+    ev = task.evaluate_strategy(strategy)
+    pool.add_baseline(PoolEntry(source, strategy, ev.time_s, ev.effective_time_s, ev.oom, 0))
+    return pool, ev
+
+
+def _check_valid(task, s):
+    validate_strategy(s, list(task.grouping.group_names), list(task.cluster.device_names), task.batch_size)
+    for g in task.grouping.group_names:
+        d = s.decision_for(g)
+        assert d.total_samples == task.batch_size, (g, d)
+        assert all(all(n > 0 for n in mb) for _, mb in d.shares), (g, d)
+        assert d.sync in ("allreduce", "ps") and (d.sync == "allreduce") == (d.ps_device is None), (g, d)
+
+
+@pytest.mark.parametrize("model,cluster,batch", CASES)
+def test_search_result_is_never_worse_than_the_start(model, cluster, batch):
+    task = tiny_task(model, cluster, batch)
+    start = even_strategy(list(task.cluster.device_names), batch, task.max_groups, graph=task.label)
+    pool, ev = _pool_with(task, start)
+    climber = S.HillClimber(task, pool, np.random.default_rng(0))
+    climber.step(40)
+    assert climber.evaluations > 0
+    assert pool.best.effective_time_s <= ev.effective_time_s
+    _check_valid(task, pool.best.strategy)
+    # the pool's time is the simulator's time for that strategy
+    again = task.evaluate_strategy(pool.best.strategy)
+    assert again.effective_time_s == pytest.approx(pool.best.effective_time_s)
+
+
+@pytest.mark.parametrize("model,cluster,batch", CASES)
+@pytest.mark.parametrize("kind", ["plain", "memory"])
+def test_every_move_yields_a_valid_strategy(model, cluster, batch, kind):
+    task = tiny_task(model, cluster, batch)
+    groups, devices = list(task.grouping.group_names), list(task.cluster.device_names)
+    rng = np.random.default_rng(1)
+    cur = S.explicit(even_strategy(devices, batch, task.max_groups, graph=task.label), groups)
+    made = 0
+    for i in range(300):
+        if kind == "plain":
+            cand = S.neighbour(rng, cur, groups, devices)
+        else:
+            fill = rng.uniform(0.2, 1.6, len(devices))
+            cand = S.memory_neighbour(rng, cur, groups, devices, fill)
+        if cand is None:
+            continue
+        made += 1
+        _check_valid(task, cand)
+        if i % 3 == 0:
+            cur = cand  # random walk, so later moves start from varied strategies
+    assert made > 50
+
+
+def test_memory_partitions_are_contiguous_and_valid():
+    task = tiny_task("cnn", "four", 16)
+    assert S.stage_partition([1, 1, 1, 1], [1, 1]) == [0, 0, 1, 1]
+    assert S.stage_partition([1, 1, 1, 1, 1, 1], [2, 1]) == [0, 0, 0, 0, 1, 1]
+    parts = S.memory_partitions(task)
+    assert 2 <= len(parts) <= 6
+    for _, s in parts:
+        _check_valid(task, s)
+        stages = [s.decision_for(g).devices for g in task.grouping.group_names]
+        assert all(len(d) == 1 for d in stages)
+        seen, prev = set(), None
+        for (d,) in stages:  # contiguous: a device never comes back after another took over
+            assert d == prev or d not in seen
+            seen.add(d)
+            prev = d
+
+
+def _tiny_memory_task(batch=8):
+    """The tiny CNN on a V100 with plenty of memory and a second device with far too little for
+    its share of data parallelism."""
+    graph = testing.tiny_graph("cnn", batch)
+    big = build_cluster("big", [testing._host("h0")], [Device("v100_0", "V100", "h0", 10**12),
+                                                       Device("p100_0", "P100", "h0", 10**12)])
+    grouping = make_grouping(graph, 16)
+    probe = PlacementTask("probe", graph, grouping, big, default_profile(graph, big.kinds), batch, 16)
+    even = even_strategy(list(big.device_names), batch, 16, graph="probe")
+    r = probe.simulate(even)
+    tiny_mem = int(r.peak_memory_bytes[1] * 0.3)
+    c = build_cluster("tiny_memory", [testing._host("h0")], [Device("v100_0", "V100", "h0", 10**12),
+                                                             Device("p100_0", "P100", "h0", tiny_mem)])
+    return PlacementTask("tiny_memory", graph, grouping, c, default_profile(graph, c.kinds), batch, 16), even
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_search_from_an_oom_start_reaches_a_feasible_strategy(seed):
+    task, even = _tiny_memory_task()
+    pool, ev = _pool_with(task, even, "dp_even")
+    assert ev.oom and ev.memory_excess > 1.0
+    climber = S.HillClimber(task, pool, np.random.default_rng(seed))
+    for _ in range(20):
+        climber.step(10)
+        if not pool.best.oom:
+            break
+    assert not pool.best.oom, (pool.best.source, pool.best.effective_time_s)
+    _check_valid(task, pool.best.strategy)
+
+
+def test_memory_moves_cut_the_excess_of_the_worst_device():
+    task, even = _tiny_memory_task()
+    groups, devices = list(task.grouping.group_names), list(task.cluster.device_names)
+    cur = S.explicit(even, groups)
+    ev0, fill = S.evaluate_with_fill(task, cur)
+    rng = np.random.default_rng(0)
+    best = ev0.memory_excess
+    for _ in range(30):
+        cand = S.memory_neighbour(rng, cur, groups, devices, fill)
+        if cand is not None:
+            best = min(best, S.evaluate_with_fill(task, cand)[0].memory_excess)
+    assert best < ev0.memory_excess
+
+
+def test_memory_partition_seeds_enter_the_pool():
+    task, even = _tiny_memory_task()
+    pool, _ = _pool_with(task, even, "dp_even")
+    climber = S.HillClimber(task, pool, np.random.default_rng(0))
+    assert climber.seed_memory_partitions() == len(S.memory_partitions(task))
+    assert any(e.source.startswith("memory partition") for e in pool.entries)
