@@ -1,4 +1,4 @@
-"""Simulator fidelity on the local CPU cluster (issue #6, item 6).
+"""Simulator fidelity on the local CPU cluster.
 
     .venv/bin/python benchmarks/fidelity_bench.py [--models tiny_mlp,tiny_cnn,tiny_transformer]
         [--strategies 10] [--steps 5] [--warmup 2] [--out benchmarks/fidelity_bench.md]
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import statistics
 import subprocess
 import sys
@@ -223,7 +224,7 @@ def main(argv=None):
     p.add_argument("--strategies", type=int, default=10)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--workdir", default="/tmp/tfplace_fidelity")
+    p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "tfplace_fidelity"))
     p.add_argument("--no-overheads", action="store_true",
                    help="simulate without the measured runtime overheads (the profile alone)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "fidelity_bench.md"))

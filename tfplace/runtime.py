@@ -39,7 +39,7 @@ def random_feed(inputs, batch_size: int, seed: int) -> Dict[str, np.ndarray]:
 def step_session_config(config=None, cluster=None):
     """The ConfigProto a rewritten step must run under: Grappler's meta optimizer off.
 
-    The rewrite is the graph optimisation (DESIGN §8); its priority chains encode a schedule
+    The rewrite is the graph optimisation; its priority chains encode a schedule
     across devices that Grappler does not know about. With Grappler on, the rewritten ResNet-50
     step deadlocked with every worker idle although the emitted graph is acyclic even with every
     collective's participants contracted into one node (checked); with the meta optimizer off it
