@@ -25,7 +25,7 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from tfplace.errors import InputError
+from tfplace.errors import InputError, exit_code_of
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -90,12 +90,7 @@ def run(args) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        return run(args)
-    except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return exit_code_of(run, _parser().parse_args(argv))
 
 
 if __name__ == "__main__":
