@@ -101,10 +101,10 @@ def rel_err(a, b):
     return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-8)) if np.size(b) else 0.0
 
 
-def check(lc, graph, strategy, cluster, grouping, model, seed=0):
+def check(lc, graph, strategy, cluster, grouping, model, seed=0, batch=BATCH):
     """Worst relative error of loss and variables over STEPS steps (asserts mirrors agree)."""
     step = rewrite_step(graph, strategy, cluster, grouping=grouping)
-    feeds = [random_feed(step.inputs, BATCH, seed + i) for i in range(STEPS)]
+    feeds = [random_feed(step.inputs, batch, seed + i) for i in range(STEPS)]
     losses, states = [], []
     with StepRunner(lc, step, timeout_s=120) as runner:
         runner.initialize()
@@ -152,6 +152,30 @@ def test_rewritten_step_equals_single_device(local_cluster, model, optimizer):
         assert err <= TOL, f"strategy {i} ({s.to_json()}): relative error {err:.3g}"
     COUNT[(model, optimizer)] = len(strategies)
     print(f"equivalence: {model}/{optimizer}: {len(strategies)} strategies equal (<= {TOL})")
+
+
+# ---- the zoo's tiny transformer: activations flattened to [N*L, d] ----
+# Its batch axes hold L = 8 rows per sample, so a slice of samples [lo, hi) moved between groups
+# of different layouts is rows [lo*L, hi*L) (PlacedGraph.tensor_batch_rows); slicing by sample
+# index fed e.g. 17 rows to a Reshape to [-1, 8, 2, 16]. Strategies with uneven shares that
+# differ across groups force such resplits on every group boundary.
+TRANSFORMER_BUNDLE = os.path.join(ROOT, "graph_defs", "zoo", "tiny_transformer_b16_t8_n2_sgd.json")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("seed", [0, 3])
+def test_zoo_tiny_transformer_uneven_groups_equals_single_device(local_cluster, seed):
+    graph = load_op_graph(TRANSFORMER_BUNDLE)
+    batch = int(graph.reference_batch_size)
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    grouping = make_grouping(graph, GROUPS)
+    strategy = random_strategy(np.random.default_rng(seed), list(cluster.device_names), grouping.group_names, batch)
+    layouts = {tuple(sorted((d, s if isinstance(s, int) else tuple(s)) for d, s in g["shares"].items()))
+               for g in strategy.to_json()["groups"].values()}
+    assert len(layouts) > 1 and any(len({s if isinstance(s, int) else sum(s) for _, s in lay}) > 1
+                                    for lay in layouts), "expected uneven shares differing across groups"
+    err = check(local_cluster, graph, strategy, cluster, grouping, "tiny_transformer", seed=seed, batch=batch)
+    assert err <= TOL, f"strategy {strategy.to_json()}: relative error {err:.3g}"
 
 
 # ---- a real zoo model: ResNet-50 (32x32 images, batch 8, SGD) under DP-even / DP-proportional ----

@@ -354,6 +354,29 @@ def test_placed_graph_carries_mean_scaled_tensors():
     assert placed.tensor_mean_scaled.any()
 
 
+def test_placed_graph_carries_rows_per_sample_of_flattened_batch_axes():
+    # The zoo transformer flattens activations to [N*L, d]: samples [lo, hi) of such a tensor
+    # are rows [lo*L, hi*L), which the rewrite's slices of resplits and transfers need.
+    import os
+    from tfplace.graph_loader import load_op_graph
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    g = load_op_graph(os.path.join(root, "graph_defs", "zoo", "tiny_transformer_b16_t8_n2_sgd.json"))
+    ix = GraphIndex(g, _grouping4(g))
+    rows = ix.tensor_batch_rows
+    assert rows.shape == (g.num_tensors,)
+    assert (rows[g.tensor_batch_axis < 0] == 1).all()
+    batched = np.nonzero(g.tensor_batch_axis >= 0)[0]
+    lengths = np.array([g.tensor_shape[t][g.tensor_batch_axis[t]] for t in batched])
+    assert set(rows[batched].tolist()) == {1, 8}  # [N, L] ids, [N*L, d] activations
+    assert (lengths == rows[batched] * g.reference_batch_size).all()
+    cluster = testing.four_device_cluster()
+    devs = list(cluster.device_names)
+    placed = lower(g, _grouping4(g), cluster, Strategy(16, 4, decision({devs[0]: 11, devs[1]: 5}, "allreduce"), {}),
+                   testing.uniform_profile(g, cluster.kinds))
+    assert placed.tensor_batch_rows.shape == (placed.tensor_weight_mean.shape[0],)
+    assert placed.tensor_batch_rows.max() == 8
+
+
 def _attention_placed(shares_a, shares_b):
     from tfplace.grouping import make_grouping
     g = testing.tiny_graph("attention", 12, "sgd")

@@ -127,7 +127,7 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     task_mb = _propagate_micro_batch(inst_mb, m, r1_task, buf_task[r1_buf])
     # priority key (group priority, micro-batch index on its device, topological rank): micro-batch
     # 0 of every op of a stage runs before micro-batch 1, so a pipeline stage hands its first
-    # micro-batch on early and stages overlap (DESIGN §4.5: the rewrite's chains follow it too)
+    # micro-batch on early and stages overlap (the rewrite's priority chains follow it too)
     task_prio = (prio_grp[task_op] * n_mb + task_mb) * (n + 1) + task_op
 
     # ---- static memory: every copy of a variable (weights on holders, slots where updated) ----
@@ -160,7 +160,7 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
         in_ptr=exclusive_cumsum(np.bincount(read_task, minlength=m)), in_buf=read_buf.astype(np.int32),
         in_edge=np.concatenate([r2_edge, np.full(len(r1_task), -1)]).astype(np.int32), static_bytes=static,
         tensor_weight_mean=ix.tensor_weight_mean, op_names=graph.names,
-        tensor_mean_scaled=ix.tensor_mean_scaled)
+        tensor_mean_scaled=ix.tensor_mean_scaled, tensor_batch_rows=ix.tensor_batch_rows)
 
 
 def _add_runtime_overheads(seconds, kind, device, ctx, op_ptr, graph) -> None:

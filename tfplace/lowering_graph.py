@@ -61,6 +61,7 @@ class GraphIndex:
       tensor_mem_scale[T]    1.0, or 0.0 where the output aliases a variable
       tensor_weight_mean[T]  bool, see PlacedGraph
       tensor_mean_scaled[T]  bool, see PlacedGraph
+      tensor_batch_rows[T]   int32, see PlacedGraph
       tensor_sig[T] int32; edge_slot[E] int32 (index of the edge's consumer slot in its signature)
       sig_cls[S], sig_pgroup[S], sig_plkind[S]; sig_slot_ptr[S+1] with slot_group, slot_lkind,
       slot_pmode (CSR of consumer slots); group_sig_ptr[G+1], group_sig_idx (signatures touching
@@ -192,6 +193,26 @@ class GraphIndex:
         # loss is a mean over its own s samples): a slice moved to a consumer replica of another
         # size is rescaled by s_producer / s_consumer (PlacedGraph.tensor_mean_scaled).
         self.tensor_mean_scaled = backward[prod] & batched & mean_loss & (graph.loss_tensor >= 0)
+        self.tensor_batch_rows = self._batch_rows(graph)
+
+    @staticmethod
+    def _batch_rows(graph: OpGraph) -> np.ndarray:
+        """int32[T]: entries per sample along each batched tensor's batch axis. 1 for a tensor
+        batched on its own axis ([N, ...]); L for one whose batch axis folds the batch with other
+        dimensions (a transformer's activations flattened to [N*L, d]), so that samples [lo, hi)
+        are entries [lo*L, hi*L) of that axis. 1 for unbatched tensors."""
+        rows = np.ones(graph.num_tensors, dtype=np.int32)
+        batch = int(graph.reference_batch_size)
+        if batch <= 0:
+            return rows
+        for t in np.nonzero(graph.tensor_batch_axis >= 0)[0].tolist():
+            axis, shape = int(graph.tensor_batch_axis[t]), graph.tensor_shape[t]
+            if shape is None or axis >= len(shape) or shape[axis] is None:
+                continue
+            length = int(shape[axis])
+            if length > batch and length % batch == 0:
+                rows[t] = length // batch
+        return rows
 
     @staticmethod
     def _backward_ops(graph: OpGraph) -> np.ndarray:

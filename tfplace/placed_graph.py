@@ -53,6 +53,10 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
                                        replica r's values carry 1/s_r per sample, so a slice a
                                        RESPLIT/TRANSFER hands to a consumer replica of s_c samples
                                        is scaled by s_r / s_c (empty: none; additive field)
+              tensor_batch_rows[T] int32  entries per sample along a batched tensor's batch axis:
+                                       samples [lo, hi) of the tensor are entries [lo*k, hi*k)
+                                       of that axis (k = L for activations flattened to [N*L, d];
+                                       empty: 1 everywhere; additive field)
 
 Reading it to emit a graph (the rewrite): COMPUTE task k of op i is replica k of i on
 task_device, reading in_buf in port order; a buffer is (producer task, tensor) on buf_device;
@@ -114,6 +118,7 @@ class PlacedGraph:
     tensor_weight_mean: np.ndarray
     op_names: Tuple[str, ...] = ()
     tensor_mean_scaled: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=bool))
+    tensor_batch_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int32))
 
     def __post_init__(self):
         m, f = len(self.task_kind), len(self.buf_task)

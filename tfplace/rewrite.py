@@ -153,6 +153,10 @@ class _Emitter:
         if len(self.loss_mean) != graph.num_tensors:
             raise InputError(graph.source or "graph", "placed", "the PlacedGraph has no tensor_mean_scaled",
                              "lower it with this version of tfplace.lowering")
+        # Entries per sample along each batch axis (decided by the lowering; empty: 1 everywhere).
+        rows = placed.tensor_batch_rows
+        self.rows = (np.asarray(rows, dtype=np.int64) if len(rows) == graph.num_tensors
+                     else np.ones(graph.num_tensors, dtype=np.int64))
         first_input = graph.inputs[0]
         self.feed_dev = self.dev[p.task_device[p.op_task_ptr[first_input]]]
 
@@ -259,9 +263,10 @@ class _Emitter:
                 feed.CopyFrom(orig)
                 feed.device = self.feed_dev
                 self.add(feed)
-            axis = int(g.tensor_batch_axis[g.tensor_op == op][0])
-            self.add(*rn.batch_slice(name, self.feed_dev, g.names[op] + ":0", max(axis, 0), lo, hi,
-                                     g.tensor_dtype[int(np.nonzero(g.tensor_op == op)[0][0])]))
+            t0 = int(np.nonzero(g.tensor_op == op)[0][0])
+            axis, k = int(g.tensor_batch_axis[t0]), int(self.rows[t0])
+            self.add(*rn.batch_slice(name, self.feed_dev, g.names[op] + ":0", max(axis, 0), lo * k, hi * k,
+                                     g.tensor_dtype[t0]))
             return
         r0, r1 = int(p.in_ptr[t]), int(p.in_ptr[t + 1])
         order = np.argsort(g.edge_dst_port[p.in_edge[r0:r1]], kind="stable")
@@ -310,7 +315,9 @@ class _Emitter:
         value = self.bname(src)
         if axis >= 0 and p.task_samples[t] > 0 and (lo, hi) != (s_lo, s_hi):
             cut = name + "/slice"
-            self.add(*rn.batch_slice(cut, self.dev[int(p.buf_device[src])], value, axis, lo - s_lo, hi - s_lo, dtype))
+            k = int(self.rows[tensor])
+            self.add(*rn.batch_slice(cut, self.dev[int(p.buf_device[src])], value, axis, (lo - s_lo) * k,
+                                     (hi - s_lo) * k, dtype))
             value = cut + ":0"
         self.add(rn.identity(name, self.dev[d], value, dtype))
         self.task_node[(t, d)] = name
@@ -340,7 +347,9 @@ class _Emitter:
             piece = self.bname(int(b))
             if (max(lo, a), min(hi, z)) != (a, z):
                 cut = f"{name}/piece_{i}"
-                self.add(*rn.batch_slice(cut, self.dev[d], piece, axis, max(lo, a) - a, min(hi, z) - a, dtype))
+                k = int(self.rows[tensor])
+                self.add(*rn.batch_slice(cut, self.dev[d], piece, axis, (max(lo, a) - a) * k, (min(hi, z) - a) * k,
+                                         dtype))
                 piece = cut + ":0"
             factor = self._loss_scale(int(b), hi - lo) if self.loss_mean[tensor] else 1.0
             if factor != 1.0:
