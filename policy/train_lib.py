@@ -251,7 +251,7 @@ class Trainer:
             raise
         if self.step % every != 0 or not os.path.exists(os.path.join(self.out, STATE_FILE)):
             self.save()
-        if self.show_progress:
+        if self.show_progress and sys.stderr.isatty():
             sys.stderr.write("\n")
         return self.summary()
 
@@ -261,8 +261,11 @@ class Trainer:
         b = self.config.budget
         total = f"/{b.steps}" if b.steps is not None else ""
         parts = [f"{r.label} {r.pool.best.time_s * 1e3:.3f}ms x{r.speedup():.2f}" for r in self.runs]
-        line = f"\r[step {self.step}{total} {self.elapsed_s:6.0f}s] best (x vs best baseline): " + " | ".join(parts)
-        sys.stderr.write(line[:300])
+        line = f"[step {self.step}{total} {self.elapsed_s:6.0f}s] best (x vs best baseline): " + " | ".join(parts)
+        if sys.stderr.isatty():  # a terminal: one line that updates in place
+            sys.stderr.write("\r" + line[:300])
+        elif self.step % max(1, (b.steps or 200) // 20) == 0:  # a log file: about 20 lines in all
+            sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
     def summary(self) -> Dict[str, object]:
