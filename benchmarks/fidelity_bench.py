@@ -150,17 +150,10 @@ def profile_path(model: str, bundle: str, batch: int, workdir: str) -> str:
 
 
 def random_strategy(rng, devices, group_names, batch):
-    from tfplace.strategy import Strategy, decision
-    groups = {}
-    for name in group_names:
-        n = int(rng.integers(1, len(devices) + 1))
-        chosen = list(rng.choice(devices, size=n, replace=False))
-        cuts = np.sort(rng.choice(np.arange(1, batch), size=n - 1, replace=False)) if n > 1 else []
-        sizes = np.diff(np.concatenate([[0], cuts, [batch]])).astype(int).tolist()
-        shares = {str(d): s for d, s in zip(chosen, sizes)}
-        ps = rng.random() < 0.3
-        groups[name] = decision(shares, "ps" if ps else "allreduce", str(rng.choice(devices)) if ps else None)
-    return Strategy(batch, len(group_names), None, groups)
+    """Random uneven shares over random device subsets, 30% PS; no micro-batches or priorities."""
+    from tfplace.testing import random_strategy as shared_random_strategy
+    return shared_random_strategy(rng, group_names, devices, batch, micro_batch_probability=0.0,
+                                  ps_probability=0.3, priority_probability=0.0)
 
 
 def bench_model(model, lc, cluster, args, workdir, out_rows, overheads=None):

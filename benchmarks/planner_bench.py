@@ -152,7 +152,7 @@ def print_tables(rows) -> None:
     print(f"rows worse than the best baseline: {len(worse)} {worse}")
     oom = [r for r in rows if r["dp_all_oom"]]
     if oom:
-        print(f"rows where every data-parallel baseline is OOM: " + ", ".join(
+        print("rows where every data-parallel baseline is OOM: " + ", ".join(
             f"{r['case']}/{r['cluster']} -> tfplace {'feasible' if not r['tfplace_oom'] else 'OOM'}" for r in oom))
     names = sorted({k for r in rows for k in r["baselines_s"]})
     print("\nTable 2: every baseline (ms; OOM = out of memory)")

@@ -23,7 +23,7 @@ from tfplace.policy import actions as A
 from tfplace.policy.agent import ReinforceLearner
 from tfplace.policy.environment import PlacementTask
 from tfplace.policy.network import PlacementNetwork
-from tfplace.policy.pool import PoolEntry, StrategyPool
+from tfplace.policy.pool import PoolEntry
 from tfplace.policy.search import HillClimber
 from tfplace.policy import train_lib
 

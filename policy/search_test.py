@@ -6,7 +6,7 @@ import pytest
 from tfplace import testing
 from tfplace.cluster import Device, build_cluster
 from tfplace.grouping import make_grouping
-from tfplace.strategy import Strategy, even_strategy, validate_strategy
+from tfplace.strategy import even_strategy, validate_strategy
 
 from tfplace.policy import search as S
 from tfplace.policy.environment import PlacementTask

@@ -158,18 +158,5 @@ def random_graph(rng: np.random.Generator, num_ops: int = 12, num_vars: int = 2,
 
 def random_strategy(rng: np.random.Generator, group_names, device_names, batch: int = 8):
     """Random shares (some micro-batched), random sync and PS device, random priorities."""
-    from tfplace.strategy import Strategy, decision
-    groups = {}
-    for name in group_names:
-        k = int(rng.integers(1, len(device_names) + 1))
-        devs = rng.choice(len(device_names), size=k, replace=False)
-        cuts = np.sort(rng.choice(np.arange(1, batch), size=k - 1, replace=False)) if k > 1 else np.zeros(0, int)
-        sizes = np.diff(np.concatenate([[0], cuts, [batch]])).astype(int)
-        shares = {}
-        for d, s in zip(devs.tolist(), sizes.tolist()):
-            shares[device_names[d]] = [s // 2, s - s // 2] if (s >= 2 and rng.random() < 0.3) else s
-        ps = rng.random() < 0.4
-        groups[name] = decision(shares, "ps" if ps else "allreduce",
-                                device_names[int(rng.integers(len(device_names)))] if ps else None,
-                                int(rng.integers(0, 3)) if rng.random() < 0.3 else None)
-    return Strategy(batch, len(group_names), None, groups)
+    from tfplace.testing import random_strategy as shared_random_strategy
+    return shared_random_strategy(rng, group_names, device_names, batch)

@@ -3,7 +3,6 @@ profiles, and bad inputs. Pure numpy (no TensorFlow)."""
 
 import dataclasses
 
-import numpy as np
 import pytest
 
 from tfplace import device_model as dm

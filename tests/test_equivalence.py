@@ -24,7 +24,7 @@ from tfplace.graph_loader import load_op_graph
 from tfplace.grouping import make_grouping
 from tfplace.rewrite import rewrite_step
 from tfplace.runtime import StepRunner, random_feed, reference_run
-from tfplace.strategy import Strategy, decision, even_strategy
+from tfplace.strategy import even_strategy
 from tfplace.testing import tiny_graph
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,19 +82,9 @@ def model_graph(model, optimizer):
 def random_strategy(rng, devices, group_names, batch):
     """A valid random strategy: per group 1-3 devices with uneven shares, sometimes two
     micro-batches on a device, all-reduce or a PS on any device, an optional priority."""
-    groups = {}
-    for name in group_names:
-        n = int(rng.integers(1, len(devices) + 1))
-        chosen = list(rng.choice(devices, size=n, replace=False))
-        cuts = np.sort(rng.choice(np.arange(1, batch), size=n - 1, replace=False)) if n > 1 else []
-        sizes = np.diff(np.concatenate([[0], cuts, [batch]])).astype(int).tolist()
-        shares = {}
-        for d, s in zip(chosen, sizes):
-            shares[str(d)] = [s // 2, s - s // 2] if s >= 2 and rng.random() < 0.4 else s
-        ps = rng.random() < 0.4
-        groups[name] = decision(shares, "ps" if ps else "allreduce", str(rng.choice(devices)) if ps else None,
-                                int(rng.integers(0, 3)) if rng.random() < 0.5 else None)
-    return Strategy(batch, len(group_names), None, groups)
+    from tfplace.testing import random_strategy as shared_random_strategy
+    return shared_random_strategy(rng, group_names, devices, batch, micro_batch_probability=0.4,
+                                  ps_probability=0.4, priority_probability=0.5)
 
 
 def rel_err(a, b):

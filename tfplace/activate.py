@@ -19,7 +19,7 @@ import os
 import statistics
 import sys
 import traceback
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 from tfplace.cluster import Cluster, load_cluster
 from tfplace.config import ActivateConfig, load_activate_config, validate_entries

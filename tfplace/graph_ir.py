@@ -29,7 +29,7 @@ initializer subgraph stays in `graph_def` (needed by the rewrite) but not in the
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Tuple
 
 import numpy as np
 

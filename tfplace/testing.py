@@ -234,3 +234,32 @@ def uniform_profile(graph: OpGraph, kinds: Sequence[str], seconds_per_op: float 
            for i, name in enumerate(graph.names)}
     return Profile(ops=ops, graph=str(graph.meta.get("model", graph.source)),
                    conditions={"kind": "uniform", "seconds_per_op": seconds_per_op})
+
+
+def random_strategy(rng: np.random.Generator, group_names, device_names, batch: int = 8, *,
+                    micro_batch_probability: float = 0.3, ps_probability: float = 0.4,
+                    priority_probability: float = 0.3):
+    """A valid random Strategy for tests and benchmarks.
+
+    Per group: 1..D distinct devices with uneven shares that sum to `batch` (a share of >= 2
+    samples is split into two micro-batches with `micro_batch_probability`), PS on a random
+    device with `ps_probability` (else all-reduce), a priority in 0..2 with
+    `priority_probability`. A probability of 0 draws no random number for that choice.
+    """
+    from tfplace.strategy import Strategy, decision
+    devices = list(device_names)
+    groups = {}
+    for name in group_names:
+        k = int(rng.integers(1, len(devices) + 1))
+        chosen = rng.choice(len(devices), size=k, replace=False)
+        cuts = np.sort(rng.choice(np.arange(1, batch), size=k - 1, replace=False)) if k > 1 else np.zeros(0, int)
+        sizes = np.diff(np.concatenate([[0], cuts, [batch]])).astype(int)
+        shares = {}
+        for d, s in zip(chosen.tolist(), sizes.tolist()):
+            split = micro_batch_probability > 0 and s >= 2 and rng.random() < micro_batch_probability
+            shares[devices[d]] = [s // 2, s - s // 2] if split else s
+        ps = rng.random() < ps_probability
+        ps_device = devices[int(rng.integers(len(devices)))] if ps else None
+        priority = int(rng.integers(0, 3)) if priority_probability > 0 and rng.random() < priority_probability else None
+        groups[name] = decision(shares, "ps" if ps else "allreduce", ps_device, priority)
+    return Strategy(batch, len(group_names), None, groups)
