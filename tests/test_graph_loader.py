@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from tfplace.errors import InputError, UnsupportedGraphError
+from tfplace.graph_defs.models import model_names as zoo_model_names
 from tfplace.graph_loader import load_op_graph
 from tfplace.testing import tiny_graph, tiny_graph_def
 
@@ -363,3 +364,42 @@ def test_zoo_bundle_loads_with_plausible_counts(meta_path):
     assert sum(v.num_bytes for v in model_vars) == meta["param_bytes"]
     assert all(v.updaters for v in g.variables if v.trainable)
     assert (g.tensor_batch_axis >= 0).sum() > g.num_ops // 20  # activations carry the batch
+
+
+def _shapes_by_tensor(graph_def):
+    """{(op name, output index): shape tuple (-1 unknown)} from `_output_shapes`."""
+    out = {}
+    for node in graph_def.node:
+        for port, shape in enumerate(node.attr["_output_shapes"].list.shape):
+            if not shape.unknown_rank:
+                out[(node.name, port)] = tuple(d.size for d in shape.dim)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", zoo_model_names())
+def test_every_zoo_model_loads_and_batch_axes_double_at_twice_the_batch(model):
+    """Every zoo model at its default sizes (exported on demand): plausible counts, and every
+    batch axis the loader found has twice the length at twice the batch, while tensors without
+    a batch axis keep their shape — checked against an independent export at 2B."""
+    from tfplace.graph_defs.bundle import read_bundle, with_batch_size
+    from tfplace.graph_defs.export import ensure_bundle
+    meta_path = ensure_bundle(model)
+    test_zoo_bundle_loads_with_plausible_counts(meta_path)
+    g = load_op_graph(meta_path)
+    graph_def, meta = read_bundle(meta_path)
+    b = meta["global_batch_size"]
+    doubled = _shapes_by_tensor(with_batch_size(graph_def, meta["inputs"], 2 * b))
+    checked_batched = checked_fixed = 0
+    for t in range(g.num_tensors):
+        key = (g.names[g.tensor_op[t]], int(g.tensor_port[t]))
+        shape, shape2, axis = g.tensor_shape[t], doubled.get(key), int(g.tensor_batch_axis[t])
+        if shape2 is None or -1 in shape or -1 in shape2 or len(shape) != len(shape2):
+            continue
+        if axis >= 0:
+            assert shape2[axis] == 2 * shape[axis], (key, shape, shape2, axis)
+            checked_batched += 1
+        else:
+            assert shape2 == shape, (key, shape, shape2)
+            checked_fixed += 1
+    assert checked_batched > g.num_ops // 20 and checked_fixed > 0
