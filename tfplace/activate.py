@@ -48,10 +48,9 @@ def _speed_weights(cluster: Cluster) -> List[float]:
 
 
 def _graph_path(graph: Optional[str], model: Optional[str], batch: int) -> str:
-    if graph:
-        return graph
-    from tfplace.graph_defs.export import ensure_bundle
-    return ensure_bundle(model, batch_size=batch)
+    from tfplace.config import GraphEntry
+    from tfplace.graph_defs.export import bundle_for_entry
+    return bundle_for_entry(GraphEntry(batch, model=model, graph=graph or None))
 
 
 def _jobs(config: ActivateConfig, errors: Dict[str, Any]) -> List[Dict[str, Any]]:
