@@ -82,10 +82,37 @@ def test_ps_reduces_updates_and_sends_back():
     assert sorted(_devices_of(placed, g, "w")) == [0, 1]   # the weight is mirrored
     sums = _tasks(placed, TASK_SUM)
     assert placed.task_device[sums].tolist() == [0, 1]     # micro-batches on the V100, then the PS
-    xfers = _tasks(placed, TASK_TRANSFER)
+    xfers = [t for t in _tasks(placed, TASK_TRANSFER) if not placed.is_control_message(t)]
     got = sorted((int(placed.task_src_device[t]), int(placed.task_device[t]), float(placed.task_bytes[t])) for t in xfers)
     assert got == [(0, 1, W), (1, 0, W)]                    # partial to the PS, updated w back
     assert (placed.task_seconds[sums] > 0).all()           # aux tasks cost memory bandwidth
+    # apply (on the PS) -> train_op's mirror on the V100 crosses devices: one empty message
+    msgs = [t for t in _tasks(placed, TASK_TRANSFER) if placed.is_control_message(t)]
+    assert [(g.names[placed.task_op[t]], int(placed.task_src_device[t]), int(placed.task_device[t]),
+             float(placed.task_bytes[t])) for t in msgs] == [("apply", 1, 0, 0.0)]
+    assert placed.task_seconds[msgs[0]] > 0                 # the link latency
+
+
+@pytest.mark.parametrize("shares,sync,messages", [
+    ({"v100_0": 4, "p100_0": 4}, "allreduce", 0),      # apply and train_op mirrored alike: per replica
+    ({"v100_0": [2, 2], "p100_0": 4}, "allreduce", 0),  # micro-batches do not change the mirrors
+    ({"v100_0": 4, "p100_0": 4}, "ps", 1),             # apply on the PS only: one message to the V100
+])
+def test_control_edges_cross_devices_only_as_messages(shares, sync, messages):
+    # Reference: TensorFlow's partitioner sends one empty message per (source node, other
+    # partition) for control edges; between replicas of one layout the edge stays per replica.
+    g, placed = _dp(shares, sync, "p100_0" if sync == "ps" else None)
+    msgs = [t for t in _tasks(placed, TASK_TRANSFER) if placed.is_control_message(t)]
+    assert len(msgs) == messages
+    succ_ptr, succ_idx, _ = placed.successors()
+    for t in msgs:   # every message leads from its source op's instance to another device
+        assert placed.task_bytes[t] == 0 and placed.task_src_device[t] != placed.task_device[t]
+        assert all(placed.task_device[s] == placed.task_device[t] for s in succ_idx[succ_ptr[t]:succ_ptr[t + 1]])
+    apply_tasks = placed.tasks_of_op(g.index("apply")).tolist()
+    for k, sink in enumerate(placed.tasks_of_op(g.index("train_op")).tolist()):
+        preds = placed.dep_src[placed.dep_dst == sink].tolist()
+        if sync == "allreduce":   # replica k of train_op waits on replica k of apply only
+            assert [p for p in preds if p in apply_tasks] == [apply_tasks[k]]
 
 
 def test_slot_variables_live_only_where_updates_run():

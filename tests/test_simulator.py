@@ -61,10 +61,12 @@ def _hand_cases():
     cases.append(("dp_unequal_allreduce", g, gr, fk.dp_profile(g), st, 1.2e-3 + W / INTRA_BW + 2 * LAT + 1e-4))
     # 4. Same with a PS on the P100: the V100's partial goes over (5 µs + W / 12e9), the P100
     #    sums two partials (5 µs launch + 3 * W / P100 bandwidth), applies (0.1 ms) and sends w
-    #    back to the V100 (5 µs + W / 12e9).
+    #    back to the V100 (5 µs + W / 12e9); the control edge apply -> train_op's V100 mirror is an
+    #    empty message on the same link, queued behind the send-back (5 µs).
     g, gr, st = _dp_setup("ps", "p100_0")
     xfer = LAT + W / INTRA_BW
-    cases.append(("dp_unequal_ps", g, gr, fk.dp_profile(g), st, 1.2e-3 + xfer + 5e-6 + 3 * W / P100_BW + 1e-4 + xfer))
+    cases.append(("dp_unequal_ps", g, gr, fk.dp_profile(g), st,
+                  1.2e-3 + xfer + 5e-6 + 3 * W / P100_BW + 1e-4 + xfer + LAT))
     return cases
 
 

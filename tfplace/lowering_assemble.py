@@ -2,7 +2,7 @@
 
 Every array is built with numpy gathers over "expand by counts" indices, in an order that needs
 no sorting: task ids are op instances first (op-major), then each tensor's template tasks
-(tensor-major), then the PS send-backs; buffers are each instance's outputs (task order, port
+(tensor-major), then the PS send-backs, then the control messages; buffers are each instance's outputs (task order, port
 order) followed by the template buffers (task order); reads are listed task by task. The only
 Python loop is over variables of PS groups (the send-back of updated values).
 """
@@ -109,22 +109,29 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     sb = _send_back(ix, lay_of, sync, cnt, op_ptr, lay_ptr, lay_dev, op_lay, m1)
     sb_src, sb_dst, sb_bytes, sb_op, sb_dep_src, sb_dep_dst = sb
     nx = len(sb_src)
-    m = m1 + nx
+    m2 = m1 + nx
     links = ctx.links
 
+    # ---- control edges: per replica pairs; one empty message per (source, other device) -----
+    c_src, c_dst = _control_pairs(ix, _same_devices_layout(lay_ptr, lay_size, lay_dev)[op_lay], cnt, op_ptr)
+    cm_src, cm_dev, c_src, c_dst = _control_messages(c_src, c_dst, inst_dev, links.num_devices, m2)
+    nc = len(cm_src)
+    m = m2 + nc
+    cm_sec = links.pair_lat[inst_dev[cm_src], cm_dev] if nc else np.zeros(0)
+
     # ---- tasks ---------------------------------------------------------------------------------
-    kind = np.concatenate([np.full(m0, TASK_COMPUTE), tt_kind, np.full(nx, TASK_TRANSFER)]).astype(np.int8)
-    device = np.concatenate([inst_dev, tt_dev, sb_dst]).astype(np.int32)
-    src_dev = np.concatenate([np.full(m0, -1), tt_src, sb_src]).astype(np.int32)
+    kind = np.concatenate([np.full(m0, TASK_COMPUTE), tt_kind, np.full(nx + nc, TASK_TRANSFER)]).astype(np.int8)
+    device = np.concatenate([inst_dev, tt_dev, sb_dst, cm_dev]).astype(np.int32)
+    src_dev = np.concatenate([np.full(m0, -1), tt_src, sb_src, inst_dev[cm_src]]).astype(np.int32)
     sb_sec = links.pair_lat[sb_src, sb_dst] + sb_bytes / links.pair_bw[sb_src, sb_dst] if nx else np.zeros(0)
-    coll_all = np.concatenate([np.full(m0, -1), tt_coll, np.full(nx, -1)])
+    coll_all = np.concatenate([np.full(m0, -1), tt_coll, np.full(nx + nc, -1)])
     link_ptr, link_idx, part_ptr, part_dev = _links_and_parts(ctx, kind, device, src_dev, coll_all)
     buf_task = np.concatenate([ib_task, tb_task])
     read_task = np.concatenate([r2_task, r1_task])
     read_buf = np.concatenate([r2_buf, r1_buf])
-    c_src, c_dst = _control_pairs(ix, op_lay, cnt, op_ptr)
-    task_op = np.concatenate([inst_op, t_prod[tt_t], sb_op]).astype(np.int64)
+    task_op = np.concatenate([inst_op, t_prod[tt_t], sb_op, inst_op[cm_src]]).astype(np.int64)
     task_mb = _propagate_micro_batch(inst_mb, m, r1_task, buf_task[r1_buf])
+    task_mb[m2:] = inst_mb[cm_src]
     # priority key (group priority, micro-batch index on its device, topological rank): micro-batch
     # 0 of every op of a stage runs before micro-batch 1, so a pipeline stage hands its first
     # micro-batch on early and stages overlap (the rewrite's priority chains follow it too)
@@ -135,19 +142,19 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     v_dev = inst_dev[op_ptr[ix.var_op[v_idx]] + v_pos]
     static = np.bincount(v_dev, weights=ix.var_bytes[v_idx], minlength=links.num_devices)
 
-    seconds = np.concatenate([inst_sec, tt_sec, sb_sec])
+    seconds = np.concatenate([inst_sec, tt_sec, sb_sec, cm_sec])
     _add_runtime_overheads(seconds, kind, device, ctx, op_ptr, graph)
 
     return PlacedGraph(
         device_names=ctx.cluster.device_names, global_batch_size=batch, num_compute=m0, op_task_ptr=op_ptr,
         task_kind=kind, task_device=device, task_src_device=src_dev,
         task_op=task_op.astype(np.int32),
-        task_tensor=np.concatenate([np.full(m0, -1), tt_t, np.full(nx, -1)]).astype(np.int32),
-        task_samples=np.concatenate([inst_samp, A["nsamp"][row], np.zeros(nx, np.int64)]).astype(np.int32),
-        task_lo=np.concatenate([lay_lo[ent], A["lo"][row], np.zeros(nx, np.int64)]).astype(np.int32),
-        task_hi=np.concatenate([lay_hi[ent], A["hi"][row], np.full(nx, batch)]).astype(np.int32),
+        task_tensor=np.concatenate([np.full(m0, -1), tt_t, np.full(nx + nc, -1)]).astype(np.int32),
+        task_samples=np.concatenate([inst_samp, A["nsamp"][row], np.zeros(nx + nc, np.int64)]).astype(np.int32),
+        task_lo=np.concatenate([lay_lo[ent], A["lo"][row], np.zeros(nx + nc, np.int64)]).astype(np.int32),
+        task_hi=np.concatenate([lay_hi[ent], A["hi"][row], np.full(nx + nc, batch)]).astype(np.int32),
         task_seconds=seconds,
-        task_bytes=np.concatenate([inst_bytes, tt_bytes, sb_bytes]),
+        task_bytes=np.concatenate([inst_bytes, tt_bytes, sb_bytes, np.zeros(nc)]),
         task_priority=task_prio,
         task_weight=np.concatenate([inst_samp / batch, np.zeros(m - m0)]),
         dep_src=np.concatenate([buf_task[read_buf], c_src, sb_dep_src]).astype(np.int32),
@@ -160,7 +167,8 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
         in_ptr=exclusive_cumsum(np.bincount(read_task, minlength=m)), in_buf=read_buf.astype(np.int32),
         in_edge=np.concatenate([r2_edge, np.full(len(r1_task), -1)]).astype(np.int32), static_bytes=static,
         tensor_weight_mean=ix.tensor_weight_mean, op_names=graph.names,
-        tensor_mean_scaled=ix.tensor_mean_scaled, tensor_batch_rows=ix.tensor_batch_rows)
+        tensor_mean_scaled=ix.tensor_mean_scaled, tensor_batch_rows=ix.tensor_batch_rows,
+        task_control=np.arange(m) >= m2)
 
 
 def _add_runtime_overheads(seconds, kind, device, ctx, op_ptr, graph) -> None:
@@ -254,9 +262,23 @@ def _links_and_parts(ctx, kind, device, src_dev, coll):
     return exclusive_cumsum(n_links), link_idx.astype(np.int32), exclusive_cumsum(n_parts), part_dev.astype(np.int32)
 
 
+def _same_devices_layout(lay_ptr, lay_size, lay_dev) -> np.ndarray:
+    """int64[L]: for each layout, the smallest layout id with the same device sequence (layouts
+    that differ only in what their instances hold, e.g. a batch slice and a gradient partial,
+    place instance k on the same device)."""
+    first: dict = {}
+    out = np.empty(len(lay_size), np.int64)
+    for lay in range(len(lay_size)):
+        key = tuple(lay_dev[lay_ptr[lay]:lay_ptr[lay] + lay_size[lay]].tolist())
+        out[lay] = first.setdefault(key, lay)
+    return out
+
+
 def _control_pairs(ix: GraphIndex, op_lay, cnt, op_ptr):
-    """Control edges per replica: instance k -> instance k when both ops share a layout, else
-    every source instance -> every destination instance."""
+    """Control edges per replica: instance k -> instance k when both ops' layouts put instance k
+    on the same device for every k (`op_lay` holds `_same_devices_layout` ids), else every source
+    instance -> every destination instance. Per replica keeps each replica's own order without
+    making replicas wait on each other (which would cost a cross-task message per pair)."""
     s, d = ix.control_src, ix.control_dst
     if len(s) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -267,6 +289,23 @@ def _control_pairs(ix: GraphIndex, op_lay, cnt, op_ptr):
     ks = np.where(same[e], pos, pos // np.maximum(cd, 1))
     kd = np.where(same[e], pos, pos % np.maximum(cd, 1))
     return op_ptr[s[e]] + ks, op_ptr[d[e]] + kd
+
+
+def _control_messages(c_src, c_dst, inst_dev, num_devices: int, first_task: int):
+    """Control pairs between instances on different devices go through an empty message, one per
+    (source instance, destination device) as TensorFlow's partitioner sends it.
+
+    Returns (msg_src[C'] source instance, msg_dev[C'] destination device, dep_src, dep_dst): the
+    dependencies replacing the pairs (same-device pairs kept, source -> message -> destination
+    for the others); message i is task first_task + i."""
+    cross = inst_dev[c_src] != inst_dev[c_dst]
+    key = c_src[cross] * num_devices + inst_dev[c_dst[cross]]
+    uniq, which = np.unique(key, return_inverse=True)
+    msg_src, msg_dev = uniq // num_devices, uniq % num_devices
+    msg = first_task + np.arange(len(uniq), dtype=np.int64)
+    dep_src = np.concatenate([c_src[~cross], msg_src, msg[which]])
+    dep_dst = np.concatenate([c_dst[~cross], msg, c_dst[cross]])
+    return msg_src.astype(np.int64), msg_dev.astype(np.int64), dep_src, dep_dst
 
 
 def _send_back(ix: GraphIndex, lay_of, sync, cnt, op_ptr, lay_ptr, lay_dev, op_lay, first_task):

@@ -57,6 +57,11 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
                                        samples [lo, hi) of the tensor are entries [lo*k, hi*k)
                                        of that axis (k = L for activations flattened to [N*L, d];
                                        empty: 1 everywhere; additive field)
+  control     task_control[M] bool     TRANSFERs that carry no data: a control edge between op
+                                       instances on different devices, one empty message per
+                                       (source instance, destination device) as TensorFlow's
+                                       partitioner sends it (0 bytes, the link latency; the rewrite
+                                       emits it as the control edge itself). Empty: none; additive
 
 Reading it to emit a graph (the rewrite): COMPUTE task k of op i is replica k of i on
 task_device, reading in_buf in port order; a buffer is (producer task, tensor) on buf_device;
@@ -119,6 +124,11 @@ class PlacedGraph:
     op_names: Tuple[str, ...] = ()
     tensor_mean_scaled: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=bool))
     tensor_batch_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    task_control: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+    def is_control_message(self, task: int) -> bool:
+        """Whether `task` is a TRANSFER of no data (a control edge across devices)."""
+        return bool(len(self.task_control)) and bool(self.task_control[task])
 
     def __post_init__(self):
         m, f = len(self.task_kind), len(self.buf_task)
@@ -167,6 +177,8 @@ class PlacedGraph:
         base = self.op_names[op] if 0 <= op < len(self.op_names) else f"op{op}"
         if kind == TASK_COMPUTE:
             return f"{base}/replica_{task - int(self.op_task_ptr[op])}"
+        if kind == TASK_TRANSFER and self.is_control_message(task):
+            return f"control {base} {self.device_names[self.task_src_device[task]]}->{self.device_names[self.task_device[task]]}"
         if kind == TASK_TRANSFER:
             return (f"transfer {base}:{int(self.task_tensor[task])} {self.device_names[self.task_src_device[task]]}"
                     f"->{self.device_names[self.task_device[task]]}")

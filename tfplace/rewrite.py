@@ -26,7 +26,8 @@ Every decision comes from `tfplace.lowering.lower`; this module only translates 
   PS         the send-back of a PS group is ReadVariableOp on the server (after the updates)
              and AssignVariableOp into each other mirror.
   control    dependencies of the PlacedGraph that are not data reads become control inputs
-             (original control edges per replica, send-back after updates).
+             (original control edges per replica, send-back after updates); a control message
+             task (an edge across devices) becomes the control input it stands for.
   priorities one topological order of all tasks, ties broken by the PlacedGraph's priority
              then task id; on every device consecutive tasks are chained by control edges
              (handles, constants and inputs excluded, they are shared with the init op).
@@ -47,7 +48,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from tfplace import rewrite_nodes as rn
-from tfplace.cluster import Cluster
+from tfplace.cluster import Cluster, is_cpu_kind
 from tfplace.errors import InputError
 from tfplace.graph_ir import OpGraph
 from tfplace.placed_graph import (TASK_COLLECTIVE, TASK_COMPUTE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER,
@@ -140,7 +141,7 @@ class _Emitter:
                  init_op: Optional[str] = None):
         self.g, self.p, self.key_base, self.init_override = graph, placed, key_base, init_op
         self.dev = [cluster.devices[cluster.device_index(n)].tf_device for n in placed.device_names]
-        self.gpu = [cluster.devices[cluster.device_index(n)].kind != "CPU" for n in placed.device_names]
+        self.gpu = [not is_cpu_kind(cluster.devices[cluster.device_index(n)].kind) for n in placed.device_names]
         self.orig = {n.name: n for n in graph.graph_def.node}
         self.nodes: Dict[str, Any] = {}
         self.extra_ctrl: Dict[str, List[str]] = {}
@@ -298,6 +299,8 @@ class _Emitter:
     def transfer(self, t: int) -> None:
         p, g = self.p, self.g
         d = int(p.task_device[t])
+        if p.is_control_message(t):
+            return  # emitted as the control edge itself (control_edges); TF sends the message
         if p.out_ptr[t] == p.out_ptr[t + 1]:
             self.send_back(t)
             return
@@ -399,7 +402,11 @@ class _Emitter:
         p = self.p
         readers = np.repeat(np.arange(p.num_tasks), np.diff(p.in_ptr))
         data = set(zip(p.buf_task[p.in_buf].tolist(), readers.tolist()))
-        for s, d in set(zip(p.dep_src.tolist(), p.dep_dst.tolist())) - data:
+        deps = set(zip(p.dep_src.tolist(), p.dep_dst.tolist())) - data
+        # a control message stands for the control edges through it: source -> message -> dest
+        msg_src = {d: s for s, d in deps if p.is_control_message(d)}
+        deps = {(msg_src.get(s, s), d) for s, d in deps if not p.is_control_message(d)}
+        for s, d in deps:
             dsts = self.nodes_of(d)
             if p.task_kind[d] == TASK_TRANSFER and p.out_ptr[d] == p.out_ptr[d + 1]:
                 dsts = [n for n in dsts if n.endswith("/read")]  # a send-back waits on the server side
