@@ -1,7 +1,8 @@
 """Simulator fidelity on the local CPU cluster.
 
     .venv/bin/python benchmarks/fidelity_bench.py [--models tiny_mlp,tiny_cnn,tiny_transformer]
-        [--strategies 10] [--steps 5] [--warmup 2] [--out benchmarks/fidelity_bench.md]
+        [--strategies 10] [--steps 5] [--warmup 2] [--hetero] [--no-overheads]
+        [--out benchmarks/fidelity_bench.md]
 
 For each model: a CPU profile measured under the workers' thread setting (intra 1, inter 1;
 `python -m tfplace.profile --threads 1`, Grappler off like the runtime), with the loopback comm
@@ -12,8 +13,10 @@ timed steps) on a LocalCluster of 3 tasks (clusters/local_cpu.json) and the simu
 same PlacedGraph. Prints per model median / worst |sim - real| / real and Kendall tau, and the
 table; writes it (with the command) to --out.
 
-Homogeneous: on this 2-core machine per-task thread limits give only ~1.2x, so every task runs
-with 1 intra-op thread and the cluster is homogeneous (all devices kind CPU).
+Default: homogeneous, every task with 1 intra-op thread, unpinned (3 tasks share 2 cores).
+--hetero: the emulated heterogeneous cluster clusters/local_cpu_hetero.json (task 0 alone on
+core 0; tasks 1 and 2 on core 1 with a 0.5 CPU quota each, tfplace.cpu_quota; needs root), with
+one profile kind per speed measured under the same pinning and quota.
 """
 
 from __future__ import annotations
@@ -38,13 +41,16 @@ BASELINES = ("single", "dp_even_allreduce", "dp_even_ps", "dp_proportional_allre
 MAX_GROUPS = 8
 
 
-def measure_overheads(lc, reps: int = 30, hops: int = 16) -> dict:
-    """Fixed costs of the local TF runtime, from micro-benchmarks independent of the models:
-    op_s: per op executed (executor dispatch; a chain of 4*hops dependent tiny adds, so it
-    includes their ~1 µs kernels); step_s: a one-task step (feed a [48,16] batch, one op, fetch a NoOp); worker_s: each further
-    task that runs a partition; transfer_s: per cross-task tensor beyond the p2p link fit
-    (a chain of `hops` dependent 16-byte transfers between tasks 1 and 2); collective_s: per
-    all-reduce beyond the 3-participant fit (a chain of `hops` dependent 3-task all-reduces)."""
+def measure_overheads(lc, reps: int = 30, fan: int = 24) -> dict:
+    """Fixed costs of the local TF runtime, from micro-benchmarks independent of the models (each
+    the median of `reps` steps, the difference of two graphs that differ only in what is measured):
+    step_s: a one-task step (feed a [48,16] batch, one op, fetch a NoOp); op_s: per op executed
+    (a chain of 4*fan dependent tiny adds, ~1 us kernels included); worker_s: each further task
+    that runs a partition; transfer_s: per cross-task tensor beyond the p2p link fit, when many
+    cross at once as in a training step (`fan` independent 16-byte tensors from task 1 to task 2;
+    the simulator serialises transfers on a link, so the per-tensor cost of a burst is what it
+    needs); collective_s: per all-reduce beyond the 3-participant fit (`fan` independent 3-task
+    all-reduces in one step)."""
     import tensorflow as tf
     from tfplace.runtime import step_session_config
     with open(os.path.join(ROOT, "graph_defs", "profiles", "local_comm_cpu.json")) as f:
@@ -79,31 +85,38 @@ def measure_overheads(lc, reps: int = 30, hops: int = 16) -> dict:
                 out.append(tf.constant([1.0]) + 1.0)
         return out
 
-    def chain(k):
+    def fan_out(k, cross):
         def build(x0):
-            with tf.device(devs[1]):
-                v = tf.constant([1.0, 2.0, 3.0, 4.0]) + 1.0
+            outs = [x0]
             for i in range(k):
-                with tf.device(devs[2 if i % 2 == 0 else 1]):
-                    v = v + 1.0
-            return [x0, v]
+                with tf.device(devs[1]):
+                    v = tf.constant([1.0, 2.0, 3.0, float(i)]) + 1.0
+                with tf.device(devs[2] if cross else devs[1]):
+                    outs.append(v * 2.0)
+            return outs
         return build
 
     def collectives(k):
         def build(x0):
-            vals = []
-            for d in devs:
-                with tf.device(d):
-                    vals.append(tf.constant([1.0, 2.0, 3.0, 4.0]) + 1.0)
+            outs = [x0]
             for i in range(k):
-                new = []
-                for d, v in zip(devs, vals):
+                for d in devs:
                     with tf.device(d):
-                        new.append(tf.raw_ops.CollectiveReduceV2(
+                        v = tf.constant([1.0, 2.0, 3.0, float(i)]) + 1.0
+                        outs.append(tf.raw_ops.CollectiveReduceV2(
                             input=v, group_size=len(devs), group_key=7, instance_key=1000 + i, ordering_token=[],
                             merge_op="Add", final_op="Id"))
-                vals = new
-            return [x0] + vals
+            return outs
+        return build
+
+    def local_adds(k):
+        def build(x0):
+            outs = [x0]
+            for i in range(k):
+                for d in devs:
+                    with tf.device(d):
+                        outs.append(tf.constant([1.0, 2.0, 3.0, float(i)]) + 1.0)
+            return outs
         return build
 
     def ops(k):
@@ -116,28 +129,42 @@ def measure_overheads(lc, reps: int = 30, hops: int = 16) -> dict:
         return build
 
     step = timed(one_task)
-    op = (timed(ops(4 * hops)) - timed(ops(0))) / (4 * hops)
+    op = (timed(ops(4 * fan)) - timed(ops(0))) / (4 * fan)
     worker = (timed(three_tasks) - step) / 2
-    hop = (timed(chain(hops)) - timed(chain(0))) / hops
+    per_tensor = (timed(fan_out(fan, True)) - timed(fan_out(fan, False))) / fan
     lat = comm["p2p"]["latency_s"] + 16 / comm["p2p"]["bandwidth_bytes_per_s"]
-    coll = (timed(collectives(hops)) - timed(collectives(0))) / hops
+    coll = (timed(collectives(fan)) - timed(local_adds(fan))) / fan
     fit3 = comm["allreduce"]["3"]
     coll_fit = fit3["latency_s"] + 16 / fit3["bandwidth_bytes_per_s"]
-    return {"step_s": step, "op_s": max(op, 0.0), "worker_s": max(worker, 0.0), "transfer_s": max(hop - lat, 0.0),
-            "collective_s": max(coll - coll_fit, 0.0),
-            "raw": {"hop_s": hop, "collective_s": coll, "p2p_fit_s": lat, "allreduce3_fit_s": coll_fit},
-            "how": "benchmarks/fidelity_bench.py measure_overheads (median of %d steps)" % reps}
+    return {"step_s": step, "op_s": max(op, 0.0), "worker_s": max(worker, 0.0),
+            "transfer_s": max(per_tensor - lat, 0.0), "collective_s": max(coll - coll_fit, 0.0),
+            "raw": {"per_tensor_s": per_tensor, "per_collective_s": coll, "p2p_fit_s": lat,
+                    "allreduce3_fit_s": coll_fit},
+            "how": "benchmarks/fidelity_bench.py measure_overheads (median of %d steps, bursts of %d)" % (reps, fan)}
 
 
-def profile_path(model: str, bundle: str, batch: int, workdir: str) -> str:
+# Emulated heterogeneous cluster (--hetero): task 0 alone on core 0, tasks 1 and 2 on core 1 with
+# half of it each; every profile kind is measured under its task's limits.
+HETERO = {"cluster": "local_cpu_hetero.json", "cpus": [[0], [1], [1]], "fractions": [None, 0.5, 0.5],
+          "kinds": {"CPU": ("0", 0.0), "CPU_half": ("1", 0.5)}}
+
+
+def profile_path(model: str, bundle: str, batch: int, workdir: str, hetero: bool = False) -> str:
     """Measures (once, cached in workdir) the CPU profile of `bundle` at 1 intra/inter thread and
-    attaches the local comm fit."""
-    out = os.path.join(workdir, f"{model}_t1.json")
+    attaches the local comm fit; with `hetero`, one kind per emulated speed, each measured pinned
+    and limited like its tasks (median of repeats: a quota's stalls are part of the cost)."""
+    out = os.path.join(workdir, f"{model}_t1{'_hetero' if hetero else ''}.json")
     if not os.path.exists(out):
         sizes = sorted({b for b in (1, 2, 4, 8, 16, 24, 32, 48) if b <= batch} | {batch})
-        subprocess.run([sys.executable, "-m", "tfplace.profile", "--graph", bundle, "--device", "CPU",
-                        "--batch-sizes", ",".join(map(str, sizes)), "--threads", "1", "--inter-threads", "1",
-                        "--repeats", "5", "--warmup", "2", "--out", out, "--quiet"], check=True, cwd=ROOT)
+        base = [sys.executable, "-m", "tfplace.profile", "--graph", bundle, "--device", "CPU",
+                "--batch-sizes", ",".join(map(str, sizes)), "--threads", "1", "--inter-threads", "1",
+                "--repeats", "5", "--warmup", "2", "--out", out, "--quiet"]
+        if not hetero:
+            subprocess.run(base, check=True, cwd=ROOT)
+        else:
+            for i, (kind, (cpus, fraction)) in enumerate(HETERO["kinds"].items()):
+                subprocess.run(base + ["--kind", kind, "--cpus", cpus, "--cpu-fraction", str(fraction),
+                                       "--statistic", "median"] + (["--merge"] if i else []), check=True, cwd=ROOT)
         with open(out) as f:
             prof = json.load(f)
         with open(os.path.join(ROOT, "graph_defs", "profiles", "local_comm_cpu.json")) as f:
@@ -167,7 +194,7 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, overheads=None):
     bundle = os.path.join(ROOT, BUNDLES[model])
     graph = load_op_graph(bundle)
     batch = int(graph.reference_batch_size)
-    profile = load_profile(profile_path(model, bundle, batch, workdir))
+    profile = load_profile(profile_path(model, bundle, batch, workdir, args.hetero))
     if overheads is not None:
         import dataclasses
         profile = dataclasses.replace(profile, conditions={**profile.conditions, "runtime_overheads": overheads})
@@ -220,25 +247,32 @@ def main(argv=None):
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "tfplace_fidelity"))
     p.add_argument("--no-overheads", action="store_true",
                    help="simulate without the measured runtime overheads (the profile alone)")
+    p.add_argument("--hetero", action="store_true",
+                   help="emulated heterogeneous cluster: tasks 1, 2 at half a core each (CPU quota; needs root)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "fidelity_bench.md"))
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.makedirs(args.workdir, exist_ok=True)
     from tfplace.cluster import load_cluster
     from tfplace.local_cluster import LocalCluster
-    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    cluster = load_cluster(os.path.join(ROOT, "clusters", HETERO["cluster"] if args.hetero else "local_cpu.json"))
+    limits = dict(cpus_per_task=HETERO["cpus"], cpu_fraction_per_task=HETERO["fractions"]) if args.hetero else {}
     results = {}
     t0 = time.time()
-    with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[1, 1, 1]) as lc:
+    with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[1, 1, 1], **limits) as lc:
         overheads = None if args.no_overheads else measure_overheads(lc)
         print("runtime overheads:", json.dumps(overheads), flush=True)
         for model in args.models.split(","):
             bench_model(model, lc, cluster, args, args.workdir, results, overheads)
     lines = ["# Simulator fidelity on the local CPU cluster", "",
              "Command: `.venv/bin/python benchmarks/fidelity_bench.py " + " ".join(argv or sys.argv[1:]) + "`", "",
-             "3 TF server tasks on 127.0.0.1 (clusters/local_cpu.json), 1 intra-op + 1 inter-op thread each, "
-             "homogeneous (thread limits give only ~1.2x on this 2-core machine). Profile: "
-             "`python -m tfplace.profile --threads 1 --inter-threads 1` per model + local_comm_cpu.json comm fit. "
+             ("3 TF server tasks on 127.0.0.1 (clusters/local_cpu_hetero.json), 1 intra-op + 1 inter-op thread "
+              "each; task 0 alone on core 0 (kind CPU), tasks 1 and 2 on core 1 with a 0.5 CPU quota each (kind "
+              "CPU_half). Profiles: `python -m tfplace.profile --threads 1 --inter-threads 1 --statistic median` "
+              "per kind, pinned and limited like its tasks, + local_comm_cpu.json comm fit. " if args.hetero else
+              "3 TF server tasks on 127.0.0.1 (clusters/local_cpu.json), 1 intra-op + 1 inter-op thread each, "
+              "homogeneous, unpinned. Profile: "
+              "`python -m tfplace.profile --threads 1 --inter-threads 1` per model + local_comm_cpu.json comm fit. ") +
              f"Real = median of {args.steps} timed steps after {args.warmup} warm-up. ({time.time() - t0:.0f} s)", "",
              "Runtime overheads in the model (profile conditions `runtime_overheads`, measured by micro-benchmarks "
              "before the models run): " + (json.dumps(overheads) if overheads else "none (--no-overheads)"), "",

@@ -44,6 +44,12 @@ FORMAT = "tfplace.cluster"
 CPU_KINDS = ("CPU",)
 
 
+def is_cpu_kind(kind: str) -> bool:
+    """CPU devices: kind "CPU", or "CPU_<label>" for CPUs of another speed (e.g. "CPU_half", a
+    local-cluster task under a CPU quota, profiled under the same quota)."""
+    return kind in CPU_KINDS or kind.startswith("CPU_")
+
+
 @dataclasses.dataclass(frozen=True)
 class Host:
     """One machine. Defaults: 10 GbE NIC (1.25e9 B/s), PCIe-class intra-host links."""
@@ -174,7 +180,7 @@ def _device_json(d: Device) -> Dict[str, Any]:
 
 
 def tf_device_string(task: int, kind: str, ordinal: int) -> str:
-    device_type = "CPU" if kind in CPU_KINDS else "GPU"
+    device_type = "CPU" if is_cpu_kind(kind) else "GPU"
     return f"/job:worker/replica:0/task:{task}/device:{device_type}:{ordinal}"
 
 
@@ -271,7 +277,7 @@ def build_cluster(name: str, hosts: Sequence[Host], devices: Sequence[Device],
         _check_device(src, i, d, host_index, seen)
         seen.add(d.name)
         task = host_index[d.host] if d.task is None else d.task
-        key = (task, d.kind in CPU_KINDS)
+        key = (task, is_cpu_kind(d.kind))
         ordinals[key] = ordinals.get(key, -1) + 1
         filled.append(dataclasses.replace(d, task=task, tf_device=tf_device_string(task, d.kind, ordinals[key])))
     _check_tasks(src, filled)

@@ -19,9 +19,10 @@ Failures: a worker that dies while starting, or while `run` waits on a step, rai
 `WorkerDiedError` naming the task, its exit status and the tail of its log, within
 `POLL_S` of the death; TensorFlow alone would retry the gRPC channel for minutes.
 
-Heterogeneity on one machine is emulated by per-task thread limits (`threads_per_task`) and,
-optionally, CPU affinity (`cpus_per_task`), so a profile measured under the same limits (see
-`tfplace.profiler`) describes what the simulator should expect of that task.
+Heterogeneity on one machine is emulated by per-task CPU affinity (`cpus_per_task`), CPU
+bandwidth quotas (`cpu_fraction_per_task`, tfplace.cpu_quota) and thread limits
+(`threads_per_task`), so a profile measured under the same limits (`python -m tfplace.profile
+--cpus ... --cpu-fraction ...`) describes what the simulator should expect of that task.
 """
 
 from __future__ import annotations
@@ -99,6 +100,20 @@ def _check_per_task(name: str, values: Optional[Sequence[Any]], n: int) -> List[
     return values
 
 
+def _limit_child(cpus, quota):
+    """preexec_fn of a task: pin it to `cpus` and join its CPU quota before TensorFlow starts any
+    thread (None when neither is asked for)."""
+    if not cpus and quota is None:
+        return None
+
+    def limit():
+        if cpus:
+            os.sched_setaffinity(0, tuple(cpus))
+        if quota is not None:
+            quota.join_in_child()
+    return limit
+
+
 class LocalCluster:
     """N `tf.distribute.Server` processes on one host. See the module docstring.
 
@@ -107,6 +122,8 @@ class LocalCluster:
       threads_per_task: intra-op thread count per task (None or 0 = TF's default).
       inter_threads_per_task: inter-op thread count per task (None or 0 = TF's default).
       cpus_per_task: CPU ids each task is pinned to (None = no pinning).
+      cpu_fraction_per_task: share of one CPU each task may use (cgroup CPU bandwidth, see
+        tfplace.cpu_quota; None = unlimited). Needs writable cgroups (root).
       env_per_task: extra environment variables per task (e.g. CUDA_VISIBLE_DEVICES).
       job_name: TF job name of every task.
       host: address to bind; loopback unless you mean to serve other hosts.
@@ -119,6 +136,7 @@ class LocalCluster:
     def __init__(self, num_tasks: int = 2, threads_per_task: Optional[Sequence[Optional[int]]] = None,
                  inter_threads_per_task: Optional[Sequence[Optional[int]]] = None,
                  cpus_per_task: Optional[Sequence[Optional[Sequence[int]]]] = None,
+                 cpu_fraction_per_task: Optional[Sequence[Optional[float]]] = None,
                  env_per_task: Optional[Sequence[Optional[Mapping[str, str]]]] = None,
                  job_name: str = "worker", host: str = "127.0.0.1", collective_leader: bool = True,
                  start_timeout_s: float = START_TIMEOUT_S, log_dir: Optional[str] = None):
@@ -129,6 +147,12 @@ class LocalCluster:
         self.threads = _check_per_task("threads_per_task", threads_per_task, num_tasks)
         self.inter_threads = _check_per_task("inter_threads_per_task", inter_threads_per_task, num_tasks)
         self.cpus = _check_per_task("cpus_per_task", cpus_per_task, num_tasks)
+        self.cpu_fractions = _check_per_task("cpu_fraction_per_task", cpu_fraction_per_task, num_tasks)
+        for i, v in enumerate(self.cpu_fractions):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 64):
+                raise InputError("LocalCluster", f"cpu_fraction_per_task[{i}]", f"must be a number in (0, 64], got {v!r}",
+                                 "give the share of one CPU the task may use (0.5 = half a core), or None")
+        self._quotas: list = []
         self.envs = _check_per_task("env_per_task", env_per_task, num_tasks)
         for field, values in (("threads_per_task", self.threads), ("inter_threads_per_task", self.inter_threads)):
             for i, v in enumerate(values):
@@ -195,12 +219,16 @@ class LocalCluster:
             env = dict(os.environ)
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             env.update(self.envs[task] or {})
-            cpus = self.cpus[task]
+            cpus, quota = self.cpus[task], None
+            if self.cpu_fractions[task] is not None:
+                from tfplace.cpu_quota import CpuQuota
+                quota = CpuQuota(self.cpu_fractions[task], name=f"task{task}")
+                self._quotas.append(quota)
             with open(log, "wb") as logf:
                 proc = subprocess.Popen(
                     cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True,  # own process group: Ctrl-C reaches us, we stop it
-                    preexec_fn=(lambda c=tuple(cpus): os.sched_setaffinity(0, c)) if cpus else None)
+                    preexec_fn=_limit_child(cpus, quota))
             self._procs.append(proc)
             self._logs.append(log)
             ready_files.append(ready)
@@ -225,6 +253,8 @@ class LocalCluster:
             return
         self._closed = True
         self._kill_all()
+        for quota in self._quotas:
+            quota.close()
         _LIVE.discard(self)
         if self._own_log_dir and self.log_dir and os.path.isdir(self.log_dir):
             shutil.rmtree(self.log_dir, ignore_errors=True)

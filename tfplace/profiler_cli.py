@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-op statistic over the repeats (default min: noise only adds time)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = TensorFlow's default)")
     p.add_argument("--inter-threads", type=int, default=1, help="inter-op threads (default 1: ops run one at a time)")
+    p.add_argument("--cpus", default="", help="pin the measurement to these CPU ids, comma-separated "
+                   "(as LocalCluster(cpus_per_task=...) pins a task)")
+    p.add_argument("--cpu-fraction", type=float, default=0.0,
+                   help="measure under a CPU quota of this share of one CPU (as LocalCluster(cpu_fraction_per_task="
+                        "...) limits a task; needs writable cgroups); 0 = unlimited")
     p.add_argument("--grappler", action="store_true", help="keep Grappler on (fused ops then vanish from the trace)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--derive", default="", help="kinds to derive from the measured one by the roofline device model")
@@ -79,6 +84,7 @@ def _run(args) -> int:
     from tfplace.profile import Profile, load_profile, save_profile
 
     started = time.monotonic()
+    emulation = _limit_self(args)  # before TensorFlow starts threads: they inherit the limits
     progress = None if args.quiet else (lambda total: profiler.ProgressBar(total, "profile"))
     result: Optional[Profile] = None
     if args.comm_only:
@@ -114,6 +120,8 @@ def _run(args) -> int:
         comm_profiler.print_fits(comm)
         result = profiler.merge_profiles(result, Profile(ops={}, comm=comm.model))
         result = _with_conditions(result, comm=comm.conditions)
+    if emulation:
+        result = _with_conditions(result, emulation=emulation)
     if args.merge and not args.comm_only and os.path.exists(args.out):
         result = profiler.merge_profiles(load_profile(args.out), result)
     final = profiler.rounded(result, args.digits)
@@ -123,6 +131,26 @@ def _run(args) -> int:
         save_profile(final, args.out)
     print(f"wrote {args.out} ({os.path.getsize(args.out) / 1024:.0f} KiB) in {time.monotonic() - started:.1f} s")
     return 0
+
+
+def _limit_self(args) -> dict:
+    """Applies --cpus / --cpu-fraction to this process; returns them for the profile's
+    conditions (empty when neither is given)."""
+    out = {}
+    if args.cpus:
+        cpus = _int_list(args.cpus, "--cpus")
+        try:
+            os.sched_setaffinity(0, cpus)
+        except (OSError, ValueError) as e:
+            raise InputError("arguments", "--cpus", f"cannot pin to {cpus} ({e})",
+                             f"give CPU ids this machine has (0..{os.cpu_count() - 1})") from e
+        out["cpus"] = cpus
+    if args.cpu_fraction:
+        from tfplace.cpu_quota import limit_current_process
+        quota = limit_current_process(args.cpu_fraction, name="profile")
+        out["cpu_fraction"] = quota.fraction
+        out["cpu_period_us"] = quota.period_us
+    return out
 
 
 def _with_conditions(profile, **extra):
