@@ -78,19 +78,26 @@ def measure_overheads(lc, reps: int = 30, fan: int = 24) -> dict:
     def one_task(x0):
         return [x0]
 
+    def seed(d, i=0):
+        # a value TensorFlow cannot fold away (the classic graph optimizer folds constant
+        # subgraphs even with Grappler off): a stateful random op on device d
+        with tf.device(d):
+            return tf.random.uniform([4], seed=i + 1)
+
     def three_tasks(x0):
         out = [x0]
         for d in devs[1:]:
             with tf.device(d):
-                out.append(tf.constant([1.0]) + 1.0)
+                out.append(seed(d) + 1.0)
         return out
 
     def fan_out(k, cross):
         def build(x0):
             outs = [x0]
+            base = seed(devs[1])
             for i in range(k):
                 with tf.device(devs[1]):
-                    v = tf.constant([1.0, 2.0, 3.0, float(i)]) + 1.0
+                    v = base + float(i)
                 with tf.device(devs[2] if cross else devs[1]):
                     outs.append(v * 2.0)
             return outs
@@ -99,10 +106,11 @@ def measure_overheads(lc, reps: int = 30, fan: int = 24) -> dict:
     def collectives(k):
         def build(x0):
             outs = [x0]
+            bases = [seed(d) for d in devs]
             for i in range(k):
-                for d in devs:
+                for d, base in zip(devs, bases):
                     with tf.device(d):
-                        v = tf.constant([1.0, 2.0, 3.0, float(i)]) + 1.0
+                        v = base + float(i)
                         outs.append(tf.raw_ops.CollectiveReduceV2(
                             input=v, group_size=len(devs), group_key=7, instance_key=1000 + i, ordering_token=[],
                             merge_op="Add", final_op="Id"))
@@ -112,17 +120,18 @@ def measure_overheads(lc, reps: int = 30, fan: int = 24) -> dict:
     def local_adds(k):
         def build(x0):
             outs = [x0]
+            bases = [seed(d) for d in devs]
             for i in range(k):
-                for d in devs:
+                for d, base in zip(devs, bases):
                     with tf.device(d):
-                        outs.append(tf.constant([1.0, 2.0, 3.0, float(i)]) + 1.0)
+                        outs.append(base + float(i))
             return outs
         return build
 
     def ops(k):
         def build(x0):
+            v = seed(devs[0])
             with tf.device(devs[0]):
-                v = tf.constant([1.0, 2.0, 3.0, 4.0]) + 1.0
                 for _ in range(k):
                     v = v + 1.0
             return [x0, v]
@@ -242,7 +251,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="tiny_mlp,tiny_cnn,tiny_transformer")
     p.add_argument("--strategies", type=int, default=10)
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "tfplace_fidelity"))
     p.add_argument("--no-overheads", action="store_true",
