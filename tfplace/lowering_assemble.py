@@ -2,9 +2,10 @@
 
 Every array is built with numpy gathers over "expand by counts" indices, in an order that needs
 no sorting: task ids are op instances first (op-major), then each tensor's template tasks
-(tensor-major), then the PS send-backs, then the control messages; buffers are each instance's outputs (task order, port
-order) followed by the template buffers (task order); reads are listed task by task. The only
-Python loop is over variables of PS groups (the send-back of updated values).
+(tensor-major), then the PS send-backs, then the control messages; buffers are each instance's
+outputs (task order, port order) followed by the template buffers (task order); reads are listed
+task by task. The only Python loops are over variables of PS groups (the send-back of updated
+values) and over layouts (which share a device sequence).
 """
 
 from __future__ import annotations
