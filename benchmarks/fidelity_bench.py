@@ -103,7 +103,8 @@ def measure_overheads(lc, reps: int = 30, fan: int = 24) -> dict:
             return outs
         return build
 
-    def collectives(k):
+    def collectives(k, reduce):
+        """k values per task, each all-reduced across the tasks (or, without `reduce`, not)."""
         def build(x0):
             outs = [x0]
             bases = [seed(d) for d in devs]
@@ -113,18 +114,7 @@ def measure_overheads(lc, reps: int = 30, fan: int = 24) -> dict:
                         v = base + float(i)
                         outs.append(tf.raw_ops.CollectiveReduceV2(
                             input=v, group_size=len(devs), group_key=7, instance_key=1000 + i, ordering_token=[],
-                            merge_op="Add", final_op="Id"))
-            return outs
-        return build
-
-    def local_adds(k):
-        def build(x0):
-            outs = [x0]
-            bases = [seed(d) for d in devs]
-            for i in range(k):
-                for d, base in zip(devs, bases):
-                    with tf.device(d):
-                        outs.append(base + float(i))
+                            merge_op="Add", final_op="Id") if reduce else v)
             return outs
         return build
 
@@ -142,7 +132,7 @@ def measure_overheads(lc, reps: int = 30, fan: int = 24) -> dict:
     worker = (timed(three_tasks) - step) / 2
     per_tensor = (timed(fan_out(fan, True)) - timed(fan_out(fan, False))) / fan
     lat = comm["p2p"]["latency_s"] + 16 / comm["p2p"]["bandwidth_bytes_per_s"]
-    coll = (timed(collectives(fan)) - timed(local_adds(fan))) / fan
+    coll = (timed(collectives(fan, True)) - timed(collectives(fan, False))) / fan
     fit3 = comm["allreduce"]["3"]
     coll_fit = fit3["latency_s"] + 16 / fit3["bandwidth_bytes_per_s"]
     return {"step_s": step, "op_s": max(op, 0.0), "worker_s": max(worker, 0.0),

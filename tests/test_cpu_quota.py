@@ -4,7 +4,6 @@ process joins (where cgroups are writable)."""
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
