@@ -41,16 +41,30 @@ BASELINES = ("single", "dp_even_allreduce", "dp_even_ps", "dp_proportional_allre
 MAX_GROUPS = 8
 
 
-def measure_overheads(lc, reps: int = 30, fan: int = 24) -> dict:
+def _cpu_seconds(pids) -> float:
+    """User + system CPU seconds the processes have used so far (all their threads)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def measure_overheads(lc, reps: int = 30, fan: int = 24, cpu_reps: int = 200) -> dict:
     """Fixed costs of the local TF runtime, from micro-benchmarks independent of the models (each
-    the median of `reps` steps, the difference of two graphs that differ only in what is measured):
+    the difference of two graphs that differ only in what is measured; wall = median of `reps`
+    steps run the way StepRunner runs them, through LocalCluster.run; CPU = the servers' CPU time
+    over `cpu_reps` steps, from /proc):
     step_s: a one-task step (feed a [48,16] batch, one op, fetch a NoOp); op_s: per op executed
     (a chain of 4*fan dependent tiny adds, ~1 us kernels included); worker_s: each further task
-    that runs a partition; transfer_s: per cross-task tensor beyond the p2p link fit, when many
-    cross at once as in a training step (`fan` independent 16-byte tensors from task 1 to task 2;
-    the simulator serialises transfers on a link, so the per-tensor cost of a burst is what it
-    needs); collective_s: per all-reduce beyond the 3-participant fit (`fan` independent 3-task
-    all-reduces in one step)."""
+    that runs a partition; transfer_s: per hop of a chain of `fan` dependent tensors going back
+    and forth between tasks 1 and 2, beyond the p2p fit (a message inside a step, not the fit's
+    best case); message_cpu_s: the servers' CPU time per hop of that chain (both ends);
+    transfer_gap_s: wall time per tensor when `fan` independent 16-byte tensors cross from task 1
+    to task 2 at once (the gap between the messages of a burst). Collectives keep the all-reduce
+    fit, which is measured on chained all-reduces like a step's (CPU all-reduces block their
+    executors, so they do not overlap in a step); `raw` also has the burst figures for them."""
     import tensorflow as tf
     from tfplace.runtime import step_session_config
     with open(os.path.join(ROOT, "graph_defs", "profiles", "local_comm_cpu.json")) as f:
@@ -58,7 +72,8 @@ def measure_overheads(lc, reps: int = 30, fan: int = 24) -> dict:
     devs = lc.device_names
     feed_value = np.zeros((48, 16), np.float32)
 
-    def timed(build):
+    def timed(build, cpu=False):
+        """(median wall seconds per step, server CPU seconds per step or None)."""
         g = tf.Graph()
         with g.as_default():
             x = tf.compat.v1.placeholder(tf.float32, [None, 16], name="x")
@@ -67,13 +82,19 @@ def measure_overheads(lc, reps: int = 30, fan: int = 24) -> dict:
             fetch = tf.group(*build(x0))
         with lc.session(graph=g, config=step_session_config(None, lc)) as sess:
             for _ in range(5):
-                sess.run(fetch, {x: feed_value})
+                lc.run(sess, fetch, {x: feed_value})
             ts = []
             for _ in range(reps):
                 t0 = time.perf_counter()
-                sess.run(fetch, {x: feed_value})
+                lc.run(sess, fetch, {x: feed_value})
                 ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
+            used = None
+            if cpu:
+                c0 = _cpu_seconds(lc.pids)
+                for _ in range(cpu_reps):
+                    lc.run(sess, fetch, {x: feed_value})
+                used = (_cpu_seconds(lc.pids) - c0) / cpu_reps
+        return statistics.median(ts), used
 
     def one_task(x0):
         return [x0]
@@ -103,6 +124,16 @@ def measure_overheads(lc, reps: int = 30, fan: int = 24) -> dict:
             return outs
         return build
 
+    def ping_pong(k, cross):
+        """A chain of k dependent hops between tasks 1 and 2 (or, without `cross`, on task 1)."""
+        def build(x0):
+            v = seed(devs[1])
+            for i in range(k):
+                with tf.device(devs[1 + (i + 1) % 2] if cross else devs[1]):
+                    v = v * 1.0001
+            return [x0, v]
+        return build
+
     def collectives(k, reduce):
         """k values per task, each all-reduced across the tasks (or, without `reduce`, not)."""
         def build(x0):
@@ -127,19 +158,29 @@ def measure_overheads(lc, reps: int = 30, fan: int = 24) -> dict:
             return [x0, v]
         return build
 
-    step = timed(one_task)
-    op = (timed(ops(4 * fan)) - timed(ops(0))) / (4 * fan)
-    worker = (timed(three_tasks) - step) / 2
-    per_tensor = (timed(fan_out(fan, True)) - timed(fan_out(fan, False))) / fan
-    lat = comm["p2p"]["latency_s"] + 16 / comm["p2p"]["bandwidth_bytes_per_s"]
-    coll = (timed(collectives(fan, True)) - timed(collectives(fan, False))) / fan
-    fit3 = comm["allreduce"]["3"]
-    coll_fit = fit3["latency_s"] + 16 / fit3["bandwidth_bytes_per_s"]
+    step, _ = timed(one_task)
+    op = (timed(ops(4 * fan))[0] - timed(ops(0))[0]) / (4 * fan)
+    worker = (timed(three_tasks)[0] - step) / 2
+    cross_wall, cross_cpu = timed(fan_out(fan, True), cpu=True)
+    local_wall, local_cpu = timed(fan_out(fan, False), cpu=True)
+    chain_wall, chain_cpu = timed(ping_pong(fan, True), cpu=True)
+    solo_wall, solo_cpu = timed(ping_pong(fan, False), cpu=True)
+    coll_wall, coll_cpu = timed(collectives(fan, True), cpu=True)
+    plain_wall, plain_cpu = timed(collectives(fan, False), cpu=True)
+    n = len(devs)
+    p2p_fit = comm["p2p"]["latency_s"] + 16 / comm["p2p"]["bandwidth_bytes_per_s"]
     return {"step_s": step, "op_s": max(op, 0.0), "worker_s": max(worker, 0.0),
-            "transfer_s": max(per_tensor - lat, 0.0), "collective_s": max(coll - coll_fit, 0.0),
-            "raw": {"per_tensor_s": per_tensor, "per_collective_s": coll, "p2p_fit_s": lat,
-                    "allreduce3_fit_s": coll_fit},
-            "how": "benchmarks/fidelity_bench.py measure_overheads (median of %d steps, bursts of %d)" % (reps, fan)}
+            "transfer_s": max((chain_wall - solo_wall) / fan - p2p_fit, 0.0),
+            "transfer_gap_s": max((cross_wall - local_wall) / fan, 0.0),
+            "message_cpu_s": max((chain_cpu - solo_cpu) / fan, 0.0),
+            "raw": {"chained_message_s": (chain_wall - solo_wall) / fan, "p2p_fit_s": p2p_fit,
+                    "burst_message_cpu_s": (cross_cpu - local_cpu) / fan,
+                    "burst_collective_s": (coll_wall - plain_wall) / fan,
+                    "burst_collective_cpu_s": (coll_cpu - plain_cpu) / fan, "collective_messages": n * 2 * (n - 1),
+                    "allreduce3_fit_s": comm["allreduce"]["3"]["latency_s"]
+                    + 16 / comm["allreduce"]["3"]["bandwidth_bytes_per_s"]},
+            "how": "benchmarks/fidelity_bench.py measure_overheads (wall: median of %d steps; CPU: %d steps; "
+                   "bursts and chains of %d)" % (reps, cpu_reps, fan)}
 
 
 # Emulated heterogeneous cluster (--hetero): task 0 alone on core 0, tasks 1 and 2 on core 1 with

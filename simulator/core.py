@@ -5,6 +5,13 @@ at a time by priority; transfers and collectives hold every link they use, FIFO 
 (contention is serialisation, not bandwidth sharing; full duplex because up/down and per-pair
 links are separate links); a collective holds the links of its ring's hops (its time already
 accounts for hops sharing a link), not a global lock; memory is tracked per device over time.
+A link is held for the task's `task_hold_seconds` when the lowering gives them (the bandwidth part
+plus the measured per-message gap; the latency part overlaps the next message, LogGP-style), else
+for its whole duration.
+
+Host cores: CPU devices run their kernels on their host's cores. A host with `cpu_cores` set in
+the cluster file lets at most that many of its CPU devices run a task at once (e.g. three TF tasks
+on a 2-core machine); GPUs and hosts without `cpu_cores` have no such limit.
 
 Straggler noise: with `options.stragglers`, each device independently runs slow for the whole
 step with probability `Device.straggle_probability`, multiplying its compute-lane durations by
@@ -17,10 +24,11 @@ fast loop is tested against), "auto" (fast if numba imports, else reference).
 from __future__ import annotations
 
 import dataclasses
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from tfplace.cluster import Cluster
+from tfplace.cluster import Cluster, is_cpu_kind
 from tfplace.errors import InputError
 from tfplace.placed_graph import (DEVICE_KINDS, TASK_COLLECTIVE, TASK_COMPUTE, TASK_TRANSFER, PlacedGraph,
                                   csr_from_pairs)
@@ -83,8 +91,28 @@ def _loop(engine: str):
     return run_reference, _csr_numpy
 
 
-def schedule(placed: PlacedGraph, factor: np.ndarray, engine: str = "auto") -> Schedule:
-    """Runs the event loop over `placed` with per-device duration factors."""
+def core_slots(cluster: Cluster) -> Tuple[np.ndarray, np.ndarray]:
+    """(slot_group[D], group_slots[G]): the host-core group of each device (-1: unlimited) and
+    the cores of each group. A group is the CPU devices of one host that gives `cpu_cores`."""
+    host_index = {h.name: i for i, h in enumerate(cluster.hosts)}
+    group = np.full(cluster.num_devices, -1, dtype=np.int64)
+    slots: List[int] = []
+    seen: Dict[int, int] = {}
+    for i, d in enumerate(cluster.devices):
+        h = host_index[d.host]
+        cores = cluster.hosts[h].cpu_cores
+        if cores is not None and is_cpu_kind(d.kind):
+            if h not in seen:
+                seen[h] = len(slots)
+                slots.append(int(cores))
+            group[i] = seen[h]
+    return group, np.array(slots, dtype=np.int64)
+
+
+def schedule(placed: PlacedGraph, factor: np.ndarray, engine: str = "auto",
+             slots: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> Schedule:
+    """Runs the event loop over `placed` with per-device duration factors; `slots` =
+    core_slots(cluster) limits the CPU devices of a host to its cores (None: no limit)."""
     m = placed.num_tasks
     run, csr = _loop(engine)
     dep_src, dep_dst = placed.dep_src.astype(np.int64), placed.dep_dst.astype(np.int64)
@@ -100,13 +128,17 @@ def schedule(placed: PlacedGraph, factor: np.ndarray, engine: str = "auto") -> S
     rank = np.empty(m, dtype=np.int64)
     rank[order] = np.arange(m)
     reads = np.bincount(placed.in_buf, minlength=len(placed.buf_task)).astype(np.int64)
+    seconds = placed.task_seconds.astype(np.float64)
+    hold = placed.task_hold_seconds.astype(np.float64) if len(placed.task_hold_seconds) else seconds
+    if slots is None:
+        slots = (np.full(placed.num_devices, -1, dtype=np.int64), np.zeros(0, dtype=np.int64))
     start, finish, peak, done, makespan = run(
-        lane_dev, placed.task_seconds.astype(np.float64), rank, order, succ_ptr, succ_idx, indegree,
+        lane_dev, seconds, rank, order, succ_ptr, succ_idx, indegree,
         placed.link_ptr.astype(np.int64),
         placed.link_idx.astype(np.int64), len(placed.link_names), placed.out_ptr.astype(np.int64),
         placed.buf_device.astype(np.int64), placed.buf_bytes.astype(np.float64), reads,
         placed.in_ptr.astype(np.int64), placed.in_buf.astype(np.int64), placed.static_bytes.astype(np.float64),
-        np.asarray(factor, dtype=np.float64))
+        np.asarray(factor, dtype=np.float64), hold, slots[0], np.maximum(slots[1], 0).astype(np.int64))
     if done != m:
         raise RuntimeError(f"simulator: {m - done} of {m} tasks never became ready (a dependency cycle in the "
                            "PlacedGraph; this is a lowering bug)")
@@ -119,7 +151,7 @@ def simulate(placed: PlacedGraph, cluster: Cluster, options: SimOptions = SimOpt
         raise InputError("cluster", "devices", "differ from the devices the strategy was lowered for",
                          "simulate with the cluster passed to lower()")
     factor = straggle_factors(cluster, options.seed, options.stragglers)
-    sched = schedule(placed, factor, options.engine)
+    sched = schedule(placed, factor, options.engine, core_slots(cluster))
     d = placed.num_devices
     dur = sched.finish - sched.start
     on_dev = placed.task_kind <= max(DEVICE_KINDS)

@@ -88,10 +88,12 @@ def _rh_pop(h, base, n):
 
 @njit(cache=True)
 def run_fast(lane_dev, seconds, rank, order, succ_ptr, succ_idx, indegree, link_ptr, link_idx, num_links,
-             out_ptr, buf_dev, buf_bytes, buf_reads, in_ptr, in_buf, static_bytes, factor):
+             out_ptr, buf_dev, buf_bytes, buf_reads, in_ptr, in_buf, static_bytes, factor, hold, slot_group,
+             group_slots):
     m = seconds.shape[0]
     nd = static_bytes.shape[0]
     indeg = indegree.copy()
+    free_slots = group_slots.copy()
     reads = buf_reads.copy()
     unread = buf_reads == 0
     start = np.full(m, np.nan)
@@ -116,28 +118,28 @@ def run_fast(lane_dev, seconds, rank, order, succ_ptr, succ_idx, indegree, link_
     # initial ready set
     for t in range(m):
         if indeg[t] == 0:
-            ne = _make_ready(t, now, lane_dev, rank, seconds, link_ptr, link_idx, link_free, start, finish,
+            ne = _make_ready(t, now, lane_dev, rank, seconds, hold, link_ptr, link_idx, link_free, start, finish,
                              rheap, rbase, rsize, et, ek, ne)
     ne = _dispatch(now, nd, idle, rsize, rheap, rbase, order, seconds, factor, start, finish, out_ptr, buf_dev,
-                   buf_bytes, usage, peak, et, ek, ne)
+                   buf_bytes, usage, peak, et, ek, ne, slot_group, free_slots)
     done = 0
     while ne > 0:
         now = et[0]
         t = ek[0]
         ne = _ev_pop(et, ek, ne)
         ne = _complete(t, now, lane_dev, idle, out_ptr, buf_dev, buf_bytes, usage, peak, in_ptr, in_buf, reads,
-                       unread, succ_ptr, succ_idx, indeg, rank, seconds, link_ptr, link_idx, link_free, start, finish,
-                       rheap, rbase, rsize, et, ek, ne)
+                       unread, succ_ptr, succ_idx, indeg, rank, seconds, hold, link_ptr, link_idx, link_free, start,
+                       finish, rheap, rbase, rsize, et, ek, ne, slot_group, free_slots)
         done += 1
         while ne > 0 and et[0] == now:
             t = ek[0]
             ne = _ev_pop(et, ek, ne)
             ne = _complete(t, now, lane_dev, idle, out_ptr, buf_dev, buf_bytes, usage, peak, in_ptr, in_buf, reads,
-                           unread, succ_ptr, succ_idx, indeg, rank, seconds, link_ptr, link_idx, link_free, start, finish,
-                           rheap, rbase, rsize, et, ek, ne)
+                           unread, succ_ptr, succ_idx, indeg, rank, seconds, hold, link_ptr, link_idx, link_free,
+                           start, finish, rheap, rbase, rsize, et, ek, ne, slot_group, free_slots)
             done += 1
         ne = _dispatch(now, nd, idle, rsize, rheap, rbase, order, seconds, factor, start, finish, out_ptr, buf_dev,
-                       buf_bytes, usage, peak, et, ek, ne)
+                       buf_bytes, usage, peak, et, ek, ne, slot_group, free_slots)
     return start, finish, peak, done, now
 
 
@@ -151,8 +153,8 @@ def _allocate(t, out_ptr, buf_dev, buf_bytes, usage, peak):
 
 
 @njit(cache=True)
-def _make_ready(t, now, lane_dev, rank, seconds, link_ptr, link_idx, link_free, start, finish, rheap, rbase, rsize,
-                et, ek, ne):
+def _make_ready(t, now, lane_dev, rank, seconds, hold, link_ptr, link_idx, link_free, start, finish, rheap, rbase,
+                rsize, et, ek, ne):
     d = lane_dev[t]
     if d >= 0:
         _rh_push(rheap, rbase[d], rsize[d], rank[t])
@@ -163,8 +165,9 @@ def _make_ready(t, now, lane_dev, rank, seconds, link_ptr, link_idx, link_free, 
         if link_free[link_idx[k]] > s:
             s = link_free[link_idx[k]]
     f = s + seconds[t]
+    h = s + hold[t]
     for k in range(link_ptr[t], link_ptr[t + 1]):
-        link_free[link_idx[k]] = f
+        link_free[link_idx[k]] = h
     start[t] = s
     finish[t] = f
     return _ev_push(et, ek, ne, f, t)
@@ -172,9 +175,14 @@ def _make_ready(t, now, lane_dev, rank, seconds, link_ptr, link_idx, link_free, 
 
 @njit(cache=True)
 def _dispatch(now, nd, idle, rsize, rheap, rbase, order, seconds, factor, start, finish, out_ptr, buf_dev, buf_bytes,
-              usage, peak, et, ek, ne):
+              usage, peak, et, ek, ne, slot_group, free_slots):
     for d in range(nd):
         if idle[d] and rsize[d] > 0:
+            g = slot_group[d]
+            if g >= 0:
+                if free_slots[g] == 0:
+                    continue
+                free_slots[g] -= 1
             t = order[_rh_pop(rheap, rbase[d], rsize[d])]
             rsize[d] -= 1
             idle[d] = False
@@ -188,11 +196,13 @@ def _dispatch(now, nd, idle, rsize, rheap, rbase, order, seconds, factor, start,
 
 @njit(cache=True)
 def _complete(t, now, lane_dev, idle, out_ptr, buf_dev, buf_bytes, usage, peak, in_ptr, in_buf, reads, unread, succ_ptr,
-              succ_idx, indeg, rank, seconds, link_ptr, link_idx, link_free, start, finish, rheap, rbase, rsize, et,
-              ek, ne):
+              succ_idx, indeg, rank, seconds, hold, link_ptr, link_idx, link_free, start, finish, rheap, rbase, rsize,
+              et, ek, ne, slot_group, free_slots):
     d = lane_dev[t]
     if d >= 0:
         idle[d] = True
+        if slot_group[d] >= 0:
+            free_slots[slot_group[d]] += 1
     else:
         _allocate(t, out_ptr, buf_dev, buf_bytes, usage, peak)
     for b in range(out_ptr[t], out_ptr[t + 1]):
@@ -207,8 +217,8 @@ def _complete(t, now, lane_dev, idle, out_ptr, buf_dev, buf_bytes, usage, peak, 
         s = succ_idx[k]
         indeg[s] -= 1
         if indeg[s] == 0:
-            ne = _make_ready(s, now, lane_dev, rank, seconds, link_ptr, link_idx, link_free, start, finish, rheap,
-                             rbase, rsize, et, ek, ne)
+            ne = _make_ready(s, now, lane_dev, rank, seconds, hold, link_ptr, link_idx, link_free, start, finish,
+                             rheap, rbase, rsize, et, ek, ne)
     return ne
 
 

@@ -7,7 +7,12 @@ Semantics (shared by both loops):
     time per device; duration = seconds * factor[device] (straggler noise).
   * Link tasks (lane_dev < 0: transfers, collectives) are served FIFO per link in the order they
     become ready: start = max(now, free time of every link they occupy); they hold all their
-    links until they finish (serialisation, no bandwidth sharing).
+    links for hold[t] seconds from their start (hold = seconds: serialisation, no bandwidth
+    sharing; hold < seconds: the part of the duration that is latency overlaps the next task
+    on the link, as in the LogGP model) and finish at start + seconds.
+  * Host cores: a device d with slot_group[d] >= 0 needs one of the group_slots[g] cores of its
+    group (the CPU devices of one host) to start a task; it holds the core until the task ends.
+    Devices are offered free cores in index order. slot_group[d] = -1: no limit.
   * Events at the same time are all processed (by (time, task id)) before idle devices pick new
     work, so frees at time t happen before allocations at time t.
   * Memory: a compute-lane task allocates its output buffers when it starts, a link task when it
@@ -26,12 +31,14 @@ import numpy as np
 
 
 def run_reference(lane_dev, seconds, rank, order, succ_ptr, succ_idx, indegree, link_ptr, link_idx,
-                  num_links, out_ptr, buf_dev, buf_bytes, buf_reads, in_ptr, in_buf, static_bytes, factor):
+                  num_links, out_ptr, buf_dev, buf_bytes, buf_reads, in_ptr, in_buf, static_bytes, factor,
+                  hold, slot_group, group_slots):
     m, d_count = len(seconds), len(static_bytes)
     lane_dev, seconds, rank, order = lane_dev.tolist(), seconds.tolist(), rank.tolist(), order.tolist()
     succ_ptr, succ_idx, link_ptr, link_idx = succ_ptr.tolist(), succ_idx.tolist(), link_ptr.tolist(), link_idx.tolist()
     out_ptr, buf_dev, buf_bytes = out_ptr.tolist(), buf_dev.tolist(), buf_bytes.tolist()
     in_ptr, in_buf, factor = in_ptr.tolist(), in_buf.tolist(), factor.tolist()
+    hold, slot_group, free_slots = hold.tolist(), slot_group.tolist(), group_slots.tolist()
     indegree, reads = indegree.tolist(), buf_reads.tolist()
     unread = [r == 0 for r in reads]
     start, finish = [np.nan] * m, [np.nan] * m
@@ -57,14 +64,20 @@ def run_reference(lane_dev, seconds, rank, order, succ_ptr, succ_idx, indegree, 
             if link_free[link_idx[k]] > s:
                 s = link_free[link_idx[k]]
         f = s + seconds[t]
+        h = s + hold[t]
         for k in range(link_ptr[t], link_ptr[t + 1]):
-            link_free[link_idx[k]] = f
+            link_free[link_idx[k]] = h
         start[t], finish[t] = s, f
         heapq.heappush(events, (f, t))
 
     def dispatch(now):
         for d in range(d_count):
             if idle[d] and ready[d]:
+                g = slot_group[d]
+                if g >= 0:
+                    if free_slots[g] == 0:
+                        continue
+                    free_slots[g] -= 1
                 t = order[heapq.heappop(ready[d])]
                 idle[d] = False
                 f = now + seconds[t] * factor[d]
@@ -75,6 +88,8 @@ def run_reference(lane_dev, seconds, rank, order, succ_ptr, succ_idx, indegree, 
     def complete(t, now):
         if lane_dev[t] >= 0:
             idle[lane_dev[t]] = True
+            if slot_group[lane_dev[t]] >= 0:
+                free_slots[slot_group[lane_dev[t]]] += 1
         else:
             allocate(t)
         for b in range(out_ptr[t], out_ptr[t + 1]):

@@ -327,3 +327,114 @@ def test_allreduce_trace_has_collective_lanes():
     report = simulate(lower(g, gr, cluster, st, fk.dp_profile(g)), cluster, SimOptions(trace=True))
     coll = [e for e in report.trace["traceEvents"] if e["ph"] == "X" and e["pid"] == 2]
     assert sorted(e["tid"] for e in coll) == [0, 1]  # one event per participant
+
+
+# ---- link hold (LogGP gap) and host cores --------------------------------------------------------
+def _hold_and_slots(rng, placed, num_devices):
+    link = placed.task_kind >= 3  # TRANSFER, COLLECTIVE
+    hold = np.where(link, placed.task_seconds * rng.uniform(0.0, 1.0, placed.num_tasks), placed.task_seconds)
+    group = rng.integers(-1, 2, num_devices).astype(np.int64)
+    return hold, (group, np.array([1, 2], dtype=np.int64))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fast_loop_matches_reference_with_link_hold_and_core_slots(seed):
+    import dataclasses
+    rng = np.random.default_rng(100 + seed)
+    g = fk.random_graph(rng, num_ops=int(rng.integers(4, 20)), num_vars=int(rng.integers(1, 4)))
+    k = int(rng.integers(1, g.num_ops))
+    gr = fk.grouping(g, [list(x) for x in np.array_split(np.array(g.names), k) if len(x)])
+    cluster = fk.quad_cluster() if seed % 2 else fk.pair_cluster()
+    prof = testing.uniform_profile(g, cluster.kinds, float(rng.uniform(1e-5, 1e-3)))
+    placed = lower(g, gr, cluster, fk.random_strategy(rng, gr.group_names, cluster.device_names), prof)
+    hold, slots = _hold_and_slots(rng, placed, cluster.num_devices)
+    placed = dataclasses.replace(placed, task_hold_seconds=hold)
+    factor = rng.uniform(1.0, 2.0, cluster.num_devices)
+    ref = schedule(placed, factor, "reference", slots)
+    fast = schedule(placed, factor, "fast", slots)
+    assert np.array_equal(ref.start, fast.start) and np.array_equal(ref.finish, fast.finish)
+    assert np.array_equal(ref.peak, fast.peak) and ref.makespan == fast.makespan
+    # a device never runs two tasks at once, and a core group never runs more tasks than cores
+    lane = placed.task_kind < 3
+    for group in (0, 1):
+        members = np.flatnonzero(slots[0] == group)
+        sel = np.flatnonzero(lane & np.isin(placed.task_device, members) & (ref.finish > ref.start))
+        for t in ref.start[sel]:
+            running = ((ref.start[sel] <= t) & (ref.finish[sel] > t)).sum()
+            assert running <= slots[1][group]
+
+
+def _cpu_cluster(cores):
+    from tfplace.cluster import Device, Host, build_cluster
+    host = Host("h0", intra_bandwidth_bytes_per_s=INTRA_BW, intra_latency_s=LAT, cpu_cores=cores)
+    return build_cluster("cpus", [host], [Device(f"cpu{i}", "CPU", "h0", 10**9, task=i) for i in range(3)])
+
+
+def _three_way_fork():
+    # x (0 s) -> a on cpu0, b on cpu1, c on cpu2 (1 ms each), 8000-byte tensors.
+    ops = [("x", "Placeholder", 8000, True, True)] + [(n, "Op", 8000, True, True) for n in "abc"]
+    g = fk.op_graph(ops, [("x", "a"), ("x", "b"), ("x", "c")])
+    pr = fk.profile_table(g, {"x": {"CPU": 0.0}, "a": {"CPU": 1e-3}, "b": {"CPU": 1e-3}, "c": {"CPU": 1e-3}})
+    gr = fk.grouping(g, [["x", "a"], ["b"], ["c"]])
+    st = Strategy(8, 3, None, {"x": decision({"cpu0": 8}), "b": decision({"cpu1": 8}), "c": decision({"cpu2": 8})})
+    return g, gr, pr, st
+
+
+@pytest.mark.parametrize("cores, expected_s", [
+    # b and c start when x arrives (the two sends share cpu0's out-port: c's copy of x lands one
+    # hop after b's), a at once: all in parallel
+    (None, 2 * (LAT + 8000 / INTRA_BW) + 1e-3),
+    (3, 2 * (LAT + 8000 / INTRA_BW) + 1e-3),
+    (2, 2e-3),                             # a and b take the 2 cores; c waits for a's core (1 ms)
+    (1, 3e-3),                             # one at a time: a, then b, then c
+])
+def test_host_cores_limit_the_cpu_devices_running_at_once(cores, expected_s):
+    g, gr, pr, st = _three_way_fork()
+    cluster = _cpu_cluster(cores)
+    report = simulate(lower(g, gr, cluster, st, pr), cluster)
+    assert report.iteration_time_s == pytest.approx(expected_s, rel=1e-9)
+
+
+def test_local_cpu_cluster_declares_its_shared_cores():
+    from tfplace.cluster import load_cluster
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cluster = load_cluster(os.path.join(root, "clusters", "local_cpu.json"))
+    assert cluster.hosts[0].cpu_cores == 2
+    assert "cpu_cores" not in load_cluster(os.path.join(root, "clusters", "two_kind_4gpu.json")).to_json()["hosts"][0]
+
+
+def _two_sends(overheads):
+    # a, b on the V100 (1 ms each), both read by c on the P100: two transfers on one link, the
+    # second ready 1 ms after the first; the link latency (2 ms) is longer than that gap.
+    import dataclasses
+    ops = [("x", "Placeholder", 8000, True, True), ("a", "Op", 8000, True, True), ("b", "Op", 8000, True, True),
+           ("c", "Op", 8000, True, True)]
+    g = fk.op_graph(ops, [("x", "a"), ("x", "b"), ("a", "c"), ("b", "c")])
+    pr = fk.profile_table(g, {n: {"V100": s, "P100": s} for n, s in {"x": 0.0, "a": 1e-3, "b": 1e-3, "c": 1e-3}.items()})
+    pr = dataclasses.replace(pr, conditions={**pr.conditions, "runtime_overheads": overheads})
+    gr = fk.grouping(g, [["x", "a", "b"], ["c"]])
+    st = Strategy(8, 2, None, {"x": decision({"v100_0": 8}), "c": decision({"p100_0": 8})})
+    cluster = fk.pair_cluster(latency=2e-3)
+    return lower(g, gr, cluster, st, pr), cluster
+
+
+@pytest.mark.parametrize("gap_s", [None, 0.0, 1e-4, 5e-3])
+def test_transfer_holds_its_link_for_the_gap_plus_bytes(gap_s):
+    placed, cluster = _two_sends({} if gap_s is None else {"transfer_gap_s": gap_s})
+    wire = 8000 / INTRA_BW
+    first_start = 1e-3
+    if gap_s is None:  # the link is held for latency + bytes / bandwidth
+        second_start = first_start + 2e-3 + wire
+    else:
+        second_start = max(2e-3, first_start + min(wire + gap_s, 2e-3 + wire))
+    expected = second_start + 2e-3 + wire + 1e-3
+    assert simulate(placed, cluster).iteration_time_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_message_cpu_is_charged_to_the_lanes_next_to_each_transfer():
+    base, _ = _two_sends({"transfer_gap_s": 0.0})
+    placed, _ = _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4})
+    extra = dict(zip((placed.task_name(t) for t in range(placed.num_tasks)), placed.task_seconds - base.task_seconds))
+    by_op = {name.split("/")[0]: v for name, v in extra.items() if v}
+    # a and b each send one message (half of its CPU), c receives both (the other halves)
+    assert by_op == pytest.approx({"a": 2e-4, "b": 2e-4, "c": 4e-4})

@@ -6,7 +6,8 @@ clusters and their datasheet figures in clusters/README.md):
     {"format": "tfplace.cluster", "version": 1, "name": "two_kind_4gpu",
      "hosts": [{"name": "h0", "address": "127.0.0.1",
                 "nic_bandwidth_bytes_per_s": 6.25e9, "nic_latency_s": 1e-5,
-                "intra_bandwidth_bytes_per_s": 1.2e10, "intra_latency_s": 5e-6}],
+                "intra_bandwidth_bytes_per_s": 1.2e10, "intra_latency_s": 5e-6,
+                "cpu_cores": 2}],                                                   # optional
      "devices": [{"name": "v100_0", "kind": "V100", "host": "h0", "memory_bytes": 16000000000,
                   "task": 0, "straggle_probability": 0.0, "straggle_factor": 1.0}],
      "links": {"bandwidth_bytes_per_s": [[...]], "latency_s": [[...]]}}   # optional matrices
@@ -52,13 +53,18 @@ def is_cpu_kind(kind: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Host:
-    """One machine. Defaults: 10 GbE NIC (1.25e9 B/s), PCIe-class intra-host links."""
+    """One machine. Defaults: 10 GbE NIC (1.25e9 B/s), PCIe-class intra-host links.
+
+    cpu_cores: cores the host's CPU devices share (e.g. 2 for three TF tasks on a 2-core
+    machine): the simulator runs at most that many of them at once. None (the default): every
+    device has its own processor, as GPUs do."""
     name: str
     address: str = "127.0.0.1"
     nic_bandwidth_bytes_per_s: float = 1.25e9
     nic_latency_s: float = 1e-5
     intra_bandwidth_bytes_per_s: float = 1.0e10
     intra_latency_s: float = 5e-6
+    cpu_cores: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +166,8 @@ class Cluster:
     def to_json(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {
             "format": FORMAT, "version": 1, "name": self.name,
-            "hosts": [dataclasses.asdict(h) for h in self.hosts],
+            "hosts": [{k: v for k, v in dataclasses.asdict(h).items() if not (k == "cpu_cores" and v is None)}
+                      for h in self.hosts],
             "devices": [_device_json(d) for d in self.devices],
         }
         if self.bandwidth_matrix_bytes_per_s is not None:
@@ -205,6 +212,9 @@ def _check_hosts(src: str, hosts: Sequence[Host]) -> Dict[str, int]:
             value = getattr(h, key)
             if not (np.isfinite(value) and value >= 0):
                 raise InputError(src, f"{f}.{key}", f"must be >= 0, got {value}", "give the latency in seconds, e.g. 5e-6")
+        if h.cpu_cores is not None and not (isinstance(h.cpu_cores, int) and h.cpu_cores >= 1):
+            raise InputError(src, f"{f}.cpu_cores", f"must be an integer >= 1, got {h.cpu_cores!r}",
+                             "give the number of cores the host's CPU devices share, or leave it out")
         index[h.name] = i
     return index
 
@@ -337,7 +347,7 @@ def load_cluster(path: Union[str, os.PathLike]) -> Cluster:
 
 
 _HOST_KEYS = ("name", "address", "nic_bandwidth_bytes_per_s", "nic_latency_s",
-              "intra_bandwidth_bytes_per_s", "intra_latency_s")
+              "intra_bandwidth_bytes_per_s", "intra_latency_s", "cpu_cores")
 _DEVICE_KEYS = ("name", "kind", "host", "memory_bytes", "task", "straggle_probability", "straggle_factor")
 
 
@@ -360,9 +370,9 @@ def cluster_from_reader(r: FieldReader) -> Cluster:
     for h in r.items("hosts", min_len=1):
         h.expect_keys(_HOST_KEYS, also_allowed=("comment",))
         defaults = Host(name="")
-        hosts.append(Host(name=h.get("name", str), **{
+        hosts.append(Host(name=h.get("name", str), cpu_cores=h.get("cpu_cores", int, default=None), **{
             key: h.get(key, type(getattr(defaults, key)), default=getattr(defaults, key))
-            for key in _HOST_KEYS[1:]}))
+            for key in _HOST_KEYS[1:-1]}))
     devices = []
     for d in r.items("devices", min_len=1):
         d.expect_keys(_DEVICE_KEYS, also_allowed=("comment",))

@@ -144,7 +144,9 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     static = np.bincount(v_dev, weights=ix.var_bytes[v_idx], minlength=links.num_devices)
 
     seconds = np.concatenate([inst_sec, tt_sec, sb_sec, cm_sec])
-    _add_runtime_overheads(seconds, kind, device, ctx, op_ptr, graph)
+    dep_src = np.concatenate([buf_task[read_buf], c_src, sb_dep_src]).astype(np.int32)
+    dep_dst = np.concatenate([read_task, c_dst, sb_dep_dst]).astype(np.int32)
+    hold = _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph)
 
     return PlacedGraph(
         device_names=ctx.cluster.device_names, global_batch_size=batch, num_compute=m0, op_task_ptr=op_ptr,
@@ -158,8 +160,7 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
         task_bytes=np.concatenate([inst_bytes, tt_bytes, sb_bytes, np.zeros(nc)]),
         task_priority=task_prio,
         task_weight=np.concatenate([inst_samp / batch, np.zeros(m - m0)]),
-        dep_src=np.concatenate([buf_task[read_buf], c_src, sb_dep_src]).astype(np.int32),
-        dep_dst=np.concatenate([read_task, c_dst, sb_dep_dst]).astype(np.int32),
+        dep_src=dep_src, dep_dst=dep_dst,
         link_ptr=link_ptr, link_idx=link_idx, link_names=links.link_names,
         link_bandwidth_bytes_per_s=links.link_bw, part_ptr=part_ptr, part_dev=part_dev,
         buf_task=buf_task.astype(np.int32), buf_device=np.concatenate([inst_dev[ib_task], A["tb_dev"][brow]]).astype(np.int32),
@@ -169,29 +170,71 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
         in_edge=np.concatenate([r2_edge, np.full(len(r1_task), -1)]).astype(np.int32), static_bytes=static,
         tensor_weight_mean=ix.tensor_weight_mean, op_names=graph.names,
         tensor_mean_scaled=ix.tensor_mean_scaled, tensor_batch_rows=ix.tensor_batch_rows,
-        task_control=np.arange(m) >= m2)
+        task_control=np.arange(m) >= m2, task_hold_seconds=hold)
 
 
-def _add_runtime_overheads(seconds, kind, device, ctx, op_ptr, graph) -> None:
-    """Measured fixed costs of the runtime the profile was taken for (profile conditions
-    `runtime_overheads`, written by benchmarks/fidelity_bench.py from micro-benchmarks on the
-    local cluster): `step_s` once per step (client -> master -> workers dispatch and the fetch,
-    charged to the first input's first instance: nothing starts before the feed arrives),
-    `op_s` per compute task (the executor's dispatch around each kernel the profile timed),
-    `transfer_s` per cross-task tensor (gRPC rendezvous on top of the link fit) and
-    `collective_s` per collective (on top of the fitted all-reduce), `worker_s` per further task
-    running part of the step (the master's per-partition RunGraph). Absent: nothing added."""
+def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph) -> np.ndarray:
+    """Adds the measured costs of the runtime the profile was taken for to `seconds` (in place)
+    and returns the link-hold time of every task (empty: links are held for the whole duration).
+
+    They come from the profile conditions `runtime_overheads`, written by
+    benchmarks/fidelity_bench.py from micro-benchmarks on the local cluster; absent, nothing is
+    added. Keys (seconds):
+      step_s         once per step (client -> master -> workers dispatch and the fetch), charged
+                     to the first input's first instance: nothing starts before the feed arrives;
+      worker_s       per further task running part of the step (the master's RunGraph to it);
+      op_s           per compute task (executor dispatch around each kernel the profile timed);
+      transfer_s, collective_s   per transfer / collective on top of the link or all-reduce fit
+                     (a message in a step costs more than the fit's best case);
+      message_cpu_s  CPU time one gRPC message costs its two processes together (serialising,
+                     the RPC, the rendezvous), taken from the executors of those processes: half
+                     on the sending device's lane (the task the message leaves after), half on
+                     the receiving device's lane (the first task it feeds there). With
+                     `cpu_cores` on the host, this is CPU the devices compete for;
+      transfer_gap_s per-message gap of a burst (LogGP's g): a transfer holds its links for
+                     gap + bytes / bandwidth, so the latency of back-to-back messages overlaps.
+    A collective keeps its links (and its fitted time) whole: on this runtime a CPU collective
+    blocks its participants' executors, so a step's all-reduces run one after another."""
     prof = getattr(ctx, "profile", None)
     over = (getattr(prof, "conditions", None) or {}).get("runtime_overheads") if prof is not None else None
     if not over:
-        return
+        return np.zeros(0)
+    x = kind == TASK_TRANSFER
+    latency = np.where(x, ctx.links.pair_lat[np.where(x, src_dev, 0), device], 0.0)
     seconds[kind == TASK_COMPUTE] += float(over.get("op_s", 0.0))
-    seconds[kind == TASK_TRANSFER] += float(over.get("transfer_s", 0.0))
+    seconds[x] += float(over.get("transfer_s", 0.0))
     seconds[kind == TASK_COLLECTIVE] += float(over.get("collective_s", 0.0))
     if graph.inputs:
         used = len(np.unique(device[kind == TASK_COMPUTE]))  # tasks the master runs a partition on
         seconds[int(op_ptr[graph.inputs[0]])] += float(over.get("step_s", 0.0)) + \
             float(over.get("worker_s", 0.0)) * max(used - 1, 0)
+    message_cpu = float(over.get("message_cpu_s", 0.0))
+    if message_cpu > 0:
+        _charge_message_cpu(seconds, kind, device, src_dev, dep_src, dep_dst, message_cpu)
+    if "transfer_gap_s" not in over:
+        return np.zeros(0)
+    hold = seconds - latency - float(over.get("transfer_s", 0.0)) + float(over["transfer_gap_s"])
+    return np.where(x, np.clip(hold, 0.0, seconds), seconds)
+
+
+def _charge_message_cpu(seconds, kind, device, src_dev, dep_src, dep_dst, message_cpu) -> None:
+    """Adds the CPU of each transfer's gRPC message to the lane tasks next to it: half to the
+    last lane task on the source device it depends on, half to its first successor on the
+    destination's lane (see _runtime_overheads)."""
+    m = len(kind)
+    lane = np.isin(kind, (TASK_COMPUTE, TASK_RESPLIT, TASK_SUM))
+    src, dst = dep_src.astype(np.int64), dep_dst.astype(np.int64)
+    none = np.iinfo(np.int64).max
+    first_after = np.full(m, none)
+    sel = (kind[src] == TASK_TRANSFER) & lane[dst] & (device[dst] == device[src])
+    np.minimum.at(first_after, src[sel], dst[sel])
+    last_before = np.full(m, -1)
+    sel = (kind[dst] == TASK_TRANSFER) & lane[src] & (device[src] == src_dev[dst])
+    np.maximum.at(last_before, dst[sel], src[sel])
+    charge = np.zeros(m)
+    np.add.at(charge, first_after[first_after != none], 0.5 * message_cpu)
+    np.add.at(charge, last_before[last_before >= 0], 0.5 * message_cpu)
+    seconds += charge
 
 
 def _micro_batch_index(lay_ptr, lay_size, lay_dev, lay_samp) -> np.ndarray:

@@ -62,6 +62,11 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
                                        (source instance, destination device) as TensorFlow's
                                        partitioner sends it (0 bytes, the link latency; the rewrite
                                        emits it as the control edge itself). Empty: none; additive
+  link hold   task_hold_seconds[M] float64  how long a TRANSFER / COLLECTIVE occupies its links
+                                       from its start (<= task_seconds: the bandwidth part plus
+                                       the runtime's per-message gap; the latency part overlaps
+                                       the next message on the link). Empty: the whole duration
+                                       (additive field)
 
 Reading it to emit a graph (the rewrite): COMPUTE task k of op i is replica k of i on
 task_device, reading in_buf in port order; a buffer is (producer task, tensor) on buf_device;
@@ -125,6 +130,7 @@ class PlacedGraph:
     tensor_mean_scaled: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=bool))
     tensor_batch_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     task_control: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=bool))
+    task_hold_seconds: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
 
     def is_control_message(self, task: int) -> bool:
         """Whether `task` is a TRANSFER of no data (a control edge across devices)."""
@@ -145,6 +151,8 @@ class PlacedGraph:
                 raise ValueError(f"PlacedGraph.{name}: length != {f} buffers")
         if len(self.dep_src) != len(self.dep_dst) or len(self.in_buf) != len(self.in_edge):
             raise ValueError("PlacedGraph: dep_src/dep_dst or in_buf/in_edge lengths differ")
+        if len(self.task_hold_seconds) not in (0, m):
+            raise ValueError(f"PlacedGraph.task_hold_seconds: length {len(self.task_hold_seconds)} != {m} tasks (or 0)")
         if len(self.static_bytes) != len(self.device_names):
             raise ValueError("PlacedGraph.static_bytes: one entry per device")
 
