@@ -188,20 +188,27 @@ def test_peak_memory_hand_computed():
 
 
 # ---- fast loop == reference loop ---------------------------------------------------------------
-@pytest.mark.parametrize("seed", range(12))
-def test_fast_loop_matches_reference_on_random_graphs(seed):
-    rng = np.random.default_rng(seed)
+def _random_placed(rng, seed):
+    """A random graph, grouping and strategy lowered onto the pair (even seed) or quad cluster."""
     g = fk.random_graph(rng, num_ops=int(rng.integers(4, 20)), num_vars=int(rng.integers(1, 4)))
     k = int(rng.integers(1, g.num_ops))
     gr = fk.grouping(g, [list(x) for x in np.array_split(np.array(g.names), k) if len(x)])
     cluster = fk.quad_cluster() if seed % 2 else fk.pair_cluster()
     prof = testing.uniform_profile(g, cluster.kinds, float(rng.uniform(1e-5, 1e-3)))
-    placed = lower(g, gr, cluster, fk.random_strategy(rng, gr.group_names, cluster.device_names), prof)
-    factor = rng.uniform(1.0, 2.0, cluster.num_devices)
-    ref = schedule(placed, factor, "reference")
-    fast = schedule(placed, factor, "fast")
+    return lower(g, gr, cluster, fk.random_strategy(rng, gr.group_names, cluster.device_names), prof), cluster
+
+
+def _assert_same_schedule(ref, fast):
     assert np.array_equal(ref.start, fast.start) and np.array_equal(ref.finish, fast.finish)
     assert np.array_equal(ref.peak, fast.peak) and ref.makespan == fast.makespan
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fast_loop_matches_reference_on_random_graphs(seed):
+    rng = np.random.default_rng(seed)
+    placed, cluster = _random_placed(rng, seed)
+    factor = rng.uniform(1.0, 2.0, cluster.num_devices)
+    _assert_same_schedule(schedule(placed, factor, "reference"), schedule(placed, factor, "fast"))
 
 
 # ---- noise, comm model, trace, import hygiene ----------------------------------------------------
@@ -341,19 +348,12 @@ def _hold_and_slots(rng, placed, num_devices):
 def test_fast_loop_matches_reference_with_link_hold_and_core_slots(seed):
     import dataclasses
     rng = np.random.default_rng(100 + seed)
-    g = fk.random_graph(rng, num_ops=int(rng.integers(4, 20)), num_vars=int(rng.integers(1, 4)))
-    k = int(rng.integers(1, g.num_ops))
-    gr = fk.grouping(g, [list(x) for x in np.array_split(np.array(g.names), k) if len(x)])
-    cluster = fk.quad_cluster() if seed % 2 else fk.pair_cluster()
-    prof = testing.uniform_profile(g, cluster.kinds, float(rng.uniform(1e-5, 1e-3)))
-    placed = lower(g, gr, cluster, fk.random_strategy(rng, gr.group_names, cluster.device_names), prof)
+    placed, cluster = _random_placed(rng, seed)
     hold, slots = _hold_and_slots(rng, placed, cluster.num_devices)
     placed = dataclasses.replace(placed, task_hold_seconds=hold)
     factor = rng.uniform(1.0, 2.0, cluster.num_devices)
     ref = schedule(placed, factor, "reference", slots)
-    fast = schedule(placed, factor, "fast", slots)
-    assert np.array_equal(ref.start, fast.start) and np.array_equal(ref.finish, fast.finish)
-    assert np.array_equal(ref.peak, fast.peak) and ref.makespan == fast.makespan
+    _assert_same_schedule(ref, schedule(placed, factor, "fast", slots))
     # a device never runs two tasks at once, and a core group never runs more tasks than cores
     lane = placed.task_kind < 3
     for group in (0, 1):
