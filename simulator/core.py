@@ -138,7 +138,7 @@ def schedule(placed: PlacedGraph, factor: np.ndarray, engine: str = "auto",
         placed.link_idx.astype(np.int64), len(placed.link_names), placed.out_ptr.astype(np.int64),
         placed.buf_device.astype(np.int64), placed.buf_bytes.astype(np.float64), reads,
         placed.in_ptr.astype(np.int64), placed.in_buf.astype(np.int64), placed.static_bytes.astype(np.float64),
-        np.asarray(factor, dtype=np.float64), hold, slots[0], np.maximum(slots[1], 0).astype(np.int64))
+        np.asarray(factor, dtype=np.float64), hold, slots[0], slots[1].astype(np.int64))
     if done != m:
         raise RuntimeError(f"simulator: {m - done} of {m} tasks never became ready (a dependency cycle in the "
                            "PlacedGraph; this is a lowering bug)")

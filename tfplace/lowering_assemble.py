@@ -16,7 +16,8 @@ import numpy as np
 
 from tfplace.lowering_graph import LK_UPD, GraphIndex
 from tfplace.lowering_layouts import SYNC_PS
-from tfplace.placed_graph import TASK_COLLECTIVE, TASK_COMPUTE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER, PlacedGraph
+from tfplace.placed_graph import (DEVICE_KINDS, TASK_COLLECTIVE, TASK_COMPUTE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER,
+                                  PlacedGraph)
 
 
 def expand(counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -222,7 +223,7 @@ def _charge_message_cpu(seconds, kind, device, src_dev, dep_src, dep_dst, messag
     last lane task on the source device it depends on, half to its first successor on the
     destination's lane (see _runtime_overheads)."""
     m = len(kind)
-    lane = np.isin(kind, (TASK_COMPUTE, TASK_RESPLIT, TASK_SUM))
+    lane = np.isin(kind, DEVICE_KINDS)
     src, dst = dep_src.astype(np.int64), dep_dst.astype(np.int64)
     none = np.iinfo(np.int64).max
     first_after = np.full(m, none)
