@@ -55,6 +55,40 @@ def test_profile_has_every_op_of_the_step(model, tiny_cnn_profile):
     assert c["statistic"] == "min" and prof.graph == os.path.basename(path).split(".json")[0].replace("_b16", "")
 
 
+@pytest.mark.parametrize("times_us,untraced_us,expected_us", [
+    ([10, 10, 10], 30, 0.0),              # the records already add up to the untraced step
+    ([10, 10, 10], 40, 0.0),              # never raised: the rest is not the ops'
+    ([10, 10, 10], 24, 2.0),              # 3 x (10 - 2) = 24
+    ([1, 5, 20], 20, 2.55),               # 1 stops at its floor 0.1: 0.1 + (5 - 2.55) + (20 - 2.55) = 20
+    ([2, 2, 2], 1, 2 - 1 / 3),            # 3 x (2 - 5/3) = 1
+    ([2, 2, 2], 0.3, 2.0),                # below every floor (0.2 each): the largest useful cost
+    ([10, 10, 10], 0, 0.0),               # no information (untraced no slower than the empty step)
+])
+def test_trace_cost_per_op(times_us, untraced_us, expected_us):
+    times = [t * 1e-6 for t in times_us]
+    tau = profiler.trace_cost_per_op(times, untraced_us * 1e-6)
+    corrected = sum(max(t - tau, profiler.TRACE_FLOOR_FRACTION * t) for t in times)
+    reachable = profiler.TRACE_FLOOR_FRACTION * sum(times_us) < untraced_us < sum(times_us)
+    assert tau == pytest.approx(expected_us * 1e-6, abs=1e-9)
+    if reachable:
+        assert corrected == pytest.approx(untraced_us * 1e-6, abs=1e-9)   # the sums agree
+
+
+def test_profile_removes_the_tracing_cost_on_a_serial_cpu(tiny_cnn_profile):
+    c = tiny_cnn_profile.profile.conditions
+    for b in ("2", "4"):
+        assert c["untraced_step_wall_s"][b] > 0 and c["empty_step_wall_s"][b] > 0
+        assert c["sum_of_ops_s"][b] <= c["traced_sum_of_ops_s"][b]
+    assert c["trace_cost_per_op_s"] >= 0 and "removed" in c["trace_calibration"]
+    assert set(tiny_cnn_profile.untraced_step_wall_s) == {2, 4}
+    raw = profiler.profile_bundle(_bundle("tiny_mlp"), profiler.ProfileOptions(
+        batch_sizes=(2,), repeats=2, warmup=1, trace_calibration=False)).profile.conditions
+    assert raw["trace_calibration"] == "off" and raw["sum_of_ops_s"] == raw["traced_sum_of_ops_s"]
+    par = profiler.profile_bundle(_bundle("tiny_mlp"), profiler.ProfileOptions(
+        batch_sizes=(2,), repeats=2, warmup=1, inter_threads=2)).profile.conditions
+    assert par["trace_calibration"].startswith("none") and par["sum_of_ops_s"] == par["traced_sum_of_ops_s"]
+
+
 def test_fused_kernels_are_split_among_their_ops():
     """oneDNN fuses Conv2D + BiasAdd into one kernel named after the BiasAdd; the Conv2D must
     still get a time (its roofline share), never silently 0."""

@@ -25,6 +25,18 @@ How (one graph import per device, then per per-device batch size):
      attributed to the fused node that absorbed it (`fused_into`), and that kernel's time is
      shared among its ops in proportion to their roofline work (tfplace.device_model), recorded
      in `conditions["fused"]`. Profiling keeps the kernels the runtime will run.
+  7. Tracing costs time of its own, inside each op's record (a NodeExecStats per op, with its
+     timestamps and allocation records): on the tiny transformer the traced records sum to ~2x
+     the untraced step. So 3x `repeats` untraced steps are timed too, interleaved with as many
+     empty steps (a NoOp with the same feed: the session's fixed cost per run). Where ops run
+     one at a time on a CPU (inter_threads 1: the executor is serial), the untraced step minus
+     the empty one is the true sum of the op costs. Every record is then reduced by one per-op
+     tracing cost τ, keeping at least a tenth of itself (an op's dispatch). τ is the median over
+     the batch sizes of the τ that makes that size's records add up to its untraced sum
+     (`trace_cost_per_op_by_batch_s`; 0 where the records do not exceed it: nothing is ever
+     raised). `trace_calibration=False` keeps the records as traced. The conditions keep τ
+     (`trace_cost_per_op_s`), the walls and the traced sums (`traced_sum_of_ops_s`). Elsewhere
+     (GPU stream times, parallel executors) the walls are recorded and nothing is corrected.
 
 The step is the sink and the loss with all their ancestors (as in the OpGraph). Ops of the step
 that never appear in any trace are listed in `Profile.missing_ops`, each with a reason in
@@ -49,6 +61,8 @@ from tfplace.errors import InputError
 from tfplace.profile import Profile
 
 STATISTICS = ("min", "median")
+UNTRACED_PER_TRACED = 3  # untraced (and empty) steps timed per traced repeat: cheap, and noisier
+TRACE_FLOOR_FRACTION = 0.1  # a record keeps at least this share of itself: every op costs its dispatch
 _DEVICE_RE = re.compile(r"^(?:/device:)?(CPU|GPU)(?::(\d+))?$", re.IGNORECASE)
 _BATCH_STEM_RE = re.compile(r"_b\d+(?=_|$)")
 
@@ -74,6 +88,7 @@ class ProfileOptions:
     inter_threads: int = 1
     grappler: bool = False
     seed: int = 0
+    trace_calibration: bool = True
 
     def validated(self, source: str = "profile options") -> "ProfileOptions":
         device_type, index = parse_device(self.device, source)
@@ -103,11 +118,13 @@ class ProfileResult:
     """A measured profile plus what the measurement saw.
 
     step_wall_s: per batch size, the statistic of the traced steps' wall-clock time.
+    untraced_step_wall_s: the same for untraced steps (what the step really costs).
     missing_reasons: op name -> why it has no time (also in profile.conditions).
     elapsed_s: total time of the measurement, graph import included.
     """
     profile: Profile
     step_wall_s: Mapping[int, float]
+    untraced_step_wall_s: Mapping[int, float]
     missing_reasons: Mapping[str, str]
     elapsed_s: float
 
@@ -358,15 +375,19 @@ def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, n
     graph = tf.Graph()
     with graph.as_default(), tf.device(options.device):
         tf.compat.v1.import_graph_def(gd, name="")
+        empty_step = tf.no_op(name="tfplace_profiler_empty_step")  # the session's fixed cost per run
     rng = np.random.default_rng(options.seed)
-    weights = [b * (options.warmup + options.repeats) for b in options.batch_sizes]
+    weights = [b * (options.warmup + (1 + UNTRACED_PER_TRACED) * options.repeats) for b in options.batch_sizes]
     bar = progress(sum(weights)) if progress else None
     trace = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
     first_trace = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
                                           output_partition_graphs=True)
     per_batch: Dict[int, Dict[str, float]] = {}
     wall: Dict[int, float] = {}
+    untraced_wall: Dict[int, float] = {}
+    empty_wall: Dict[int, float] = {}
     executed: Dict[str, str] = {}
+    pick = np.min if options.statistic == "min" else np.median
     with tf.compat.v1.Session(graph=graph, config=_session_config(tf, options)) as sess:
         sess.run(meta["init_op"])
         for b in options.batch_sizes:
@@ -387,7 +408,28 @@ def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, n
                 if bar:
                     bar.update(b, f"batch {b} repeat {r + 1}/{options.repeats}")
             per_batch[b] = reduce_samples(samples, options.statistic)
-            wall[b] = float(np.min(walls) if options.statistic == "min" else np.median(walls))
+            wall[b] = float(pick(walls))
+            plain, empty = [], []
+            for r in range(UNTRACED_PER_TRACED * options.repeats):  # interleaved: slow phases hit both
+                for fetch, out in ((fetches, plain), (empty_step, empty)):
+                    t0 = time.perf_counter()
+                    sess.run(fetch, feed_dict=feed)
+                    out.append(time.perf_counter() - t0)
+                if bar:
+                    bar.update(b, f"batch {b} untraced {r + 1}/{UNTRACED_PER_TRACED * options.repeats}")
+            untraced_wall[b], empty_wall[b] = float(pick(plain)), float(pick(empty))
+    traced_sums = {b: sum(v.values()) for b, v in per_batch.items()}
+    trace_cost: Dict[int, float] = {}
+    serial_cpu = options.device.startswith("/device:CPU") and options.inter_threads == 1
+    tau = 0.0
+    if options.trace_calibration and serial_cpu:
+        for b in options.batch_sizes:
+            trace_cost[b] = trace_cost_per_op(per_batch[b].values(), untraced_wall[b] - empty_wall[b])
+        # the tracer's cost per record does not depend on the batch; one median over the batch
+        # sizes is steadier than each size's own estimate on a noisy machine
+        tau = float(np.median(list(trace_cost.values())))
+        for b in options.batch_sizes:
+            per_batch[b] = {op: max(s - tau, TRACE_FLOOR_FRACTION * s) for op, s in per_batch[b].items()}
     sums = {b: sum(v.values()) for b, v in per_batch.items()}
     traced = set().union(*per_batch.values())
     fused = fused_into(graph_def, executed, [op for op in step_ops if op not in traced and op not in fed])
@@ -413,11 +455,42 @@ def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, n
         **machine_conditions(), "elapsed_s": round(elapsed, 2),
         "step_wall_s": {str(b): _round(w) for b, w in wall.items()},
         "sum_of_ops_s": {str(b): _round(sums[b]) for b in options.batch_sizes},
+        "untraced_step_wall_s": {str(b): _round(w) for b, w in untraced_wall.items()},
+        "empty_step_wall_s": {str(b): _round(w) for b, w in empty_wall.items()},
+        "traced_sum_of_ops_s": {str(b): _round(traced_sums[b]) for b in options.batch_sizes},
+        "trace_calibration": ("per-op tracing cost removed (module doc, rule 7)" if trace_cost else
+                              "off" if not options.trace_calibration else
+                              "none: ops do not run one at a time on a CPU, the wall is not their sum"),
+        "trace_cost_per_op_s": _round(tau),
+        "trace_cost_per_op_by_batch_s": {str(b): _round(c) for b, c in trace_cost.items()},
         "fused": {x: y for x, y in fused.items() if x in ops},
         "missing_reasons": missing,
     }
     profile = Profile(ops=ops, graph=name, conditions=conditions, missing_ops=tuple(missing))
-    return ProfileResult(profile=profile, step_wall_s=wall, missing_reasons=missing, elapsed_s=elapsed)
+    return ProfileResult(profile=profile, step_wall_s=wall, untraced_step_wall_s=untraced_wall,
+                         missing_reasons=missing, elapsed_s=elapsed)
+
+
+def trace_cost_per_op(times: Iterable[float], untraced_s: float, tol_s: float = 1e-10) -> float:
+    """The per-record tracing cost τ >= 0 that makes the corrected records
+    `max(t - τ, TRACE_FLOOR_FRACTION * t)` sum to `untraced_s` (the untraced step's op time,
+    seconds), by bisection (the sum falls monotonically in τ). 0 when the records already sum to
+    no more than `untraced_s` (the trace did not inflate them: nothing to remove) or
+    `untraced_s` <= 0 (the untraced step measured no faster than the empty one: no
+    information); the largest useful τ (max record) when even that cannot reach it."""
+    t = np.asarray(list(times), dtype=np.float64)
+    if t.size == 0 or untraced_s <= 0 or t.sum() <= untraced_s:
+        return 0.0
+    floor = TRACE_FLOOR_FRACTION * t
+
+    def total(tau: float) -> float:
+        return float(np.maximum(t - tau, floor).sum())
+
+    lo, hi = 0.0, float(t.max())
+    while hi - lo > tol_s:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if total(mid) > untraced_s else (lo, mid)
+    return hi
 
 
 def _split_fused(times: Dict[str, float], fused: Mapping[str, str], graph, batch_size: int, kind: str) -> None:

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="CPU", help="CPU, GPU or GPU:<k> (default CPU)")
     p.add_argument("--kind", default="", help="device kind that keys the profile (default CPU for CPUs)")
     p.add_argument("--batch-sizes", default="8,16,32", help="per-device batch sizes, comma-separated")
-    p.add_argument("--repeats", type=int, default=5, help="traced steps per batch size")
+    p.add_argument("--repeats", type=int, default=5, help="traced steps per batch size (and as many untraced)")
     p.add_argument("--warmup", type=int, default=2, help="untraced steps before them")
     p.add_argument("--statistic", default="min", choices=("min", "median"),
                    help="per-op statistic over the repeats (default min: noise only adds time)")
@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "...) limits a task; needs writable cgroups); 0 = unlimited")
     p.add_argument("--grappler", action="store_true", help="keep Grappler on (fused ops then vanish from the trace)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-trace-calibration", action="store_true",
+                   help="keep the traced per-op times as they are (default on serial CPUs: remove the tracing cost "
+                        "so the ops sum to the untraced step; tfplace.profiler rule 7)")
     p.add_argument("--derive", default="", help="kinds to derive from the measured one by the roofline device model")
     p.add_argument("--roofline", default="", help="kinds to estimate from the device model alone (nothing measured)")
     p.add_argument("--comm", action="store_true", help="also measure p2p/all-reduce on a local cluster")
@@ -102,7 +105,8 @@ def _run(args) -> int:
             opts = profiler.ProfileOptions(device=args.device, kind=args.kind, batch_sizes=tuple(batches),
                                            repeats=args.repeats, warmup=args.warmup, statistic=args.statistic,
                                            intra_threads=args.threads, inter_threads=args.inter_threads,
-                                           grappler=args.grappler, seed=args.seed)
+                                           grappler=args.grappler, seed=args.seed,
+                                           trace_calibration=not args.no_trace_calibration)
             opts = opts.validated("arguments")
             measured = profiler.profile_bundle(args.graph, opts, progress=progress)
             result = measured.profile
@@ -111,7 +115,8 @@ def _run(args) -> int:
                   f"{len(result.missing_ops)} ops not in the trace")
             for b, w in sorted(measured.step_wall_s.items()):
                 total = sum(result.seconds(op, opts.kind, b) for op in result.ops)
-                print(f"  batch {b:>4}: step {w * 1e3:9.2f} ms wall, sum of ops {total * 1e3:9.2f} ms")
+                print(f"  batch {b:>4}: step {w * 1e3:9.2f} ms wall traced, "
+                      f"{measured.untraced_step_wall_s[b] * 1e3:9.2f} ms untraced, sum of ops {total * 1e3:9.2f} ms")
             if _kinds(args.derive):
                 result = _derive(args, result, opts.kind, _kinds(args.derive), batches)
     if args.comm or args.comm_only:
