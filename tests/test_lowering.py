@@ -25,7 +25,9 @@ def _dp(shares, sync="allreduce", ps=None, reduction="mean", cluster=None):
 
 
 def _tasks(placed, kind):
-    return np.nonzero(placed.task_kind == kind)[0]
+    """Tasks of `kind` that stand for the graph (the step's own messages, feed slices and
+    "done"s, are left out; test_step_messages checks them)."""
+    return np.array([t for t in np.nonzero(placed.task_kind == kind)[0] if not placed.is_step_message(t)], dtype=np.int64)
 
 
 def _devices_of(placed, graph, op):
@@ -113,6 +115,48 @@ def test_control_edges_cross_devices_only_as_messages(shares, sync, messages):
         preds = placed.dep_src[placed.dep_dst == sink].tolist()
         if sync == "allreduce":   # replica k of train_op waits on replica k of apply only
             assert [p for p in preds if p in apply_tasks] == [apply_tasks[k]]
+
+
+@pytest.mark.parametrize("shares,sync,feeds,dones", [
+    ({"v100_0": 8}, "allreduce", [], []),                                   # one device: no messages
+    ({"v100_0": 6, "p100_0": 2}, "allreduce", [(0, 1, 6, 8, 2000.0)], [1]),
+    ({"v100_0": [3, 3], "p100_0": 2}, "ps", [(0, 1, 6, 8, 2000.0)], [1]),
+    ({"p100_0": 4, "v100_0": 4}, "allreduce", [(1, 0, 4, 8, 4000.0)], [0]),  # the P100 feeds
+])
+def test_step_messages(shares, sync, feeds, dones):
+    # The runtime feeds the global batch on the feed device (the first input's first instance)
+    # and cuts each replica's slice there (tfplace.rewrite "inputs"): another device's input
+    # instance waits for its slice, a message of its bytes (x: 1000 bytes per sample). Every
+    # other device sends one empty "done" to the feed device after its last tasks (the train op).
+    g, placed = _dp(shares, sync, "p100_0" if sync == "ps" else None)
+    x_tasks = placed.tasks_of_op(g.index("x"))
+    first = int(x_tasks[0])
+    step = [t for t in range(placed.num_tasks) if placed.is_step_message(t)]
+    assert placed.step_message_start == (step[0] if step else -1)
+    assert all(placed.task_kind[t] == TASK_TRANSFER for t in step)
+    feed = [t for t in step if not placed.is_control_message(t)]
+    done = [t for t in step if placed.is_control_message(t)]
+    assert [(int(placed.task_src_device[t]), int(placed.task_device[t]), int(placed.task_lo[t]),
+             int(placed.task_hi[t]), float(placed.task_bytes[t])) for t in feed] == feeds
+    lat = 5e-6  # fk.pair_cluster's link latency
+    for t in feed:
+        assert placed.dep_src[placed.dep_dst == t].tolist() == [first]       # after the batch arrives
+        succ = placed.dep_dst[placed.dep_src == t].tolist()
+        assert succ == [u for u in x_tasks.tolist() if placed.task_device[u] == placed.task_device[t]]
+        assert placed.task_seconds[t] == pytest.approx(lat + placed.task_bytes[t] / 1.2e10)
+        assert placed.out_ptr[t] == placed.out_ptr[t + 1] and placed.in_ptr[t] == placed.in_ptr[t + 1]
+    assert [int(placed.task_src_device[t]) for t in done] == dones
+    feed_dev = int(placed.task_device[first])
+    succ_ptr, _, _ = placed.successors()
+    for t in done:
+        assert placed.task_device[t] == feed_dev and placed.task_bytes[t] == 0
+        assert succ_ptr[t] == succ_ptr[t + 1]                                   # nothing waits for it
+        waits = placed.dep_src[placed.dep_dst == t]
+        sinks = placed.tasks_of_op(g.index("train_op"))
+        assert set(sinks[placed.task_device[sinks] == placed.task_src_device[t]].tolist()) <= set(waits.tolist())
+        assert (placed.task_device[waits] == placed.task_src_device[t]).all()
+    # every task on another device now leads to the feed device: the step's last tasks are there
+    assert (placed.task_device[np.diff(succ_ptr) == 0] == feed_dev).all()
 
 
 def test_slot_variables_live_only_where_updates_run():

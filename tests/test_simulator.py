@@ -56,17 +56,21 @@ def _hand_cases():
     cases.append(("fork_join_two_devices", g, gr, pr, st, 1e-3 + hop + 3e-3 + hop + 1e-3))
     # 3. DP on unequal devices, all-reduce: V100 runs f+g on 6 samples at 0.1 ms/sample (1.2 ms),
     #    P100 on 2 samples at 0.2 ms/sample (0.8 ms); the 2-ring all-reduce of W bytes takes
-    #    2(n-1)/n * W / 12e9 + 2(n-1) * 5 µs = 0.11 ms; then apply (0.1 ms) on each holder.
+    #    2(n-1)/n * W / 12e9 + 2(n-1) * 5 µs = 0.11 ms; then apply (0.1 ms) on each holder. The
+    #    P100's 2 samples of x (2000 bytes) come from the feed device, the V100, first (5.2 µs:
+    #    hidden, the P100 is the faster to finish anyway); the step ends when the P100's "done"
+    #    reaches the V100 (5 µs).
     g, gr, st = _dp_setup()
-    cases.append(("dp_unequal_allreduce", g, gr, fk.dp_profile(g), st, 1.2e-3 + W / INTRA_BW + 2 * LAT + 1e-4))
+    cases.append(("dp_unequal_allreduce", g, gr, fk.dp_profile(g), st,
+                  1.2e-3 + W / INTRA_BW + 2 * LAT + 1e-4 + LAT))
     # 4. Same with a PS on the P100: the V100's partial goes over (5 µs + W / 12e9), the P100
     #    sums two partials (5 µs launch + 3 * W / P100 bandwidth), applies (0.1 ms) and sends w
-    #    back to the V100 (5 µs + W / 12e9); the control edge apply -> train_op's V100 mirror is an
-    #    empty message on the same link, queued behind the send-back (5 µs).
+    #    back to the V100 (5 µs + W / 12e9); the control edge apply -> train_op's V100 mirror and
+    #    the P100's "done" are empty messages on the same link, queued behind it (5 µs each).
     g, gr, st = _dp_setup("ps", "p100_0")
     xfer = LAT + W / INTRA_BW
     cases.append(("dp_unequal_ps", g, gr, fk.dp_profile(g), st,
-                  1.2e-3 + xfer + 5e-6 + 3 * W / P100_BW + 1e-4 + xfer + LAT))
+                  1.2e-3 + xfer + 5e-6 + 3 * W / P100_BW + 1e-4 + xfer + LAT + LAT))
     return cases
 
 
@@ -252,11 +256,12 @@ def test_utilisation_summary():
     g, gr, st = _dp_setup()
     cluster = fk.pair_cluster()
     report = simulate(lower(g, gr, cluster, st, fk.dp_profile(g)), cluster)
-    # V100: f + g + apply = 1.3 ms busy of 1.41 ms; P100: 0.9 ms.
+    # V100: f + g + apply = 1.3 ms busy of 1.415 ms (hand case 3); P100: 0.9 ms.
     assert report.busy_s == pytest.approx((1.3e-3, 0.9e-3))
     assert report.compute_s == pytest.approx(report.busy_s)
-    assert report.utilisation[0] == pytest.approx(1.3 / 1.41)
-    assert report.comm_bytes == pytest.approx(2 * W)  # each of 2 ranks sends 2(n-1)/n * W
+    assert report.utilisation[0] == pytest.approx(1.3 / 1.415)
+    # each of 2 ranks sends 2(n-1)/n * W, and the P100's 2 samples of x (2000 bytes) are fed to it
+    assert report.comm_bytes == pytest.approx(2 * W + 2000)
     assert "v100_0" in report.summary()
 
 
@@ -382,11 +387,12 @@ def _three_way_fork():
 
 @pytest.mark.parametrize("cores, expected_s", [
     # b and c start when x arrives (the two sends share cpu0's out-port: c's copy of x lands one
-    # hop after b's), a at once: all in parallel
-    (None, 2 * (LAT + 8000 / INTRA_BW) + 1e-3),
-    (3, 2 * (LAT + 8000 / INTRA_BW) + 1e-3),
-    (2, 2e-3),                             # a and b take the 2 cores; c waits for a's core (1 ms)
-    (1, 3e-3),                             # one at a time: a, then b, then c
+    # hop after b's), a at once: all in parallel. The step ends when the "done" of the device
+    # that finishes last reaches cpu0, the feed device (one latency).
+    (None, 2 * (LAT + 8000 / INTRA_BW) + 1e-3 + LAT),
+    (3, 2 * (LAT + 8000 / INTRA_BW) + 1e-3 + LAT),
+    (2, 2e-3 + LAT),                       # a and b take the 2 cores; c waits for a's core (1 ms)
+    (1, 3e-3 + LAT),                       # one at a time: a, then b, then c
 ])
 def test_host_cores_limit_the_cpu_devices_running_at_once(cores, expected_s):
     g, gr, pr, st = _three_way_fork()
@@ -427,7 +433,7 @@ def test_transfer_holds_its_link_for_the_gap_plus_bytes(gap_s):
         second_start = first_start + 2e-3 + wire
     else:
         second_start = max(2e-3, first_start + min(wire + gap_s, 2e-3 + wire))
-    expected = second_start + 2e-3 + wire + 1e-3
+    expected = second_start + 2e-3 + wire + 1e-3 + 2e-3  # then the P100's "done" to the V100 (latency)
     assert simulate(placed, cluster).iteration_time_s == pytest.approx(expected, rel=1e-9)
 
 
@@ -436,5 +442,6 @@ def test_message_cpu_is_charged_to_the_lanes_next_to_each_transfer():
     placed, _ = _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4})
     extra = dict(zip((placed.task_name(t) for t in range(placed.num_tasks)), placed.task_seconds - base.task_seconds))
     by_op = {name.split("/")[0]: v for name, v in extra.items() if v}
-    # a and b each send one message (half of its CPU), c receives both (the other halves)
-    assert by_op == pytest.approx({"a": 2e-4, "b": 2e-4, "c": 4e-4})
+    # a and b each send one message (half of its CPU), c receives both (the other halves) and
+    # sends the P100's "done" to the V100 (half; nothing runs after it there to take the other)
+    assert by_op == pytest.approx({"a": 2e-4, "b": 2e-4, "c": 6e-4})

@@ -126,14 +126,30 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     device = np.concatenate([inst_dev, tt_dev, sb_dst, cm_dev]).astype(np.int32)
     src_dev = np.concatenate([np.full(m0, -1), tt_src, sb_src, inst_dev[cm_src]]).astype(np.int32)
     sb_sec = links.pair_lat[sb_src, sb_dst] + sb_bytes / links.pair_bw[sb_src, sb_dst] if nx else np.zeros(0)
-    coll_all = np.concatenate([np.full(m0, -1), tt_coll, np.full(nx + nc, -1)])
-    link_ptr, link_idx, part_ptr, part_dev = _links_and_parts(ctx, kind, device, src_dev, coll_all)
     buf_task = np.concatenate([ib_task, tb_task])
     read_task = np.concatenate([r2_task, r1_task])
     read_buf = np.concatenate([r2_buf, r1_buf])
     task_op = np.concatenate([inst_op, t_prod[tt_t], sb_op, inst_op[cm_src]]).astype(np.int64)
     task_mb = _propagate_micro_batch(inst_mb, m, r1_task, buf_task[r1_buf])
     task_mb[m2:] = inst_mb[cm_src]
+
+    # ---- the step's own messages: feed slices out of the feed device, one "done" per device ---
+    dep_src = np.concatenate([buf_task[read_buf], c_src, sb_dep_src]).astype(np.int64)
+    dep_dst = np.concatenate([read_task, c_dst, sb_dep_dst]).astype(np.int64)
+    st = _step_messages(graph, op_ptr, (inst_op, inst_dev, inst_bytes, inst_samp, lay_lo[ent], lay_hi[ent]),
+                        kind, device, dep_src, dep_dst, links, batch)
+    ns = len(st["src"])
+    if ns:
+        kind = np.concatenate([kind, np.full(ns, TASK_TRANSFER, np.int8)])
+        device = np.concatenate([device, st["dst"]]).astype(np.int32)
+        src_dev = np.concatenate([src_dev, st["src"]]).astype(np.int32)
+        task_op = np.concatenate([task_op, st["op"]])
+        task_mb = np.concatenate([task_mb, np.zeros(ns, task_mb.dtype)])
+        dep_src = np.concatenate([dep_src, st["dep_src"]])
+        dep_dst = np.concatenate([dep_dst, st["dep_dst"]])
+    coll_all = np.concatenate([np.full(m0, -1), tt_coll, np.full(nx + nc + ns, -1)])
+    link_ptr, link_idx, part_ptr, part_dev = _links_and_parts(ctx, kind, device, src_dev, coll_all)
+    m_all = m + ns
     # priority key (group priority, micro-batch index on its device, topological rank): micro-batch
     # 0 of every op of a stage runs before micro-batch 1, so a pipeline stage hands its first
     # micro-batch on early and stages overlap (the rewrite's priority chains follow it too)
@@ -144,34 +160,35 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     v_dev = inst_dev[op_ptr[ix.var_op[v_idx]] + v_pos]
     static = np.bincount(v_dev, weights=ix.var_bytes[v_idx], minlength=links.num_devices)
 
-    seconds = np.concatenate([inst_sec, tt_sec, sb_sec, cm_sec])
-    dep_src = np.concatenate([buf_task[read_buf], c_src, sb_dep_src]).astype(np.int32)
-    dep_dst = np.concatenate([read_task, c_dst, sb_dep_dst]).astype(np.int32)
+    seconds = np.concatenate([inst_sec, tt_sec, sb_sec, cm_sec, st["seconds"]])
+    dep_src, dep_dst = dep_src.astype(np.int32), dep_dst.astype(np.int32)
     hold = _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph)
 
     return PlacedGraph(
         device_names=ctx.cluster.device_names, global_batch_size=batch, num_compute=m0, op_task_ptr=op_ptr,
         task_kind=kind, task_device=device, task_src_device=src_dev,
         task_op=task_op.astype(np.int32),
-        task_tensor=np.concatenate([np.full(m0, -1), tt_t, np.full(nx + nc, -1)]).astype(np.int32),
-        task_samples=np.concatenate([inst_samp, A["nsamp"][row], np.zeros(nx + nc, np.int64)]).astype(np.int32),
-        task_lo=np.concatenate([lay_lo[ent], A["lo"][row], np.zeros(nx + nc, np.int64)]).astype(np.int32),
-        task_hi=np.concatenate([lay_hi[ent], A["hi"][row], np.full(nx + nc, batch)]).astype(np.int32),
+        task_tensor=np.concatenate([np.full(m0, -1), tt_t, np.full(nx + nc + ns, -1)]).astype(np.int32),
+        task_samples=np.concatenate([inst_samp, A["nsamp"][row], np.zeros(nx + nc, np.int64),
+                                     st["samples"]]).astype(np.int32),
+        task_lo=np.concatenate([lay_lo[ent], A["lo"][row], np.zeros(nx + nc, np.int64), st["lo"]]).astype(np.int32),
+        task_hi=np.concatenate([lay_hi[ent], A["hi"][row], np.full(nx + nc, batch), st["hi"]]).astype(np.int32),
         task_seconds=seconds,
-        task_bytes=np.concatenate([inst_bytes, tt_bytes, sb_bytes, np.zeros(nc)]),
+        task_bytes=np.concatenate([inst_bytes, tt_bytes, sb_bytes, np.zeros(nc), st["bytes"]]),
         task_priority=task_prio,
-        task_weight=np.concatenate([inst_samp / batch, np.zeros(m - m0)]),
+        task_weight=np.concatenate([inst_samp / batch, np.zeros(m_all - m0)]),
         dep_src=dep_src, dep_dst=dep_dst,
         link_ptr=link_ptr, link_idx=link_idx, link_names=links.link_names,
         link_bandwidth_bytes_per_s=links.link_bw, part_ptr=part_ptr, part_dev=part_dev,
         buf_task=buf_task.astype(np.int32), buf_device=np.concatenate([inst_dev[ib_task], A["tb_dev"][brow]]).astype(np.int32),
         buf_bytes=np.concatenate([ib_bytes, tb_bytes]), buf_tensor=np.concatenate([ib_t, tb_t]).astype(np.int32),
-        out_ptr=exclusive_cumsum(np.bincount(buf_task, minlength=m)),
-        in_ptr=exclusive_cumsum(np.bincount(read_task, minlength=m)), in_buf=read_buf.astype(np.int32),
+        out_ptr=exclusive_cumsum(np.bincount(buf_task, minlength=m_all)),
+        in_ptr=exclusive_cumsum(np.bincount(read_task, minlength=m_all)), in_buf=read_buf.astype(np.int32),
         in_edge=np.concatenate([r2_edge, np.full(len(r1_task), -1)]).astype(np.int32), static_bytes=static,
         tensor_weight_mean=ix.tensor_weight_mean, op_names=graph.names,
         tensor_mean_scaled=ix.tensor_mean_scaled, tensor_batch_rows=ix.tensor_batch_rows,
-        task_control=np.arange(m) >= m2, task_hold_seconds=hold)
+        task_control=np.concatenate([np.arange(m) >= m2, st["control"]]), task_hold_seconds=hold,
+        step_message_start=m if ns else -1)
 
 
 def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph) -> np.ndarray:
@@ -334,6 +351,50 @@ def _control_pairs(ix: GraphIndex, op_lay, cnt, op_ptr):
     ks = np.where(same[e], pos, pos // np.maximum(cd, 1))
     kd = np.where(same[e], pos, pos % np.maximum(cd, 1))
     return op_ptr[s[e]] + ks, op_ptr[d[e]] + kd
+
+
+def _step_messages(graph, op_ptr, instances, kind, device, dep_src, dep_dst, links, batch: int) -> dict:
+    """The messages of the step itself, which the runtime sends besides the graph's own tensors.
+
+    The global batch is fed on the *feed device* (the first input's first instance), where each
+    replica's slice is cut (the rewrite's "inputs"): an input instance on another device receives
+    its slice as a message of its bytes, after the feed has arrived (the first input's first
+    instance, which carries the step's dispatch cost) and before it runs. The step ends when the
+    train op on the feed device has run after every task: every other device that ends with
+    tasks nothing else waits for sends it one empty "done" message, after all of them (the
+    rewrite gathers them under one NoOp there, the message's source).
+
+    instances: (op, device, bytes, samples, lo, hi) per COMPUTE instance; kind/device and the
+    dependencies of the M tasks so far. Returns per new task (feed slices first, then "done"
+    messages, task ids M, M+1, ...): src, dst, op, bytes, seconds, samples, lo, hi, control, and
+    their dependencies dep_src/dep_dst. Empty when the graph has no input."""
+    inst_op, inst_dev, inst_bytes, inst_samp, inst_lo, inst_hi = instances
+    m = len(kind)
+    empty = {k: np.zeros(0, np.int64) for k in ("src", "dst", "op", "samples", "lo", "hi", "dep_src", "dep_dst")}
+    empty.update(bytes=np.zeros(0), seconds=np.zeros(0), control=np.zeros(0, bool))
+    if not graph.inputs:
+        return empty
+    first = int(op_ptr[graph.inputs[0]])
+    feed = int(inst_dev[first])
+    fx = np.nonzero(np.isin(inst_op, np.asarray(graph.inputs)) & (inst_dev != feed))[0]
+    nf = len(fx)
+    has_succ = np.zeros(m, bool)
+    has_succ[dep_src] = True
+    leaves = np.nonzero(~has_succ & (device >= 0) & (device != feed))[0]
+    done_dev, leaf_done = np.unique(device[leaves], return_inverse=True)
+    nd = len(done_dev)
+    src = np.concatenate([np.full(nf, feed), done_dev]).astype(np.int64)
+    dst = np.concatenate([inst_dev[fx], np.full(nd, feed)]).astype(np.int64)
+    nbytes = np.concatenate([inst_bytes[fx], np.zeros(nd)])
+    feed_ids, done_ids = m + np.arange(nf), m + nf + np.arange(nd)
+    return {"src": src, "dst": dst, "op": np.concatenate([inst_op[fx], np.full(nd, graph.sink)]).astype(np.int64),
+            "bytes": nbytes, "seconds": links.pair_lat[src, dst] + nbytes / links.pair_bw[src, dst],
+            "samples": np.concatenate([inst_samp[fx], np.zeros(nd, np.int64)]),
+            "lo": np.concatenate([inst_lo[fx], np.zeros(nd, np.int64)]),
+            "hi": np.concatenate([inst_hi[fx], np.full(nd, batch)]),
+            "control": np.concatenate([np.zeros(nf, bool), np.ones(nd, bool)]),
+            "dep_src": np.concatenate([np.full(nf, first), feed_ids, leaves]).astype(np.int64),
+            "dep_dst": np.concatenate([feed_ids, fx, done_ids[leaf_done]]).astype(np.int64)}
 
 
 def _control_messages(c_src, c_dst, inst_dev, num_devices: int, first_task: int):

@@ -32,7 +32,8 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
   compute     tasks [0, num_compute) are op instances, op-major: op i runs as tasks
               op_task_ptr[i] .. op_task_ptr[i+1]-1 (micro-batches / mirrors in layout order)
   deps        dep_src[K], dep_dst[K] int32   task dep_src must finish before dep_dst starts
-                                       (data through buffers, control edges, PS send-back);
+                                       (data through buffers, control edges, PS send-back,
+                                       the step's messages);
                                        duplicates allowed (the simulator counts them consistently)
   links       link_ptr[M+1], link_idx  links a TRANSFER / COLLECTIVE occupies (CSR)
               link_names[L'], link_bandwidth_bytes_per_s[L']: the cluster's links followed by
@@ -62,6 +63,14 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
                                        (source instance, destination device) as TensorFlow's
                                        partitioner sends it (0 bytes, the link latency; the rewrite
                                        emits it as the control edge itself). Empty: none; additive
+  step        step_message_start int     tasks from here on are the step's own messages
+                                       (tfplace.lowering_assemble._step_messages; -1: none,
+                                       additive field): a feed slice is a TRANSFER of an input
+                                       instance's bytes from the feed device (where the global
+                                       batch is fed) to the instance's device, with no buffers
+                                       (task_op the input op); a device's "done" is a control
+                                       TRANSFER to the feed device after the tasks on it that
+                                       nothing else waits for (task_op the sink)
   link hold   task_hold_seconds[M] float64  how long a TRANSFER / COLLECTIVE occupies its links
                                        from its start (<= task_seconds: the bandwidth part plus
                                        the runtime's per-message gap; the latency part overlaps
@@ -131,6 +140,11 @@ class PlacedGraph:
     tensor_batch_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     task_control: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=bool))
     task_hold_seconds: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    step_message_start: int = -1
+
+    def is_step_message(self, task: int) -> bool:
+        """Whether `task` is one of the step's own messages (a feed slice or a device's "done")."""
+        return 0 <= self.step_message_start <= task
 
     def is_control_message(self, task: int) -> bool:
         """Whether `task` is a TRANSFER of no data (a control edge across devices)."""

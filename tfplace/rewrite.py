@@ -12,7 +12,8 @@ Every decision comes from `tfplace.lowering.lower`; this module only translates 
              device (checked: every updater is pinned with its variable).
   inputs     the original placeholders stay, under their names, on the *feed device* (the device
              of the first input's first replica); the runtime feeds the global batch and replica
-             k is a StridedSlice [lo, hi) of it on the feed device, so only the slice travels.
+             k is a StridedSlice [lo, hi) of it on the feed device, so only the slice travels (the
+             lowering's feed-slice TRANSFER, which emits nothing of its own).
   TRANSFER   an Identity on the destination device (gRPC Send/Recv); a batched slice of a larger
              buffer is cut (StridedSlice) on the source device first. Resource handles are never
              copied: the reader refers to the handle directly.
@@ -33,8 +34,9 @@ Every decision comes from `tfplace.lowering.lower`; this module only translates 
              (handles, constants and inputs excluded, they are shared with the init op).
   init       the original init op's subgraph runs once, on the devices of instance 0; then every
              other mirror is assigned from instance 0 (`<init>` runs all of it).
-  step       `<sink>` (the original train op name) is a NoOp after every sink instance and every
-             task without successors; `<loss>` (original name when it is output 0) is the
+  step       `<sink>` (the original train op name) is a NoOp on the feed device after every task
+             without successors; a device's "done" message is a NoOp on that device after the
+             tasks it waits for (one control message per device); `<loss>` (original name when it is output 0) is the
              weighted sum of the replicas' losses: one step equals single-device training.
 """
 
@@ -300,7 +302,9 @@ class _Emitter:
         p, g = self.p, self.g
         d = int(p.task_device[t])
         if p.is_control_message(t):
-            return  # emitted as the control edge itself (control_edges); TF sends the message
+            return  # emitted as the control edge itself (control_edges), or a "done" (train_op)
+        if p.is_step_message(t):
+            return  # a feed slice: TF sends the slice the input's instance cuts on the feed device
         if p.out_ptr[t] == p.out_ptr[t + 1]:
             self.send_back(t)
             return
@@ -534,10 +538,24 @@ class _Emitter:
         return name + ":0"
 
     def train_op(self) -> str:
+        """The step's NoOp on the feed device, after every task without successors: a device's
+        "done" message (lowering: one per other device) becomes a NoOp there after the tasks it
+        waits for, so one control message per device reaches the train op; other leaves join
+        with their node on their own device."""
         p, g = self.p, self.g
         succ_ptr, _, _ = p.successors()
-        leaves = np.nonzero(np.diff(succ_ptr) == 0)[0].tolist()
-        ctrl = [n for t in p.tasks_of_op(g.sink).tolist() + leaves for n in self.nodes_of(t)]
+        by_task = self._by_task()
+        ctrl = []
+        for t in np.nonzero(np.diff(succ_ptr) == 0)[0].tolist():
+            if p.is_step_message(t) and p.is_control_message(t):
+                src = int(p.task_src_device[t])
+                waits = p.dep_src[p.dep_dst == t].tolist()
+                name = f"tfplace/step_done_{t}"
+                self.add(rn.no_op(name, self.dev[src], [n for s in waits for (_, d), n in by_task.get(s, []) if d == src]))
+                ctrl.append(name)
+            else:
+                own = int(p.task_device[t])
+                ctrl += [n for (_, d), n in by_task.get(t, []) if d == own or own < 0]
         name = g.names[g.sink]
         self.add(rn.no_op(name, self.feed_dev, ctrl))
         return name
