@@ -54,7 +54,7 @@ def _cpu_seconds(pids) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def measure_overheads(lc, reps: int = 30, fan: int = 24, cpu_reps: int = 200) -> dict:
+def measure_overheads(lc, kinds, reps: int = 30, fan: int = 24, cpu_reps: int = 200) -> dict:
     """Fixed costs of the local TF runtime, from micro-benchmarks independent of the models (each
     the difference of two graphs that differ only in what is measured; wall = median of `reps`
     steps run the way StepRunner runs them, through LocalCluster.run; CPU = the servers' CPU time
@@ -64,8 +64,11 @@ def measure_overheads(lc, reps: int = 30, fan: int = 24, cpu_reps: int = 200) ->
     session (local_op_seconds), whose records already hold the executor's per-op work (their
     tracing cost is removed, tfplace.profiler rule 7); worker_s: each further task
     that runs a partition; transfer_s: per hop of a chain of `fan` dependent tensors going back
-    and forth between tasks 1 and 2, beyond the p2p fit (a message inside a step, not the fit's
-    best case); message_cpu_s: the servers' CPU time per hop of that chain (both ends);
+    and forth between two tasks, beyond the p2p fit (a message inside a step, not the fit's
+    best case); message_cpu_s: the servers' CPU time per hop of that chain (both ends). Both per
+    pair of device kinds ("CPU|CPU_half"; `kinds` per task), each between the first pair of
+    tasks with those kinds (1-2, then 0-1, 0-2): on the emulated heterogeneous cluster a hop
+    between two throttled tasks costs more than one to the unthrottled task;
     transfer_gap_s: wall time per tensor when `fan` independent 16-byte tensors cross from task 1
     to task 2 at once (the gap between the messages of a burst). Collectives keep the all-reduce
     fit (single traced all-reduces, 1.8 ms for 3 tasks at 16 bytes): in the models' steps their
@@ -132,12 +135,12 @@ def measure_overheads(lc, reps: int = 30, fan: int = 24, cpu_reps: int = 200) ->
             return outs
         return build
 
-    def ping_pong(k, cross):
-        """A chain of k dependent hops between tasks 1 and 2 (or, without `cross`, on task 1)."""
+    def ping_pong(k, cross, a=1, b=2):
+        """A chain of k dependent hops between tasks a and b (or, without `cross`, on task a)."""
         def build(x0):
-            v = seed(devs[1])
+            v = seed(devs[a])
             for i in range(k):
-                with tf.device(devs[1 + (i + 1) % 2] if cross else devs[1]):
+                with tf.device((devs[b] if i % 2 == 0 else devs[a]) if cross else devs[a]):
                     v = v * 1.0001
             return [x0, v]
         return build
@@ -194,8 +197,15 @@ def measure_overheads(lc, reps: int = 30, fan: int = 24, cpu_reps: int = 200) ->
     worker = (timed(three_tasks)[0] - step) / 2
     cross_wall, cross_cpu = timed(fan_out(fan, True), cpu=True)
     local_wall, local_cpu = timed(fan_out(fan, False), cpu=True)
-    chain_wall, chain_cpu = timed(ping_pong(fan, True), cpu=True)
-    solo_wall, solo_cpu = timed(ping_pong(fan, False), cpu=True)
+    # a message costs the CPU of both its ends: one chain per pair of device kinds, between the
+    # first pair of tasks with those kinds (tasks 1 and 2 first: task 0 also serves the client)
+    by_pair = {}
+    for a, b in ((1, 2), (0, 1), (0, 2)):
+        pair = "|".join(sorted((kinds[a], kinds[b])))
+        if pair not in by_pair:
+            chain_wall, chain_cpu = timed(ping_pong(fan, True, a, b), cpu=True)
+            solo_wall, solo_cpu = timed(ping_pong(fan, False, a, b), cpu=True)
+            by_pair[pair] = ((chain_wall - solo_wall) / fan, (chain_cpu - solo_cpu) / fan)
     coll_wall, coll_cpu = timed(collectives(fan, True), cpu=True)
     plain_wall, plain_cpu = timed(collectives(fan, False), cpu=True)
     n = len(devs)
@@ -210,10 +220,10 @@ def measure_overheads(lc, reps: int = 30, fan: int = 24, cpu_reps: int = 200) ->
         return c["latency_s"] + 16 / c["bandwidth_bytes_per_s"]
 
     return {"step_s": step, "op_s": max(op - local_op, 0.0), "worker_s": max(worker, 0.0),
-            "transfer_s": max((chain_wall - solo_wall) / fan - p2p_fit, 0.0),
+            "transfer_s": {p: max(wall - p2p_fit, 0.0) for p, (wall, _) in by_pair.items()},
             "transfer_gap_s": max((cross_wall - local_wall) / fan, 0.0),
-            "message_cpu_s": max((chain_cpu - solo_cpu) / fan, 0.0),
-            "raw": {"chained_message_s": (chain_wall - solo_wall) / fan, "p2p_fit_s": p2p_fit,
+            "message_cpu_s": {p: max(cpu, 0.0) for p, (_, cpu) in by_pair.items()},
+            "raw": {"chained_message_s": {p: wall for p, (wall, _) in by_pair.items()}, "p2p_fit_s": p2p_fit,
                     "cluster_op_s": op, "profiler_op_s": local_op,
                     "burst_message_cpu_s": (cross_cpu - local_cpu) / fan,
                     "burst_collective_s": (coll_wall - plain_wall) / fan,
@@ -395,7 +405,7 @@ def main(argv=None):
     results = {}
     t0 = time.time()
     with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[1, 1, 1], **limits) as lc:
-        overheads = None if args.no_overheads else measure_overheads(lc)
+        overheads = None if args.no_overheads else measure_overheads(lc, [d.kind for d in cluster.devices])
         print("runtime overheads:", json.dumps(overheads), flush=True)
         for model in args.models.split(","):
             bench_model(model, lc, cluster, args, args.workdir, results, overheads)

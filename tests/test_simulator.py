@@ -11,6 +11,7 @@ import pytest
 
 from tfplace import testing
 from tfplace.device_model import device_spec
+from tfplace.errors import InputError
 from tfplace.lowering import Lowerer, lower
 from tfplace.profile import CommModel, LinearCost, Profile
 from tfplace.simulator import SimOptions, schedule, simulate, write_trace
@@ -435,6 +436,18 @@ def test_transfer_holds_its_link_for_the_gap_plus_bytes(gap_s):
         second_start = max(2e-3, first_start + min(wire + gap_s, 2e-3 + wire))
     expected = second_start + 2e-3 + wire + 1e-3 + 2e-3  # then the P100's "done" to the V100 (latency)
     assert simulate(placed, cluster).iteration_time_s == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("key,value", [("transfer_s", 3e-4), ("message_cpu_s", 4e-4)])
+def test_message_overheads_per_pair_of_device_kinds(key, value):
+    # every message here runs between a V100 and a P100: a per-kind-pair entry acts as the scalar
+    scalar, _ = _two_sends({"transfer_gap_s": 0.0, key: value})
+    paired, _ = _two_sends({"transfer_gap_s": 0.0, key: {"P100|V100": value, "V100|V100": 1.0}})
+    assert np.array_equal(paired.task_seconds, scalar.task_seconds)
+    assert np.array_equal(paired.task_hold_seconds, scalar.task_hold_seconds)
+    with pytest.raises(InputError) as err:
+        _two_sends({"transfer_gap_s": 0.0, key: {"V100|V100": value}})
+    assert f"runtime_overheads.{key}" in str(err.value) and "P100|V100" in str(err.value)
 
 
 def test_message_cpu_is_charged_to_the_lanes_next_to_each_transfer():

@@ -14,6 +14,7 @@ from typing import Tuple
 
 import numpy as np
 
+from tfplace.errors import InputError
 from tfplace.lowering_graph import LK_UPD, GraphIndex
 from tfplace.lowering_layouts import SYNC_PS
 from tfplace.placed_graph import (DEVICE_KINDS, TASK_COLLECTIVE, TASK_COMPUTE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER,
@@ -203,7 +204,8 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
       worker_s       per further task running part of the step (the master's RunGraph to it);
       op_s           per compute task (executor dispatch around each kernel the profile timed);
       transfer_s, collective_s   per transfer / collective on top of the link or all-reduce fit
-                     (a message in a step costs more than the fit's best case);
+                     (a message in a step costs more than the fit's best case); transfer_s and
+                     message_cpu_s may be given per pair of device kinds (_per_message);
       message_cpu_s  CPU time one gRPC message costs its two processes together (serialising,
                      the RPC, the rendezvous), taken from the executors of those processes: half
                      on the sending device's lane (the task the message leaves after), half on
@@ -220,25 +222,51 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
     x = kind == TASK_TRANSFER
     latency = np.where(x, ctx.links.pair_lat[np.where(x, src_dev, 0), device], 0.0)
     seconds[kind == TASK_COMPUTE] += float(over.get("op_s", 0.0))
-    seconds[x] += float(over.get("transfer_s", 0.0))
+    transfer_s = _per_message(over, "transfer_s", ctx.cluster, x, src_dev, device)
+    seconds[x] += transfer_s[x]
     seconds[kind == TASK_COLLECTIVE] += float(over.get("collective_s", 0.0))
     if graph.inputs:
         used = len(np.unique(device[kind == TASK_COMPUTE]))  # tasks the master runs a partition on
         seconds[int(op_ptr[graph.inputs[0]])] += float(over.get("step_s", 0.0)) + \
             float(over.get("worker_s", 0.0)) * max(used - 1, 0)
-    message_cpu = float(over.get("message_cpu_s", 0.0))
-    if message_cpu > 0:
+    message_cpu = _per_message(over, "message_cpu_s", ctx.cluster, x, src_dev, device)
+    if (message_cpu > 0).any():
         _charge_message_cpu(seconds, kind, device, src_dev, dep_src, dep_dst, message_cpu)
     if "transfer_gap_s" not in over:
         return np.zeros(0)
-    hold = seconds - latency - float(over.get("transfer_s", 0.0)) + float(over["transfer_gap_s"])
+    hold = seconds - latency - transfer_s + float(over["transfer_gap_s"])
     return np.where(x, np.clip(hold, 0.0, seconds), seconds)
 
 
+def _per_message(over, key: str, cluster, x, src_dev, device) -> np.ndarray:
+    """Per task, the overhead `key` of a message (TRANSFER tasks; 0 elsewhere): one number for
+    every message, or one per pair of device kinds {"CPU|CPU_half": ...} (the two kinds sorted,
+    joined by "|"), since a message costs the CPU of both its ends."""
+    value = over.get(key, 0.0)
+    out = np.zeros(len(x))
+    if not isinstance(value, dict):
+        out[x] = float(value)
+        return out
+    kinds = sorted({d.kind for d in cluster.devices})
+    of_device = np.array([kinds.index(d.kind) for d in cluster.devices])
+    pairs = [["|".join(sorted((a, b))) for b in kinds] for a in kinds]
+    table = np.array([[float(value.get(p, np.nan)) for p in row] for row in pairs])
+    t = np.nonzero(x)[0]
+    a, b = of_device[src_dev[t]], of_device[device[t]]
+    out[t] = table[a, b]
+    missing = np.isnan(out[t])
+    if missing.any():
+        pair = pairs[int(a[missing][0])][int(b[missing][0])]
+        raise InputError("profile conditions", f"runtime_overheads.{key}",
+                         f"has no entry for the device kinds {pair!r} (has {sorted(value)})",
+                         "measure the overheads on a cluster with these kinds (benchmarks/fidelity_bench.py)")
+    return out
+
+
 def _charge_message_cpu(seconds, kind, device, src_dev, dep_src, dep_dst, message_cpu) -> None:
-    """Adds the CPU of each transfer's gRPC message to the lane tasks next to it: half to the
-    last lane task on the source device it depends on, half to its first successor on the
-    destination's lane (see _runtime_overheads)."""
+    """Adds the CPU of each transfer's gRPC message (message_cpu[M], per task) to the lane tasks
+    next to it: half to the last lane task on the source device it depends on, half to its first
+    successor on the destination's lane (see _runtime_overheads)."""
     m = len(kind)
     lane = np.isin(kind, DEVICE_KINDS)
     src, dst = dep_src.astype(np.int64), dep_dst.astype(np.int64)
@@ -250,8 +278,9 @@ def _charge_message_cpu(seconds, kind, device, src_dev, dep_src, dep_dst, messag
     sel = (kind[dst] == TASK_TRANSFER) & lane[src] & (device[src] == src_dev[dst])
     np.maximum.at(last_before, dst[sel], src[sel])
     charge = np.zeros(m)
-    np.add.at(charge, first_after[first_after != none], 0.5 * message_cpu)
-    np.add.at(charge, last_before[last_before >= 0], 0.5 * message_cpu)
+    after, before = first_after != none, last_before >= 0
+    np.add.at(charge, first_after[after], 0.5 * message_cpu[after])
+    np.add.at(charge, last_before[before], 0.5 * message_cpu[before])
     seconds += charge
 
 
