@@ -136,11 +136,13 @@ def test_bad_arguments():
 
 
 def _matmul_step_s(lc, task, repeats=7):
-    """Median seconds of a compute-bound step (4 chained 384x384 matmuls) run on `task` alone."""
+    """Median seconds of a compute-bound step (4 chained 384x384 matmuls) run on `task` alone.
+    The input is a stateful random op: from a stateless (constant) one, constant folding would
+    compute the whole chain once and leave only the step's overhead to time."""
     import statistics
     g = tf.Graph()
     with g.as_default(), tf.device(lc.device_names[task]):
-        x = tf.random.stateless_normal([384, 384], seed=[1, 2])
+        x = tf.random.normal([384, 384], seed=1)
         y = x
         for _ in range(4):
             y = tf.matmul(y, x) * 0.01
@@ -160,8 +162,9 @@ def _matmul_step_s(lc, task, repeats=7):
                     reason="no writable cgroups with the cpu controller (needs root)")
 def test_cpu_quota_makes_a_slow_task():
     # Both tasks pinned to the same core and run one after the other; task 1 may use half of it.
-    # CFS bandwidth control then stretches its compute-bound step about 2x (measured 2.2-2.3x for
-    # 2-8 ms steps on the 2-core development machine; shorter steps are stretched less).
+    # CFS bandwidth control then stretches its compute-bound step about 2x (measured 1.63-2.24x
+    # for its ~6 ms step on the 2-core development machine; shorter steps are stretched less).
+    # Without the quota the ratio is ~1.
     cpu = [os.cpu_count() - 1]
     with LocalCluster(num_tasks=2, threads_per_task=[1, 1], inter_threads_per_task=[1, 1],
                       cpus_per_task=[cpu, cpu], cpu_fraction_per_task=[None, 0.5]) as lc:
@@ -170,7 +173,7 @@ def test_cpu_quota_makes_a_slow_task():
         assert len(quota_dirs) == 1 and all(os.path.isdir(d) for d in quota_dirs)
         with open(os.path.join(quota_dirs[0], "cgroup.procs")) as f:
             assert str(lc.pids[1]) in f.read().split()
-    assert 1.6 < slow / fast < 4.0, (fast, slow)
+    assert 1.5 < slow / fast < 4.0, (fast, slow)
     assert not any(os.path.isdir(d) for d in quota_dirs), "cgroup left behind"
 
 
