@@ -42,3 +42,22 @@ def test_control_edges_kept_per_replica():
     name = next(n for n in graph.names if any(i.startswith("^") for i in orig[n].input) and n + "/replica_1" in nodes)
     for c in (i for i in orig[name].input if i.startswith("^")):
         assert any(x.startswith(c + "/replica_") for x in nodes[name + "/replica_1"].input)
+
+
+def test_train_op_waits_for_one_done_per_other_device():
+    # One control message per device reaches the train op (the lowering's "done"), not one per
+    # last task of that device: every other device's last tasks gather under a NoOp there.
+    for strategy in (None, Strategy(12, 4, decision({"cpu0": 6, "cpu1": [3, 3]}, "ps", "cpu2"), {})):
+        _, cluster, step = _step(strategy)
+        nodes = {n.name: n for n in step.graph_def.node}
+        train = nodes[step.train_op]
+        ctrl = [i[1:] for i in train.input if i.startswith("^")]
+        remote = [c for c in ctrl if nodes[c].device != train.device]
+        # even DP: cpu1 and cpu2 each end with their replica of the train op; PS on cpu2: cpu2's
+        # updates lead on to the send-backs, so only cpu1 ends with tasks nothing waits for
+        assert len(remote) == (2 if strategy is None else 1)
+        assert all(c.startswith("tfplace/step_done_") and nodes[c].op == "NoOp" for c in remote)
+        assert len({nodes[c].device for c in remote}) == len(remote)
+        for c in remote:   # a done waits only for nodes on its own device
+            waits = [i[1:] for i in nodes[c].input]
+            assert waits and all(nodes[w].device == nodes[c].device for w in waits)

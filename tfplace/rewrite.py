@@ -36,8 +36,9 @@ Every decision comes from `tfplace.lowering.lower`; this module only translates 
              other mirror is assigned from instance 0 (`<init>` runs all of it).
   step       `<sink>` (the original train op name) is a NoOp on the feed device after every task
              without successors; a device's "done" message is a NoOp on that device after the
-             tasks it waits for (one control message per device); `<loss>` (original name when it is output 0) is the
-             weighted sum of the replicas' losses: one step equals single-device training.
+             tasks it waits for (one control message per device); `<loss>` (original name when
+             it is output 0) is the weighted sum of the replicas' losses: one step equals
+             single-device training.
 """
 
 from __future__ import annotations
