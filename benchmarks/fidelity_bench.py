@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/fidelity_bench.py [--models tiny_mlp,tiny_cnn,tiny_transformer]
         [--strategies 10] [--steps 10] [--warmup 2] [--rounds 3] [--overhead-repeats 3] [--hetero]
-        [--no-overheads]
-        [--out benchmarks/fidelity_bench.md]
+        [--no-overheads] [--out benchmarks/fidelity_bench.md] [--record run.json]
+    .venv/bin/python benchmarks/fidelity_bench.py --replay run1.json run2.json ...
 
 For each model: a CPU profile measured under the workers' thread setting (intra 1, inter 1;
 `python -m tfplace.profile --threads 1`, Grappler off like the runtime), with the loopback comm
@@ -325,7 +325,9 @@ def random_strategy(rng, devices, group_names, batch):
                                   ps_probability=0.3, priority_probability=0.0)
 
 
-def bench_model(model, lc, cluster, args, workdir, out_rows, overheads=None):
+def bench_model(model, lc, cluster, args, workdir, out_rows, overheads=None, record=None):
+    """Times and simulates the strategies of one model; with `record` (a dict), also keeps what
+    a later --replay needs: the profile, each strategy and every timed step."""
     from tfplace.baselines import registry
     from tfplace.baselines.problem import make_problem
     from tfplace.graph_loader import load_op_graph
@@ -377,10 +379,17 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, overheads=None):
                     failed.add(name)
                     print(f"  {model}/{name}: FAILED {type(err).__name__}: {str(err)[:120]}", flush=True)
         rows = []
+        strategies = dict(plans)
+        base_profile = load_profile(profile_path(model, bundle, batch, workdir, args.hetero))
+        if record is not None:
+            record[model] = {"bundle": BUNDLES[model], "profile": base_profile.to_json(), "rows": []}
         for name, sim, _, _ in runs:
             if name not in failed:
                 real, fastest = statistics.median(times[name]), min(times[name])
                 rows.append((name, real, sim, fastest))
+                if record is not None:
+                    record[model]["rows"].append({"name": name, "strategy": strategies[name].to_json(),
+                                                  "real_s": times[name], "sim_s": sim})
                 print(f"  {model}/{name}: real {real * 1e3:.2f} ms (fastest {fastest * 1e3:.2f})  "
                       f"sim {sim * 1e3:.2f} ms", flush=True)
     finally:
@@ -388,6 +397,45 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, overheads=None):
             runner.close()
     out_rows[model] = rows
     return rows
+
+
+RECORD_FORMAT = "tfplace.fidelity_record"
+
+
+def replay(paths) -> int:
+    """Re-simulates recorded runs (--record) with the current simulator and compares with their
+    recorded real steps: model changes can be judged on several runs of this noisy machine
+    without timing anything again. Same strategies, profiles and runtime overheads as recorded."""
+    from tfplace.baselines.problem import make_problem
+    from tfplace.cluster import load_cluster
+    from tfplace.graph_loader import load_op_graph
+    from tfplace.jsonio import FieldReader
+    from tfplace.lowering import lower
+    from tfplace.profile import profile_from_reader
+    from tfplace.simulator import simulate
+    from tfplace.strategy import strategy_from_reader
+    import dataclasses
+    for path in paths:
+        rec = FieldReader.from_file(path, expected_format=RECORD_FORMAT).data
+        cluster = load_cluster(os.path.join(ROOT, "clusters", rec["cluster"]))
+        print(f"{path}: {rec['cluster']}, recorded {rec['date']}")
+        for model, m in rec["models"].items():
+            graph = load_op_graph(os.path.join(ROOT, m["bundle"]))
+            batch = int(graph.reference_batch_size)
+            profile = profile_from_reader(FieldReader(m["profile"], f"{path}: models.{model}.profile"))
+            if rec["overheads"] is not None:
+                profile = dataclasses.replace(profile, conditions={**profile.conditions,
+                                                                   "runtime_overheads": rec["overheads"]})
+            grouping = make_problem(graph, cluster, profile, max_groups=MAX_GROUPS, global_batch_size=batch).grouping
+            rows = []
+            for r in m["rows"]:
+                strategy = strategy_from_reader(FieldReader(r["strategy"], f"{path}: {model}/{r['name']}"))
+                sim = simulate(lower(graph, grouping, cluster, strategy, profile), cluster).iteration_time_s
+                rows.append((r["name"], statistics.median(r["real_s"]), sim, min(r["real_s"])))
+            med, worst, tau = summary(rows)
+            then, _, _ = summary([(r["name"], statistics.median(r["real_s"]), r["sim_s"], 0) for r in m["rows"]])
+            print(f"  {model}: median {med:.1%} (recorded {then:.1%}), worst {worst:.1%}, tau {tau:.2f}")
+    return 0
 
 
 def summary(rows, column: int = 1):
@@ -416,14 +464,20 @@ def main(argv=None):
     p.add_argument("--hetero", action="store_true",
                    help="emulated heterogeneous cluster: tasks 1, 2 at half a core each (CPU quota; needs root)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "fidelity_bench.md"))
+    p.add_argument("--record", default="", help="also write the run (profiles, strategies, every timed step, "
+                   "overheads) to this JSON file, for --replay")
+    p.add_argument("--replay", nargs="+", default=None, metavar="RECORD",
+                   help="re-simulate recorded runs with the current simulator (times nothing)")
     args = p.parse_args(argv)
+    if args.replay:
+        return replay(args.replay)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.makedirs(args.workdir, exist_ok=True)
     from tfplace.cluster import load_cluster
     from tfplace.local_cluster import LocalCluster
     cluster = load_cluster(os.path.join(ROOT, "clusters", HETERO["cluster"] if args.hetero else "local_cpu.json"))
     limits = dict(cpus_per_task=HETERO["cpus"], cpu_fraction_per_task=HETERO["fractions"]) if args.hetero else {}
-    results = {}
+    results, record = {}, ({} if args.record else None)
     t0 = time.time()
     with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[1, 1, 1], **limits) as lc:
         overheads = None
@@ -432,7 +486,7 @@ def main(argv=None):
             overheads = median_overheads([measure_overheads(lc, kinds) for _ in range(args.overhead_repeats)])
         print("runtime overheads:", json.dumps(overheads), flush=True)
         for model in args.models.split(","):
-            bench_model(model, lc, cluster, args, args.workdir, results, overheads)
+            bench_model(model, lc, cluster, args, args.workdir, results, overheads, record)
     lines = ["# Simulator fidelity on the local CPU cluster", "",
              "Command: `.venv/bin/python benchmarks/fidelity_bench.py " + " ".join(argv or sys.argv[1:]) + "`", "",
              ("3 TF server tasks on 127.0.0.1 (clusters/local_cpu_hetero.json), 1 intra-op + 1 inter-op thread "
@@ -467,6 +521,12 @@ def main(argv=None):
     print(text)
     with open(args.out, "w") as f:
         f.write(text)
+    if record is not None:
+        from tfplace.jsonio import write_json
+        write_json(args.record, {"format": RECORD_FORMAT, "version": 1, "cluster": HETERO["cluster"] if args.hetero
+                                 else "local_cpu.json", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                 "overheads": overheads, "models": record})
+        print(f"wrote {args.record}")
     return 0
 
 
