@@ -37,9 +37,17 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUNDLES = {"tiny_mlp": "graph_defs/zoo/tiny_mlp_b48_sgd.json",
-           "tiny_cnn": "graph_defs/zoo/tiny_cnn_b48_s16_sgd.json",
-           "tiny_transformer": "graph_defs/zoo/tiny_transformer_b16_t8_n2_sgd.json"}
+# zoo models and the sizes they run at; bundles are exported on first use (graph_defs.export)
+MODELS = {"tiny_mlp": {"batch_size": 48}, "tiny_cnn": {"batch_size": 48, "image_size": 16},
+          "tiny_transformer": {"batch_size": 16, "seq_len": 8, "num_layers": 2}}
+
+
+def bundle_path(model: str) -> str:
+    """The model's bundle (<stem>.json) relative to the repository, exported if missing."""
+    from tfplace.graph_defs.export import ensure_bundle
+    return os.path.relpath(ensure_bundle(model, **MODELS[model]), ROOT)
+
+
 BASELINES = ("single", "dp_even_allreduce", "dp_even_ps", "dp_proportional_allreduce", "dp_proportional_ps",
              "model_parallel_round_robin", "model_parallel_contiguous", "heft", "pipeline")
 MAX_GROUPS = 8
@@ -335,7 +343,7 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, overheads=None, rec
     from tfplace.rewrite import rewrite_step
     from tfplace.runtime import StepRunner, random_feed
     from tfplace.simulator import simulate
-    bundle = os.path.join(ROOT, BUNDLES[model])
+    bundle = os.path.join(ROOT, bundle_path(model))
     graph = load_op_graph(bundle)
     batch = int(graph.reference_batch_size)
     profile = load_profile(profile_path(model, bundle, batch, workdir, args.hetero))
@@ -382,7 +390,7 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, overheads=None, rec
         strategies = dict(plans)
         base_profile = load_profile(profile_path(model, bundle, batch, workdir, args.hetero))
         if record is not None:
-            record[model] = {"bundle": BUNDLES[model], "profile": base_profile.to_json(), "rows": []}
+            record[model] = {"bundle": os.path.relpath(bundle, ROOT), "profile": base_profile.to_json(), "rows": []}
         for name, sim, _, _ in runs:
             if name not in failed:
                 real, fastest = statistics.median(times[name]), min(times[name])
@@ -420,6 +428,8 @@ def replay(paths) -> int:
         cluster = load_cluster(os.path.join(ROOT, "clusters", rec["cluster"]))
         print(f"{path}: {rec['cluster']}, recorded {rec['date']}")
         for model, m in rec["models"].items():
+            if not os.path.exists(os.path.join(ROOT, m["bundle"])) and model in MODELS:
+                bundle_path(model)  # a zoo bundle this checkout has not exported yet
             graph = load_op_graph(os.path.join(ROOT, m["bundle"]))
             batch = int(graph.reference_batch_size)
             profile = profile_from_reader(FieldReader(m["profile"], f"{path}: models.{model}.profile"))
