@@ -479,6 +479,9 @@ def main(argv=None):
     p.add_argument("--replay", nargs="+", default=None, metavar="RECORD",
                    help="re-simulate recorded runs with the current simulator (times nothing)")
     args = p.parse_args(argv)
+    for name in ("strategies", "steps", "rounds", "overhead_repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.replay:
         return replay(args.replay)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
