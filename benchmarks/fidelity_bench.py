@@ -63,7 +63,7 @@ def _cpu_seconds(pids) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def measure_overheads(lc, kinds, reps: int = 30, fan: int = 24, cpu_reps: int = 200) -> dict:
+def measure_overheads(lc, kinds, reps: int = 30, fan: int = 24, cpu_reps: int = 200, raw: bool = True) -> dict:
     """Fixed costs of the local TF runtime, from micro-benchmarks independent of the models (each
     the difference of two graphs that differ only in what is measured; wall = median of `reps`
     steps run the way StepRunner runs them, through LocalCluster.run; CPU = the servers' CPU time
@@ -84,7 +84,8 @@ def measure_overheads(lc, kinds, reps: int = 30, fan: int = 24, cpu_reps: int = 
     trace records last 1.1-1.8 ms each. `raw` also has, per group size, the wall time of one
     16-byte all-reduce in a sequence of `fan` chained by control edges on every participant
     (`serial_collective_s`, 0.7-1.1 ms: less than inside a model's step) and the burst figures
-    of independent all-reduces."""
+    of independent all-reduces; with `raw` False those collective figures (the model uses none of
+    them) are not measured and `raw` is left out."""
     import tensorflow as tf
     from tfplace.runtime import step_session_config
     with open(os.path.join(ROOT, "graph_defs", "profiles", "local_comm_cpu.json")) as f:
@@ -215,10 +216,18 @@ def measure_overheads(lc, kinds, reps: int = 30, fan: int = 24, cpu_reps: int = 
             chain_wall, chain_cpu = timed(ping_pong(fan, True, a, b), cpu=True)
             solo_wall, solo_cpu = timed(ping_pong(fan, False, a, b), cpu=True)
             by_pair[pair] = ((chain_wall - solo_wall) / fan, (chain_cpu - solo_cpu) / fan)
+    p2p_fit = comm["p2p"]["latency_s"] + 16 / comm["p2p"]["bandwidth_bytes_per_s"]
+    out = {"step_s": step, "op_s": max(op - local_op, 0.0), "worker_s": max(worker, 0.0),
+           "transfer_s": {p: max(wall - p2p_fit, 0.0) for p, (wall, _) in by_pair.items()},
+           "transfer_gap_s": max((cross_wall - local_wall) / fan, 0.0),
+           "message_cpu_s": {p: max(cpu, 0.0) for p, (_, cpu) in by_pair.items()},
+           "how": "benchmarks/fidelity_bench.py measure_overheads (wall: median of %d steps; CPU: %d steps; "
+                  "bursts and chains of %d)" % (reps, cpu_reps, fan)}
+    if not raw:
+        return out
     coll_wall, coll_cpu = timed(collectives(fan, True), cpu=True)
     plain_wall, plain_cpu = timed(collectives(fan, False), cpu=True)
     n = len(devs)
-    p2p_fit = comm["p2p"]["latency_s"] + 16 / comm["p2p"]["bandwidth_bytes_per_s"]
     serial = {}  # group size -> wall per collective of a chained sequence, beyond the plain chain
     for group in range(2, n + 1):
         serial[group] = (timed(serial_collectives(fan, group, True))[0]
@@ -228,25 +237,21 @@ def measure_overheads(lc, kinds, reps: int = 30, fan: int = 24, cpu_reps: int = 
         c = comm["allreduce"][str(group)]
         return c["latency_s"] + 16 / c["bandwidth_bytes_per_s"]
 
-    return {"step_s": step, "op_s": max(op - local_op, 0.0), "worker_s": max(worker, 0.0),
-            "transfer_s": {p: max(wall - p2p_fit, 0.0) for p, (wall, _) in by_pair.items()},
-            "transfer_gap_s": max((cross_wall - local_wall) / fan, 0.0),
-            "message_cpu_s": {p: max(cpu, 0.0) for p, (_, cpu) in by_pair.items()},
-            "raw": {"chained_message_s": {p: wall for p, (wall, _) in by_pair.items()}, "p2p_fit_s": p2p_fit,
-                    "cluster_op_s": op, "profiler_op_s": local_op,
-                    "burst_message_cpu_s": (cross_cpu - local_cpu) / fan,
-                    "burst_collective_s": (coll_wall - plain_wall) / fan,
-                    "burst_collective_cpu_s": (coll_cpu - plain_cpu) / fan, "collective_messages": n * 2 * (n - 1),
-                    "serial_collective_s": {str(g): v for g, v in serial.items()},
-                    "allreduce_fit_16_bytes_s": {g: fit16(g) for g in comm["allreduce"]}},
-            "how": "benchmarks/fidelity_bench.py measure_overheads (wall: median of %d steps; CPU: %d steps; "
-                   "bursts and chains of %d)" % (reps, cpu_reps, fan)}
+    out["raw"] = {"chained_message_s": {p: wall for p, (wall, _) in by_pair.items()}, "p2p_fit_s": p2p_fit,
+                  "cluster_op_s": op, "profiler_op_s": local_op,
+                  "burst_message_cpu_s": (cross_cpu - local_cpu) / fan,
+                  "burst_collective_s": (coll_wall - plain_wall) / fan,
+                  "burst_collective_cpu_s": (coll_cpu - plain_cpu) / fan, "collective_messages": n * 2 * (n - 1),
+                  "serial_collective_s": {str(g): v for g, v in serial.items()},
+                  "allreduce_fit_16_bytes_s": {g: fit16(g) for g in comm["allreduce"]}}
+    return out
 
 
 def median_overheads(runs):
     """Per key (and per device-kind pair), the median over several measure_overheads passes:
     one pass's message costs moved 154 -> 225 us between runs on this machine. `raw` and `how`
-    come from the first pass, with every pass's values under raw["passes"]."""
+    come from the first pass (the only one that measures `raw`), with every pass's values under
+    raw["passes"]."""
     first = runs[0]
     out = {}
     for key, value in first.items():
@@ -326,6 +331,14 @@ def profile_path(model: str, bundle: str, batch: int, workdir: str, hetero: bool
     return out
 
 
+def with_overheads(profile, overheads):
+    """`profile` with `overheads` as its conditions' `runtime_overheads` (None: unchanged)."""
+    import dataclasses
+    if overheads is None:
+        return profile
+    return dataclasses.replace(profile, conditions={**profile.conditions, "runtime_overheads": overheads})
+
+
 def random_strategy(rng, devices, group_names, batch):
     """Random uneven shares over random device subsets, 30% PS; no micro-batches or priorities."""
     from tfplace.testing import random_strategy as shared_random_strategy
@@ -346,10 +359,8 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, overheads=None, rec
     bundle = os.path.join(ROOT, bundle_path(model))
     graph = load_op_graph(bundle)
     batch = int(graph.reference_batch_size)
-    profile = load_profile(profile_path(model, bundle, batch, workdir, args.hetero))
-    if overheads is not None:
-        import dataclasses
-        profile = dataclasses.replace(profile, conditions={**profile.conditions, "runtime_overheads": overheads})
+    base_profile = load_profile(profile_path(model, bundle, batch, workdir, args.hetero))
+    profile = with_overheads(base_profile, overheads)
     problem = make_problem(graph, cluster, profile, max_groups=MAX_GROUPS, global_batch_size=batch)
     plans = []
     for name in BASELINES:
@@ -388,7 +399,6 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, overheads=None, rec
                     print(f"  {model}/{name}: FAILED {type(err).__name__}: {str(err)[:120]}", flush=True)
         rows = []
         strategies = dict(plans)
-        base_profile = load_profile(profile_path(model, bundle, batch, workdir, args.hetero))
         if record is not None:
             record[model] = {"bundle": os.path.relpath(bundle, ROOT), "profile": base_profile.to_json(), "rows": []}
         for name, sim, _, _ in runs:
@@ -422,7 +432,6 @@ def replay(paths) -> int:
     from tfplace.profile import profile_from_reader
     from tfplace.simulator import simulate
     from tfplace.strategy import strategy_from_reader
-    import dataclasses
     for path in paths:
         rec = FieldReader.from_file(path, expected_format=RECORD_FORMAT).data
         cluster = load_cluster(os.path.join(ROOT, "clusters", rec["cluster"]))
@@ -432,10 +441,8 @@ def replay(paths) -> int:
                 bundle_path(model)  # a zoo bundle this checkout has not exported yet
             graph = load_op_graph(os.path.join(ROOT, m["bundle"]))
             batch = int(graph.reference_batch_size)
-            profile = profile_from_reader(FieldReader(m["profile"], f"{path}: models.{model}.profile"))
-            if rec["overheads"] is not None:
-                profile = dataclasses.replace(profile, conditions={**profile.conditions,
-                                                                   "runtime_overheads": rec["overheads"]})
+            profile = with_overheads(profile_from_reader(FieldReader(m["profile"], f"{path}: models.{model}.profile")),
+                                     rec["overheads"])
             grouping = make_problem(graph, cluster, profile, max_groups=MAX_GROUPS, global_batch_size=batch).grouping
             rows = []
             for r in m["rows"]:
@@ -496,7 +503,7 @@ def main(argv=None):
         overheads = None
         if not args.no_overheads:
             kinds = [d.kind for d in cluster.devices]
-            overheads = median_overheads([measure_overheads(lc, kinds) for _ in range(args.overhead_repeats)])
+            overheads = median_overheads([measure_overheads(lc, kinds, raw=i == 0) for i in range(args.overhead_repeats)])
         print("runtime overheads:", json.dumps(overheads), flush=True)
         for model in args.models.split(","):
             bench_model(model, lc, cluster, args, args.workdir, results, overheads, record)

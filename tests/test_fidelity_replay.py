@@ -30,8 +30,7 @@ def test_replay_compares_recorded_real_steps_with_the_simulator(tmp_path, capsys
     cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
     profile = uniform_profile(graph, ["CPU"], 1e-5)
     overheads = {"step_s": 5e-4, "message_cpu_s": {"CPU|CPU": 1e-4}, "transfer_gap_s": 5e-5}
-    import dataclasses
-    with_over = dataclasses.replace(profile, conditions={**profile.conditions, "runtime_overheads": overheads})
+    with_over = fb.with_overheads(profile, overheads)
     grouping = make_problem(graph, cluster, with_over, max_groups=fb.MAX_GROUPS, global_batch_size=batch).grouping
     devs = list(cluster.device_names)
     rows = []
