@@ -19,8 +19,10 @@ command) to --out.
 
 Default: homogeneous, every task with 1 intra-op thread, unpinned (3 tasks share 2 cores).
 --hetero: the emulated heterogeneous cluster clusters/local_cpu_hetero.json (task 0 alone on
-core 0; tasks 1 and 2 on core 1 with a 0.5 CPU quota each, tfplace.cpu_quota; needs root), with
-one profile kind per speed measured under the same pinning and quota.
+core 0; tasks 1 and 2 on core 1 with a 0.5 CPU quota each, tfplace.cpu_quota; needs root; the
+client, this process, on core 1 too), with one profile kind per speed measured under the same
+pinning and quota. Profiles are measured anew right before each model is timed
+(--reuse-profiles keeps those of a former run).
 """
 
 from __future__ import annotations
@@ -296,15 +298,32 @@ def local_op_seconds(k: int, reps: int) -> float:
 
 # Emulated heterogeneous cluster (--hetero): task 0 alone on core 0, tasks 1 and 2 on core 1 with
 # half of it each; every profile kind is measured under its task's limits.
+# The client (this process) runs on core 1: unpinned, its threads also ran on core 0 and slowed
+# task 0 (the tiny transformer's single-device step took 5.3 ms instead of 2.9 ms), which no
+# profile of task 0's kind shows.
 HETERO = {"cluster": "local_cpu_hetero.json", "cpus": [[0], [1], [1]], "fractions": [None, 0.5, 0.5],
-          "kinds": {"CPU": ("0", 0.0), "CPU_half": ("1", 0.5)}}
+          "client_cpus": [1], "kinds": {"CPU": ("0", 0.0), "CPU_half": ("1", 0.5)}}
 
 
-def profile_path(model: str, bundle: str, batch: int, workdir: str, hetero: bool = False) -> str:
-    """Measures (once, cached in workdir) the CPU profile of `bundle` at 1 intra/inter thread and
-    attaches the local comm fit; with `hetero`, one kind per emulated speed, each measured pinned
-    and limited like its tasks (median of repeats: a quota's stalls are part of the cost)."""
+def pin_this_process(cpus) -> None:
+    """Pins every thread of this process (and the threads they start later) to `cpus`."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, OSError):
+            pass  # a thread that ended meanwhile
+
+
+def profile_path(model: str, bundle: str, batch: int, workdir: str, hetero: bool = False, fresh: bool = True) -> str:
+    """Measures the CPU profile of `bundle` at 1 intra/inter thread into workdir and attaches the
+    local comm fit; with `hetero`, one kind per emulated speed, each measured pinned and limited
+    like its tasks (median of repeats: a quota's stalls are part of the cost). `fresh` measures
+    anew even if workdir has it: this machine's speed drifts by phases (the tiny transformer's
+    step took 1.85 ms at one hour and 2.7-3.3 ms at the next, same process setup), so a profile
+    is only comparable with steps timed right after it (a few seconds per model)."""
     out = os.path.join(workdir, f"{model}_t1{'_hetero' if hetero else ''}.json")
+    if fresh and os.path.exists(out):
+        os.remove(out)
     if os.path.exists(out):
         with open(out) as f:
             if "untraced_step_wall_s" not in json.load(f).get("conditions", {}):
@@ -359,7 +378,7 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, overheads=None, rec
     bundle = os.path.join(ROOT, bundle_path(model))
     graph = load_op_graph(bundle)
     batch = int(graph.reference_batch_size)
-    base_profile = load_profile(profile_path(model, bundle, batch, workdir, args.hetero))
+    base_profile = load_profile(profile_path(model, bundle, batch, workdir, args.hetero, fresh=not args.reuse_profiles))
     profile = with_overheads(base_profile, overheads)
     problem = make_problem(graph, cluster, profile, max_groups=MAX_GROUPS, global_batch_size=batch)
     plans = []
@@ -476,6 +495,9 @@ def main(argv=None):
     p.add_argument("--overhead-repeats", type=int, default=3,
                    help="micro-benchmark passes; the model takes each overhead's median over them")
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "tfplace_fidelity"))
+    p.add_argument("--reuse-profiles", action="store_true",
+                   help="use the profiles a former run left in --workdir instead of measuring them again "
+                        "right before each model is timed (quicker; the machine's speed may have drifted since)")
     p.add_argument("--no-overheads", action="store_true",
                    help="simulate without the measured runtime overheads (the profile alone)")
     p.add_argument("--hetero", action="store_true",
@@ -497,6 +519,8 @@ def main(argv=None):
     from tfplace.local_cluster import LocalCluster
     cluster = load_cluster(os.path.join(ROOT, "clusters", HETERO["cluster"] if args.hetero else "local_cpu.json"))
     limits = dict(cpus_per_task=HETERO["cpus"], cpu_fraction_per_task=HETERO["fractions"]) if args.hetero else {}
+    if args.hetero:
+        pin_this_process(HETERO["client_cpus"])
     results, record = {}, ({} if args.record else None)
     t0 = time.time()
     with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[1, 1, 1], **limits) as lc:
@@ -511,7 +535,7 @@ def main(argv=None):
              "Command: `.venv/bin/python benchmarks/fidelity_bench.py " + " ".join(argv or sys.argv[1:]) + "`", "",
              ("3 TF server tasks on 127.0.0.1 (clusters/local_cpu_hetero.json), 1 intra-op + 1 inter-op thread "
               "each; task 0 alone on core 0 (kind CPU), tasks 1 and 2 on core 1 with a 0.5 CPU quota each (kind "
-              "CPU_half). Profiles: `python -m tfplace.profile --threads 1 --inter-threads 1 --statistic median` "
+              "CPU_half); the client on core 1. Profiles: `python -m tfplace.profile --threads 1 --inter-threads 1 --statistic median` "
               "per kind, pinned and limited like its tasks, + local_comm_cpu.json comm fit. " if args.hetero else
               "3 TF server tasks on 127.0.0.1 (clusters/local_cpu.json), 1 intra-op + 1 inter-op thread each, "
               "homogeneous, unpinned. Profile: "
