@@ -27,8 +27,10 @@ How (one graph import per device, then per per-device batch size):
      in `conditions["fused"]`. Profiling keeps the kernels the runtime will run.
   7. Tracing costs time of its own, inside each op's record (a NodeExecStats per op, with its
      timestamps and allocation records): on the tiny transformer the traced records sum to ~2x
-     the untraced step. So 3x `repeats` untraced steps are timed too, interleaved with as many
-     empty steps (a NoOp with the same feed: the session's fixed cost per run). Where ops run
+     the untraced step. So 3 untraced steps follow each traced one, each with an empty step (a
+     NoOp with the same feed: the session's fixed cost per run), all interleaved so that a slow
+     phase of the machine hits records and walls alike (traced steps first, then the untraced
+     ones, gave this machine's CNN τ of 5-214 µs across batch sizes). Where ops run
      one at a time on a CPU (inter_threads 1: the executor is serial), the untraced step minus
      the empty one is the true sum of the op costs. Every record is then reduced by one per-op
      tracing cost τ, keeping at least a tenth of itself (an op's dispatch). τ is the median over
@@ -396,7 +398,9 @@ def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, n
                 sess.run(fetches, feed_dict=feed)
                 if bar:
                     bar.update(b, f"batch {b} warm-up")
-            samples, walls = [], []
+            samples, walls, plain, empty = [], [], [], []
+            # each traced step is followed by its untraced and empty steps: a slow phase of the
+            # machine hits the records and the walls they are calibrated against alike (rule 7)
             for r in range(options.repeats):
                 md = tf.compat.v1.RunMetadata()
                 t0 = time.perf_counter()
@@ -405,18 +409,15 @@ def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, n
                 if not executed:
                     executed = {n.name: n.op for pg in md.partition_graphs for n in pg.node}
                 samples.append(op_seconds_from_step_stats(md.step_stats, known=step_ops))
+                for _ in range(UNTRACED_PER_TRACED):
+                    for fetch, out in ((fetches, plain), (empty_step, empty)):
+                        t0 = time.perf_counter()
+                        sess.run(fetch, feed_dict=feed)
+                        out.append(time.perf_counter() - t0)
                 if bar:
-                    bar.update(b, f"batch {b} repeat {r + 1}/{options.repeats}")
+                    bar.update(b * (1 + UNTRACED_PER_TRACED), f"batch {b} repeat {r + 1}/{options.repeats}")
             per_batch[b] = reduce_samples(samples, options.statistic)
             wall[b] = float(pick(walls))
-            plain, empty = [], []
-            for r in range(UNTRACED_PER_TRACED * options.repeats):  # interleaved: slow phases hit both
-                for fetch, out in ((fetches, plain), (empty_step, empty)):
-                    t0 = time.perf_counter()
-                    sess.run(fetch, feed_dict=feed)
-                    out.append(time.perf_counter() - t0)
-                if bar:
-                    bar.update(b, f"batch {b} untraced {r + 1}/{UNTRACED_PER_TRACED * options.repeats}")
             untraced_wall[b], empty_wall[b] = float(pick(plain)), float(pick(empty))
     traced_sums = {b: sum(v.values()) for b, v in per_batch.items()}
     trace_cost: Dict[int, float] = {}
