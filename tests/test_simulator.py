@@ -458,3 +458,15 @@ def test_message_cpu_is_charged_to_the_lanes_next_to_each_transfer():
     # a and b each send one message (half of its CPU), c receives both (the other halves) and
     # sends the P100's "done" to the V100 (half; nothing runs after it there to take the other)
     assert by_op == pytest.approx({"a": 2e-4, "b": 2e-4, "c": 6e-4})
+
+
+@pytest.mark.parametrize("transfer_s", [3e-4, -1e-3, -5e-3])
+def test_negative_transfer_overhead_shortens_a_message_but_never_below_zero(transfer_s):
+    # transfer_s is what a message takes beyond the link fit and the message CPU the lanes carry,
+    # so it may be negative (fidelity_bench.measure_overheads); the 2 ms latency link here
+    from tfplace.placed_graph import TASK_TRANSFER
+    placed, _ = _two_sends({"transfer_gap_s": 0.0, "transfer_s": transfer_s})
+    x = placed.task_kind == TASK_TRANSFER
+    fit = 2e-3 + placed.task_bytes[x] / INTRA_BW  # 8000-byte tensors and the 0-byte "done"
+    assert set(placed.task_bytes[x]) == {0.0, 8000.0}
+    assert np.allclose(placed.task_seconds[x], np.maximum(fit + transfer_s, 0.0), rtol=1e-12, atol=1e-15)

@@ -206,6 +206,9 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
       transfer_s, collective_s   per transfer / collective on top of the link or all-reduce fit
                      (a message in a step costs more than the fit's best case); transfer_s and
                      message_cpu_s may be given per pair of device kinds (_per_message);
+                     transfer_s is what a message takes beyond the fit *and* its message_cpu_s
+                     on the lanes, and may be negative (the lanes' CPU already holds part of the
+                     fit's latency); a transfer never lasts less than 0;
       message_cpu_s  CPU time one gRPC message costs its two processes together (serialising,
                      the RPC, the rendezvous), taken from the executors of those processes: half
                      on the sending device's lane (the task the message leaves after), half on
@@ -223,7 +226,7 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
     latency = np.where(x, ctx.links.pair_lat[np.where(x, src_dev, 0), device], 0.0)
     seconds[kind == TASK_COMPUTE] += float(over.get("op_s", 0.0))
     transfer_s = _per_message(over, "transfer_s", ctx.cluster, x, src_dev, device)
-    seconds[x] += transfer_s[x]
+    seconds[x] = np.maximum(seconds[x] + transfer_s[x], 0.0)  # transfer_s < 0: see the docstring
     seconds[kind == TASK_COLLECTIVE] += float(over.get("collective_s", 0.0))
     if graph.inputs:
         used = len(np.unique(device[kind == TASK_COMPUTE]))  # tasks the master runs a partition on
