@@ -153,6 +153,41 @@ def test_no_orphans_after_ctrl_c_or_a_killed_launcher(mode):
             proc.kill()
 
 
+_LEFT_OPEN = textwrap.dedent("""
+    import sys
+    import tensorflow as tf
+    from tfplace.local_cluster import LocalCluster
+    g = tf.Graph()
+    with g.as_default():
+        with tf.device("/job:worker/task:1"):
+            y = tf.constant(1.0) + 1.0
+    keep = sys.argv[1] == "cluster"
+    lc = LocalCluster(num_tasks=2).start()
+    sess = lc.session(graph=g)
+    print(lc.run(sess, y), " ".join(map(str, lc.pids)), flush=True)
+    if not keep:
+        lc.close()
+    # the session is never closed (and, with "cluster", the cluster neither): both are left to
+    # the interpreter's exit, where a session's close must not wait for a thread that cannot start
+""")
+
+
+@pytest.mark.parametrize("left_open", ["session", "cluster"])
+def test_a_script_that_leaves_its_session_open_still_exits(left_open):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.Popen([sys.executable, "-c", _LEFT_OPEN, left_open], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        rc = proc.wait(90)  # a hung exit never returns (before the fix: start() waited forever)
+        out, err = proc.communicate()
+        assert rc == 0, err[-2000:]
+        value, *pids = out.split()
+        assert float(value) == 2.0 and _wait_gone([int(p) for p in pids], 5.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_bad_arguments():
     with pytest.raises(InputError, match="num_tasks"):
         LocalCluster(num_tasks=0)

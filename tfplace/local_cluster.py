@@ -470,6 +470,11 @@ def _session_class():
             _tfplace_closing = None
 
             def close(self):
+                if sys.is_finalizing():
+                    # garbage-collected at interpreter exit (a session left open): no thread can
+                    # start any more (start() would wait forever) and the atexit hook has already
+                    # stopped the cluster's servers; the process's end frees what is left
+                    return
                 if self._tfplace_closing is None:
                     self._tfplace_closing = threading.Thread(
                         target=tf.compat.v1.Session.close, args=(self,), name="tfplace-session-close",
