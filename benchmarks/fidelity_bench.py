@@ -66,7 +66,8 @@ def _cpu_seconds(pids) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def measure_overheads(lc, kinds, reps: int = 30, fan: int = 24, cpu_reps: int = 200, raw: bool = True) -> dict:
+def measure_overheads(lc, kinds, comm: dict, reps: int = 30, fan: int = 24, cpu_reps: int = 200,
+                      raw: bool = True) -> dict:
     """Fixed costs of the local TF runtime, from micro-benchmarks independent of the models (each
     the difference of two graphs that differ only in what is measured; wall = median of `reps`
     steps run the way StepRunner runs them, through LocalCluster.run; CPU = the servers' CPU time
@@ -91,11 +92,10 @@ def measure_overheads(lc, kinds, reps: int = 30, fan: int = 24, cpu_reps: int = 
     16-byte all-reduce in a sequence of `fan` chained by control edges on every participant
     (`serial_collective_s`, 0.7-1.1 ms: less than inside a model's step) and the burst figures
     of independent all-reduces; with `raw` False those collective figures (the model uses none of
-    them) are not measured and `raw` is left out."""
+    them) are not measured and `raw` is left out. `comm`: the comm fit the model uses (a
+    profile's "comm" section, see cluster_comm), whose p2p fit the transfer is measured beyond."""
     import tensorflow as tf
     from tfplace.runtime import step_session_config
-    with open(os.path.join(ROOT, "graph_defs", "profiles", "local_comm_cpu.json")) as f:
-        comm = json.load(f)["comm"]
     devs = lc.device_names
     feed_value = np.zeros((48, 16), np.float32)
 
@@ -310,7 +310,7 @@ def local_op_seconds(k: int, reps: int) -> float:
 # task 0 (the tiny transformer's single-device step took 5.3 ms instead of 2.9 ms), which no
 # profile of task 0's kind shows.
 HETERO = {"cluster": "local_cpu_hetero.json", "cpus": [[0], [1], [1]], "fractions": [None, 0.5, 0.5],
-          "client_cpus": [1], "kinds": {"CPU": ("0", 0.0), "CPU_half": ("1", 0.5)}}
+          "client_cpus": [1], "kinds": {"CPU": ("0", 0.0, "median"), "CPU_half": ("1", 0.5, "mean")}}
 
 
 def pin_this_process(cpus) -> None:
@@ -322,10 +322,43 @@ def pin_this_process(cpus) -> None:
             pass  # a thread that ended meanwhile (a CPU this machine lacks still raises)
 
 
-def profile_path(model: str, bundle: str, batch: int, workdir: str, hetero: bool = False, fresh: bool = True) -> str:
-    """Measures the CPU profile of `bundle` at 1 intra/inter thread into workdir and attaches the
-    local comm fit; with `hetero`, one kind per emulated speed, each measured pinned and limited
-    like its tasks (median of repeats: a quota's stalls are part of the cost). `fresh` measures
+BUNDLED_COMM = os.path.join("graph_defs", "profiles", "local_comm_cpu.json")
+COMM_MAX_BYTES = 4 << 20  # the tiny models' largest gradient is far smaller; the fit needs the slope too
+
+
+def cluster_comm(lc=None, passes: int = 3) -> dict:
+    """The comm fit the simulator is given, as a profile file holds it ({"comm": ..., "conditions":
+    {"comm": ...}}): measured on `lc` (the cluster the steps run on, right before they are timed,
+    tfplace.comm_profiler, ~5 s a pass; each latency and bandwidth the median over `passes`), or
+    with lc None the bundled fit of BUNDLED_COMM (homogeneous 3-task cluster, unpinned). On the
+    emulated heterogeneous cluster a 3-task all-reduce measured 1.1-1.5 ms where the bundled fit
+    says 1.8 ms, a 2-task one 0.4-0.6 ms against 0.9 ms: the fit belongs to the cluster it was
+    measured on. One pass alone gave 1.07-1.70 ms for the same 3-task all-reduce within an hour."""
+    if lc is None:
+        with open(os.path.join(ROOT, BUNDLED_COMM)) as f:
+            data = json.load(f)
+        return {"comm": data["comm"], "conditions": {"comm": data["conditions"]["comm"]}}
+    import dataclasses
+    from tfplace.comm_profiler import measure_comm
+    runs = [measure_comm(cluster=lc, max_bytes=COMM_MAX_BYTES, group_sizes=range(2, lc.num_tasks + 1))
+            for _ in range(passes)]
+
+    def median_fit(fits):
+        return {key: statistics.median(dataclasses.asdict(f)[key] for f in fits)
+                for key in ("latency_s", "bandwidth_bytes_per_s")}
+    comm = {"p2p": median_fit([m.model.p2p for m in runs]),
+            "allreduce": {str(g): median_fit([m.model.allreduce[g] for m in runs]) for g in runs[0].model.allreduce}}
+    conditions = {**runs[0].conditions, "passes": [m.conditions for m in runs],
+                  "statistic_over_passes": f"median of {passes} passes per latency and bandwidth"}
+    return {"comm": comm, "conditions": {"comm": conditions}}
+
+
+def profile_path(model: str, bundle: str, batch: int, workdir: str, hetero: bool = False, fresh: bool = True,
+                 comm: dict = None) -> str:
+    """Measures the CPU profile of `bundle` at 1 intra/inter thread into workdir and attaches
+    `comm` (cluster_comm; default the bundled fit); with `hetero`, one kind per emulated speed,
+    each measured pinned and limited like its tasks with that kind's statistic (HETERO: the
+    mean under a quota, whose stalls are part of the cost, profiler rule 5). `fresh` measures
     anew even if workdir has it: this machine's speed drifts by phases (the tiny transformer's
     step took 1.85 ms at one hour and 2.7-3.3 ms at the next, same process setup), so a profile
     is only comparable with steps timed right after it (a few seconds per model)."""
@@ -344,17 +377,16 @@ def profile_path(model: str, bundle: str, batch: int, workdir: str, hetero: bool
         if not hetero:
             subprocess.run(base, check=True, cwd=ROOT)
         else:
-            for i, (kind, (cpus, fraction)) in enumerate(HETERO["kinds"].items()):
+            for i, (kind, (cpus, fraction, statistic)) in enumerate(HETERO["kinds"].items()):
                 subprocess.run(base + ["--kind", kind, "--cpus", cpus, "--cpu-fraction", str(fraction),
-                                       "--statistic", "median"] + (["--merge"] if i else []), check=True, cwd=ROOT)
-        with open(out) as f:
-            prof = json.load(f)
-        with open(os.path.join(ROOT, "graph_defs", "profiles", "local_comm_cpu.json")) as f:
-            comm = json.load(f)
-        prof["comm"] = comm["comm"]
-        prof.setdefault("conditions", {})["comm"] = comm["conditions"]["comm"]
-        with open(out, "w") as f:
-            json.dump(prof, f)
+                                       "--statistic", statistic] + (["--merge"] if i else []), check=True, cwd=ROOT)
+    with open(out) as f:
+        prof = json.load(f)
+    comm = comm or cluster_comm()
+    prof["comm"] = comm["comm"]
+    prof.setdefault("conditions", {})["comm"] = comm["conditions"]["comm"]
+    with open(out, "w") as f:
+        json.dump(prof, f)
     return out
 
 
@@ -373,9 +405,26 @@ def random_strategy(rng, devices, group_names, batch):
                                   ps_probability=0.3, priority_probability=0.0)
 
 
-def bench_model(model, lc, cluster, args, workdir, out_rows, overheads=None, record=None):
+def model_conditions(lc, cluster, args):
+    """(comm, runtime overheads) for the model about to be timed, measured on `lc` right before
+    it (cluster_comm, measure_overheads; overheads None with --no-overheads): one model's steps
+    ran 1.3-1.5x faster in one run than in the next on this machine, and all-reduce steps
+    measured in a fast phase were simulated at up to 1.8x with figures from a slow one."""
+    comm = cluster_comm(None if args.bundled_comm else lc)
+    overheads = None
+    if not args.no_overheads:
+        kinds = [d.kind for d in cluster.devices]
+        overheads = median_overheads([measure_overheads(lc, kinds, comm["comm"], raw=i == 0)
+                                      for i in range(args.overhead_repeats)])
+    print("  comm fit:", json.dumps(comm["comm"]), flush=True)
+    print("  runtime overheads:", json.dumps({k: v for k, v in (overheads or {}).items() if k != "raw"}), flush=True)
+    return comm, overheads
+
+
+def bench_model(model, lc, cluster, args, workdir, out_rows, record=None):
     """Times and simulates the strategies of one model; with `record` (a dict), also keeps what
-    a later --replay needs: the profile, each strategy and every timed step."""
+    a later --replay needs: the profile (with its comm fit), the overheads, each strategy and
+    every timed step."""
     from tfplace.baselines import registry
     from tfplace.baselines.problem import make_problem
     from tfplace.graph_loader import load_op_graph
@@ -386,7 +435,9 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, overheads=None, rec
     bundle = os.path.join(ROOT, bundle_path(model))
     graph = load_op_graph(bundle)
     batch = int(graph.reference_batch_size)
-    base_profile = load_profile(profile_path(model, bundle, batch, workdir, args.hetero, fresh=not args.reuse_profiles))
+    comm, overheads = model_conditions(lc, cluster, args)
+    base_profile = load_profile(profile_path(model, bundle, batch, workdir, args.hetero,
+                                             fresh=not args.reuse_profiles, comm=comm))
     profile = with_overheads(base_profile, overheads)
     problem = make_problem(graph, cluster, profile, max_groups=MAX_GROUPS, global_batch_size=batch)
     plans = []
@@ -427,11 +478,12 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, overheads=None, rec
         rows = []
         strategies = dict(plans)
         if record is not None:
-            record[model] = {"bundle": os.path.relpath(bundle, ROOT), "profile": base_profile.to_json(), "rows": []}
+            record[model] = {"bundle": os.path.relpath(bundle, ROOT), "profile": base_profile.to_json(),
+                             "overheads": overheads, "rows": []}
         for name, sim, _, _ in runs:
             if name not in failed:
                 real, fastest = statistics.median(times[name]), min(times[name])
-                rows.append((name, real, sim, fastest))
+                rows.append((name, real, sim, fastest, round_medians(times[name], args.steps)))
                 if record is not None:
                     record[model]["rows"].append({"name": name, "strategy": strategies[name].to_json(),
                                                   "real_s": times[name], "sim_s": sim})
@@ -441,7 +493,7 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, overheads=None, rec
         for _, _, runner, _ in runs:
             runner.close()
     out_rows[model] = rows
-    return rows
+    return comm, overheads
 
 
 RECORD_FORMAT = "tfplace.fidelity_record"
@@ -450,7 +502,8 @@ RECORD_FORMAT = "tfplace.fidelity_record"
 def replay(paths) -> int:
     """Re-simulates recorded runs (--record) with the current simulator and compares with their
     recorded real steps: model changes can be judged on several runs of this noisy machine
-    without timing anything again. Same strategies, profiles and runtime overheads as recorded."""
+    without timing anything again. Same strategies, profiles and runtime overheads as recorded
+    (per model; records before the overheads were measured per model have one set for all)."""
     from tfplace.baselines.problem import make_problem
     from tfplace.cluster import load_cluster
     from tfplace.graph_loader import load_op_graph
@@ -469,7 +522,7 @@ def replay(paths) -> int:
             graph = load_op_graph(os.path.join(ROOT, m["bundle"]))
             batch = int(graph.reference_batch_size)
             profile = with_overheads(profile_from_reader(FieldReader(m["profile"], f"{path}: models.{model}.profile")),
-                                     rec["overheads"])
+                                     m.get("overheads", rec.get("overheads")))
             grouping = make_problem(graph, cluster, profile, max_groups=MAX_GROUPS, global_batch_size=batch).grouping
             rows = []
             for r in m["rows"]:
@@ -480,6 +533,37 @@ def replay(paths) -> int:
             then, _, _ = summary([(r["name"], statistics.median(r["real_s"]), r["sim_s"], 0) for r in m["rows"]])
             print(f"  {model}: median {med:.1%} (recorded {then:.1%}), worst {worst:.1%}, tau {tau:.2f}")
     return 0
+
+
+def conditions_table(conditions) -> list:
+    """Markdown lines: per model, the comm fit and the main overheads it was simulated with (µs)."""
+    def us(x):
+        return f"{x * 1e6:.0f}"
+
+    def pairs(d):
+        return ", ".join(f"{k} {us(v)}" for k, v in sorted(d.items()))
+    lines = ["| model | p2p fit latency | all-reduce fit latency (x2 / x3) | step_s | worker_s | transfer_s | "
+             "message_cpu_s |", "|---|---|---|---|---|---|---|"]
+    for model, (comm, over) in conditions.items():
+        c = comm["comm"]
+        ar = " / ".join(us(c["allreduce"][g]["latency_s"]) for g in sorted(c["allreduce"], key=int))
+        o = over or {}
+        lines.append(f"| {model} | {us(c['p2p']['latency_s'])} | {ar} | {us(o['step_s']) if o else '-'} | "
+                     f"{us(o['worker_s']) if o else '-'} | {pairs(o.get('transfer_s', {}))} | "
+                     f"{pairs(o.get('message_cpu_s', {}))} |")
+    return lines
+
+
+def round_medians(steps_s, steps_per_round: int) -> list:
+    """The median step of each round-robin round (`steps_s` in the order they ran)."""
+    return [statistics.median(steps_s[i:i + steps_per_round]) for i in range(0, len(steps_s), steps_per_round)]
+
+
+def round_spread(rows) -> float:
+    """Median over strategies and rounds of |round median - real| / real (rows[k][4]: the round
+    medians, rows[k][1]: real). Recorded runs of the heterogeneous cluster: 4-7% (90th percentile
+    10-32%), and the same strategy's real step differed by a median 8-16% from one run to the next."""
+    return float(np.median([abs(r - row[1]) / row[1] for row in rows for r in row[4]]))
 
 
 def summary(rows, column: int = 1):
@@ -506,6 +590,9 @@ def main(argv=None):
     p.add_argument("--reuse-profiles", action="store_true",
                    help="use the profiles a former run left in --workdir instead of measuring them again "
                         "right before each model is timed (quicker; the machine's speed may have drifted since)")
+    p.add_argument("--bundled-comm", action="store_true",
+                   help=f"give the simulator the bundled comm fit ({BUNDLED_COMM}) instead of one measured "
+                        "on the run's cluster right before each model")
     p.add_argument("--no-overheads", action="store_true",
                    help="simulate without the measured runtime overheads (the profile alone)")
     p.add_argument("--hetero", action="store_true",
@@ -531,43 +618,48 @@ def main(argv=None):
         pin_this_process(HETERO["client_cpus"])
     results, record = {}, ({} if args.record else None)
     t0 = time.time()
+    conditions = {}  # model -> (comm, overheads)
     with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[1, 1, 1], **limits) as lc:
-        overheads = None
-        if not args.no_overheads:
-            kinds = [d.kind for d in cluster.devices]
-            overheads = median_overheads([measure_overheads(lc, kinds, raw=i == 0) for i in range(args.overhead_repeats)])
-        print("runtime overheads:", json.dumps(overheads), flush=True)
         for model in args.models.split(","):
-            bench_model(model, lc, cluster, args, args.workdir, results, overheads, record)
+            print(f"{model}:", flush=True)
+            conditions[model] = bench_model(model, lc, cluster, args, args.workdir, results, record)
     lines = ["# Simulator fidelity on the local CPU cluster", "",
              "Command: `.venv/bin/python benchmarks/fidelity_bench.py " + " ".join(argv or sys.argv[1:]) + "`", "",
              ("3 TF server tasks on 127.0.0.1 (clusters/local_cpu_hetero.json), 1 intra-op + 1 inter-op thread "
               "each; task 0 alone on core 0 (kind CPU), tasks 1 and 2 on core 1 with a 0.5 CPU quota each (kind "
-              "CPU_half); the client on core 1. Profiles: `python -m tfplace.profile --threads 1 --inter-threads 1 "
-              "--statistic median` "
-              "per kind, pinned and limited like its tasks, + local_comm_cpu.json comm fit. " if args.hetero else
+              "CPU_half); the client on core 1. Profiles: `python -m tfplace.profile --threads 1 --inter-threads 1` "
+              "per kind, pinned and limited like its tasks (" +
+              ", ".join(f"{k}: --statistic {v[2]}" for k, v in HETERO["kinds"].items()) + "). " if args.hetero else
               "3 TF server tasks on 127.0.0.1 (clusters/local_cpu.json), 1 intra-op + 1 inter-op thread each, "
               "homogeneous, unpinned. Profile: "
-              "`python -m tfplace.profile --threads 1 --inter-threads 1` per model + local_comm_cpu.json comm fit. ") +
+              "`python -m tfplace.profile --threads 1 --inter-threads 1` per model. ") +
+             ("Comm fit: the bundled " + BUNDLED_COMM + ". " if args.bundled_comm else
+              "Comm fit: measured on the run's cluster right before each model (tfplace.comm_profiler, "
+              f"up to {COMM_MAX_BYTES >> 20} MiB). ") +
              f"Real = median of {args.rounds} round-robin rounds x {args.steps} timed steps (after {args.warmup} warm-up "
              f"each). ({time.time() - t0:.0f} s)", "",
-             "Runtime overheads in the model (profile conditions `runtime_overheads`, measured by micro-benchmarks "
-             "before the models run): " + (json.dumps(overheads) if overheads else "none (--no-overheads)"), "",
+             "Runtime overheads in the model (profile conditions `runtime_overheads`): " +
+             ("none (--no-overheads)" if args.no_overheads else "measured by micro-benchmarks right before each "
+              "model (median of --overhead-repeats passes; all of them in the --record file)"), "",
+             *conditions_table(conditions), "",
              "Real = the median step (what a user sees); also against the fastest step (the undisturbed "
              "step, the statistic the profiles keep: on this shared 2-core machine identical graphs in "
              "different sessions have shown medians 3.97-5.85 ms and fastest steps 3.07-3.43 ms).", "",
-             "| model | strategies | median err | worst err | Kendall tau | median err (fastest) | worst err "
-             "(fastest) | Kendall tau (fastest) |", "|---|---|---|---|---|---|---|---|"]
+             "Real's own spread = the median over strategies and rounds of |round's median step - real| / "
+             "real: how far a perfect simulator would still be from one round (the noise floor of this "
+             "machine for the median error).", "",
+             "| model | strategies | median err | worst err | Kendall tau | real's own spread | median err "
+             "(fastest) | worst err (fastest) | Kendall tau (fastest) |", "|---|---|---|---|---|---|---|---|---|"]
     for model, rows in results.items():
         if rows:
             med, worst, tau = summary(rows)
             fmed, fworst, ftau = summary(rows, 3)
-            lines.append(f"| {model} | {len(rows)} | {med:.1%} | {worst:.1%} | {tau:.2f} | {fmed:.1%} | "
-                         f"{fworst:.1%} | {ftau:.2f} |")
+            lines.append(f"| {model} | {len(rows)} | {med:.1%} | {worst:.1%} | {tau:.2f} | {round_spread(rows):.1%} | "
+                         f"{fmed:.1%} | {fworst:.1%} | {ftau:.2f} |")
     lines += ["", "| model | strategy | real ms (median) | real ms (fastest) | sim ms | sim/real | sim/fastest |",
               "|---|---|---|---|---|---|---|"]
     for model, rows in results.items():
-        for name, real, sim, fastest in rows:
+        for name, real, sim, fastest, _ in rows:
             lines.append(f"| {model} | {name} | {real * 1e3:.2f} | {fastest * 1e3:.2f} | {sim * 1e3:.2f} | "
                          f"{sim / real:.2f} | {sim / fastest:.2f} |")
     text = "\n".join(lines) + "\n"
@@ -578,7 +670,7 @@ def main(argv=None):
         from tfplace.jsonio import write_json
         write_json(args.record, {"format": RECORD_FORMAT, "version": 1, "cluster": HETERO["cluster"] if args.hetero
                                  else "local_cpu.json", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                 "overheads": overheads, "models": record})
+                                 "models": record})
         print(f"wrote {args.record}")
     return 0
 

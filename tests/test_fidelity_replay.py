@@ -20,9 +20,13 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import fidelity_bench as fb  # noqa: E402
 
 
-@pytest.mark.parametrize("ratio, expected", [(1.0, 0.0), (1.25, 0.2), (0.8, 0.25)])
-def test_replay_compares_recorded_real_steps_with_the_simulator(tmp_path, capsys, ratio, expected):
-    # real = sim * ratio for every strategy: |sim - real| / real = |1 - ratio| / ratio
+@pytest.mark.parametrize("ratio, expected, overheads_in", [
+    (1.0, 0.0, "model"), (1.25, 0.2, "model"), (0.8, 0.25, "model"),
+    (1.25, 0.2, "run"),  # records from before the overheads were measured per model
+])
+def test_replay_compares_recorded_real_steps_with_the_simulator(tmp_path, capsys, ratio, expected, overheads_in):
+    # real = sim * ratio for every strategy: |sim - real| / real = |1 - ratio| / ratio; the
+    # simulated times only match if the replay finds the overheads where the record keeps them
     from tfplace.baselines.problem import make_problem
     bundle = "graph_defs/zoo/tiny_mlp_b16_sgd.json"  # committed
     graph = load_op_graph(os.path.join(ROOT, bundle))
@@ -40,9 +44,11 @@ def test_replay_compares_recorded_real_steps_with_the_simulator(tmp_path, capsys
         sim = simulate(lower(graph, grouping, cluster, st, with_over), cluster).iteration_time_s
         rows.append({"name": name, "strategy": st.to_json(), "real_s": [sim * ratio] * 3, "sim_s": sim})
     path = tmp_path / "run.json"
-    write_json(path, {"format": fb.RECORD_FORMAT, "version": 1, "cluster": "local_cpu.json", "date": "test",
-                      "overheads": overheads,
-                      "models": {"tiny_mlp": {"bundle": bundle, "profile": profile.to_json(), "rows": rows}}})
+    model = {"bundle": bundle, "profile": profile.to_json(), "rows": rows}
+    run = {"format": fb.RECORD_FORMAT, "version": 1, "cluster": "local_cpu.json", "date": "test",
+           "models": {"tiny_mlp": model}}
+    (model if overheads_in == "model" else run)["overheads"] = overheads
+    write_json(path, run)
     assert fb.main(["--replay", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"median {expected:.1%} (recorded {expected:.1%})" in out, out
@@ -54,3 +60,26 @@ def test_replay_rejects_a_file_of_another_format(tmp_path):
     write_json(path, {"format": "tfplace.strategy", "version": 1})
     with pytest.raises(InputError):
         fb.replay([str(path)])
+
+
+@pytest.mark.parametrize("steps, per_round, medians", [
+    ([1.0, 2.0, 3.0, 10.0, 20.0, 30.0], 3, [2.0, 20.0]),
+    ([4.0, 1.0, 2.0, 3.0], 2, [2.5, 2.5]),
+    ([5.0], 1, [5.0]),
+])
+def test_round_medians_follow_the_order_the_steps_ran(steps, per_round, medians):
+    assert fb.round_medians(steps, per_round) == pytest.approx(medians)
+
+
+def test_round_spread_is_the_noise_floor_of_the_median_error():
+    # real 10 with rounds 9, 10, 12 -> 0.1, 0, 0.2; real 4 with rounds 4, 4, 5 -> 0, 0, 0.25
+    rows = [("a", 10.0, 0.0, 0.0, [9.0, 10.0, 12.0]), ("b", 4.0, 0.0, 0.0, [4.0, 4.0, 5.0])]
+    assert fb.round_spread(rows) == pytest.approx(0.05)  # median of 0, 0, 0, 0.1, 0.2, 0.25
+
+
+def test_bundled_comm_fit_has_what_the_model_and_the_overheads_read():
+    comm = fb.cluster_comm()
+    assert comm["comm"]["p2p"]["latency_s"] > 0 and {"2", "3"} <= set(comm["comm"]["allreduce"])
+    assert "allreduce_points" in comm["conditions"]["comm"]
+    lines = fb.conditions_table({"m": (comm, None)})
+    assert len(lines) == 3 and lines[2].startswith("| m | 71 | 893 / 1816 |")  # µs of the bundled fit

@@ -141,6 +141,8 @@ def test_reduce_samples_and_statistics():
     samples = [{"a": 3.0, "b": 1.0}, {"a": 1.0}, {"a": 2.0, "b": 5.0}]
     assert profiler.reduce_samples(samples, "min") == {"a": 1.0, "b": 1.0}
     assert profiler.reduce_samples(samples, "median") == {"a": 2.0, "b": 3.0}
+    # mean: the expected cost, stalls included (a CPU quota's stall lands in one op of one step)
+    assert profiler.reduce_samples([{"a": 1.0}, {"a": 1.0}, {"a": 7.0}], "mean") == {"a": 3.0}
 
 
 def test_synthetic_feed_respects_dtype_shape_and_range():
@@ -200,7 +202,7 @@ def test_cli_missing_graph_file(tmp_path, capsys):
 
 def test_options_validation():
     with pytest.raises(InputError, match="statistic"):
-        profiler.ProfileOptions(statistic="mean").validated()
+        profiler.ProfileOptions(statistic="max").validated()
     assert profiler.ProfileOptions(device="gpu:1", kind="V100").validated().device == "/device:GPU:1"
     assert profiler.ProfileOptions(batch_sizes=(8, 2, 8)).validated().batch_sizes == (2, 8)
 

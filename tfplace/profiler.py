@@ -18,7 +18,12 @@ How (one graph import per device, then per per-device batch size):
      On GPUs the kernel records of `.../stream:all` replace the launch records of the device.
   5. Per op the minimum over repeats is kept by default (`statistic="min"`): interference on a
      shared machine only ever adds time, so the minimum converges to the undisturbed cost with
-     few repeats, where the median needs most repeats undisturbed. `median` is available.
+     few repeats, where the median needs most repeats undisturbed. `median` is available, and
+     `mean` for a device that stalls by design: under a CPU quota (tfplace.cpu_quota) the
+     stall lands in whichever op runs when the quota runs out, so the min and the median of an
+     op drop it, and only the mean adds up to the sustained step (tiny transformer at half a
+     core: per-op medians summed to 4.4-5.6 ms against an untraced step of 8-11 ms; means to
+     the untraced step).
   6. TensorFlow's oneDNN rewrite on CPUs (not Grappler; it runs as the runtime runs) fuses e.g.
      Conv2D + BiasAdd into one kernel named after the BiasAdd, so the Conv2D has no record. The
      first traced step also returns the executed partition graphs; an op that vanished there is
@@ -62,7 +67,8 @@ import numpy as np
 from tfplace.errors import InputError
 from tfplace.profile import Profile
 
-STATISTICS = ("min", "median")
+STATISTICS = ("min", "median", "mean")
+STATISTIC_FUNCTIONS = {"min": np.min, "median": np.median, "mean": np.mean}
 UNTRACED_PER_TRACED = 3  # untraced (and empty) steps timed per traced repeat: cheap, and noisier
 TRACE_FLOOR_FRACTION = 0.1  # a record keeps at least this share of itself: every op costs its dispatch
 _DEVICE_RE = re.compile(r"^(?:/device:)?(CPU|GPU)(?::(\d+))?$", re.IGNORECASE)
@@ -269,7 +275,7 @@ def reduce_samples(samples: Sequence[Mapping[str, float]], statistic: str) -> Di
     for step in samples:
         for op, s in step.items():
             per_op.setdefault(op, []).append(s)
-    fn = np.min if statistic == "min" else np.median
+    fn = STATISTIC_FUNCTIONS[statistic]
     return {op: float(fn(v)) for op, v in per_op.items()}
 
 
@@ -389,7 +395,7 @@ def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, n
     untraced_wall: Dict[int, float] = {}
     empty_wall: Dict[int, float] = {}
     executed: Dict[str, str] = {}
-    pick = np.min if options.statistic == "min" else np.median
+    pick = STATISTIC_FUNCTIONS[options.statistic]
     with tf.compat.v1.Session(graph=graph, config=_session_config(tf, options)) as sess:
         sess.run(meta["init_op"])
         for b in options.batch_sizes:

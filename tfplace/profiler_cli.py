@@ -19,6 +19,7 @@ import time
 from typing import List, Optional, Sequence
 
 from tfplace.errors import InputError
+from tfplace.profiler import STATISTICS
 
 
 def _int_list(text: str, flag: str) -> List[int]:
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", default="8,16,32", help="per-device batch sizes, comma-separated")
     p.add_argument("--repeats", type=int, default=5, help="traced steps per batch size (and as many untraced)")
     p.add_argument("--warmup", type=int, default=2, help="untraced steps before them")
-    p.add_argument("--statistic", default="min", choices=("min", "median"),
+    p.add_argument("--statistic", default="min", choices=STATISTICS,
                    help="per-op statistic over the repeats (default min: noise only adds time)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = TensorFlow's default)")
     p.add_argument("--inter-threads", type=int, default=1, help="inter-op threads (default 1: ops run one at a time)")
