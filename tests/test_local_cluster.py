@@ -1,6 +1,7 @@
 """LocalCluster: start, cross-task ops, clean shutdown (normal exit, exception, Ctrl-C, a launcher
 killed outright), and a dead worker reported within seconds. Multi-process."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -135,12 +136,23 @@ _LAUNCHER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("mode", ["sigint", "sigkill"])
-def test_no_orphans_after_ctrl_c_or_a_killed_launcher(mode):
+@contextlib.contextmanager
+def _script(code: str, arg: str):
+    """A Python process running `code` with argument `arg` (pipes for its output); killed on the
+    way out if the test left it running."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER, mode], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", code, arg], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("mode", ["sigint", "sigkill"])
+def test_no_orphans_after_ctrl_c_or_a_killed_launcher(mode):
+    with _script(_LAUNCHER, mode) as proc:
         line = proc.stdout.readline()
         pids = [int(x) for x in line.split()]
         assert len(pids) == 2, proc.stderr.read()
@@ -148,9 +160,6 @@ def test_no_orphans_after_ctrl_c_or_a_killed_launcher(mode):
             proc.send_signal(signal.SIGINT)
         proc.wait(30)
         assert _wait_gone(pids, 5.0), f"workers {pids} outlived their launcher ({mode})"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
 
 _LEFT_OPEN = textwrap.dedent("""
@@ -174,18 +183,12 @@ _LEFT_OPEN = textwrap.dedent("""
 
 @pytest.mark.parametrize("left_open", ["session", "cluster"])
 def test_a_script_that_leaves_its_session_open_still_exits(left_open):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.Popen([sys.executable, "-c", _LEFT_OPEN, left_open], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    try:
+    with _script(_LEFT_OPEN, left_open) as proc:
         rc = proc.wait(90)  # a hung exit never returns (before the fix: start() waited forever)
         out, err = proc.communicate()
         assert rc == 0, err[-2000:]
         value, *pids = out.split()
         assert float(value) == 2.0 and _wait_gone([int(p) for p in pids], 5.0)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
 
 def test_bad_arguments():
