@@ -541,7 +541,7 @@ def conditions_table(conditions) -> list:
         return f"{x * 1e6:.0f}"
 
     def pairs(d):
-        return ", ".join(f"{k} {us(v)}" for k, v in sorted(d.items()))
+        return ", ".join(f"{k.replace('|', '-')} {us(v)}" for k, v in sorted(d.items()))  # "|" would split the cell
     lines = ["| model | p2p fit latency | all-reduce fit latency (x2 / x3) | step_s | worker_s | transfer_s | "
              "message_cpu_s |", "|---|---|---|---|---|---|---|"]
     for model, (comm, over) in conditions.items():
