@@ -87,8 +87,8 @@ def measure_overheads(lc, kinds, comm: dict, reps: int = 30, fan: int = 24, cpu_
     between two throttled tasks costs more than one to the unthrottled task;
     transfer_gap_s: wall time per tensor when `fan` independent 16-byte tensors cross from task 1
     to task 2 at once (the gap between the messages of a burst). Collectives keep the all-reduce
-    fit (single traced all-reduces, 1.8 ms for 3 tasks at 16 bytes): in the models' steps their
-    trace records last 1.1-1.8 ms each. `raw` also has, per group size, the wall time of one
+    fit (cluster_comm: single traced all-reduces, 1.0-1.8 ms for 3 tasks at 16 bytes): in the
+    models' steps their trace records last 1.1-1.8 ms each. `raw` also has, per group size, the wall time of one
     16-byte all-reduce in a sequence of `fan` chained by control edges on every participant
     (`serial_collective_s`, 0.7-1.1 ms: less than inside a model's step) and the burst figures
     of independent all-reduces; with `raw` False those collective figures (the model uses none of
@@ -331,9 +331,10 @@ def cluster_comm(lc=None, passes: int = 3) -> dict:
     {"comm": ...}}): measured on `lc` (the cluster the steps run on, right before they are timed,
     tfplace.comm_profiler, ~5 s a pass; each latency and bandwidth the median over `passes`), or
     with lc None the bundled fit of BUNDLED_COMM (homogeneous 3-task cluster, unpinned). On the
-    emulated heterogeneous cluster a 3-task all-reduce measured 1.1-1.5 ms where the bundled fit
-    says 1.8 ms, a 2-task one 0.4-0.6 ms against 0.9 ms: the fit belongs to the cluster it was
-    measured on. One pass alone gave 1.07-1.70 ms for the same 3-task all-reduce within an hour."""
+    emulated heterogeneous cluster a 3-task all-reduce measured 1.0-1.4 ms (3-pass medians) where
+    the bundled fit says 1.8 ms, a 2-task one 0.3-0.6 ms against 0.9 ms: the fit belongs to the
+    cluster it was measured on. One pass alone gave 1.04-1.70 ms for the same 3-task all-reduce
+    within an hour."""
     if lc is None:
         with open(os.path.join(ROOT, BUNDLED_COMM)) as f:
             data = json.load(f)
@@ -354,7 +355,7 @@ def cluster_comm(lc=None, passes: int = 3) -> dict:
 
 
 def profile_path(model: str, bundle: str, batch: int, workdir: str, hetero: bool = False, fresh: bool = True,
-                 comm: dict = None) -> str:
+                 comm: "dict | None" = None) -> str:
     """Measures the CPU profile of `bundle` at 1 intra/inter thread into workdir and attaches
     `comm` (cluster_comm; default the bundled fit); with `hetero`, one kind per emulated speed,
     each measured pinned and limited like its tasks with that kind's statistic (HETERO: the

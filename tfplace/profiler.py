@@ -21,9 +21,9 @@ How (one graph import per device, then per per-device batch size):
      few repeats, where the median needs most repeats undisturbed. `median` is available, and
      `mean` for a device that stalls by design: under a CPU quota (tfplace.cpu_quota) the
      stall lands in whichever op runs when the quota runs out, so the min and the median of an
-     op drop it, and only the mean adds up to the sustained step (tiny transformer at half a
-     core: per-op medians summed to 4.4-5.6 ms against an untraced step of 8-11 ms; means to
-     the untraced step).
+     op drop it, and only the mean counts it (tiny transformer at half a core: per-op medians
+     summed to 4.4-5.6 ms against an untraced step of 8-11 ms; its per-op means reached the
+     untraced step less the empty one in two runs; on the tiny CNN, 0.6 of it).
   6. TensorFlow's oneDNN rewrite on CPUs (not Grappler; it runs as the runtime runs) fuses e.g.
      Conv2D + BiasAdd into one kernel named after the BiasAdd, so the Conv2D has no record. The
      first traced step also returns the executed partition graphs; an op that vanished there is

@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5, help="traced steps per batch size (and as many untraced)")
     p.add_argument("--warmup", type=int, default=2, help="untraced steps before them")
     p.add_argument("--statistic", default="min", choices=STATISTICS,
-                   help="per-op statistic over the repeats (default min: noise only adds time)")
+                   help="per-op statistic over the repeats (default min: noise only adds time; mean under "
+                        "--cpu-fraction, whose stalls are part of the cost)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = TensorFlow's default)")
     p.add_argument("--inter-threads", type=int, default=1, help="inter-op threads (default 1: ops run one at a time)")
     p.add_argument("--cpus", default="", help="pin the measurement to these CPU ids, comma-separated "
