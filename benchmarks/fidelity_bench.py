@@ -66,7 +66,7 @@ def _cpu_seconds(pids) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def measure_overheads(lc, kinds, comm: dict, reps: int = 30, fan: int = 24, cpu_reps: int = 200,
+def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cpu_reps: int = 200,
                       raw: bool = True) -> dict:
     """Fixed costs of the local TF runtime, from micro-benchmarks independent of the models (each
     the difference of two graphs that differ only in what is measured; wall = median of `reps`
@@ -84,7 +84,10 @@ def measure_overheads(lc, kinds, comm: dict, reps: int = 30, fan: int = 24, cpu_
     that chain (both ends). Both per
     pair of device kinds ("CPU|CPU_half"; `kinds` per task), each between the first pair of
     tasks with those kinds (1-2, then 0-1, 0-2): on the emulated heterogeneous cluster a hop
-    between two throttled tasks costs more than one to the unthrottled task;
+    between two throttled tasks costs more than one to the unthrottled task. "The p2p fit" here
+    is what the simulator charges a 16-byte message between those tasks: the link of `cluster`
+    (Cluster.transfer_seconds; the cluster file's link is the bundled loopback fit), not the fit
+    measured in this run, which the simulator does not use for messages (it differed by 25 us);
     transfer_gap_s: wall time per tensor when `fan` independent 16-byte tensors cross from task 1
     to task 2 at once (the gap between the messages of a burst). Collectives keep the all-reduce
     fit (cluster_comm: single traced all-reduces, 1.0-1.8 ms for 3 tasks at 16 bytes): in the
@@ -93,10 +96,12 @@ def measure_overheads(lc, kinds, comm: dict, reps: int = 30, fan: int = 24, cpu_
     (`serial_collective_s`, 0.7-1.1 ms: less than inside a model's step) and the burst figures
     of independent all-reduces; with `raw` False those collective figures (the model uses none of
     them) are not measured and `raw` is left out. `comm`: the comm fit the model uses (a
-    profile's "comm" section, see cluster_comm), whose p2p fit the transfer is measured beyond."""
+    profile's "comm" section, see cluster_comm), for the raw all-reduce figures; `cluster`: the
+    tfplace Cluster `lc` runs (one device per task, device i on task i)."""
     import tensorflow as tf
     from tfplace.runtime import step_session_config
     devs = lc.device_names
+    kinds = [d.kind for d in cluster.devices]
     feed_value = np.zeros((48, 16), np.float32)
 
     def timed(build, cpu=False):
@@ -215,22 +220,22 @@ def measure_overheads(lc, kinds, comm: dict, reps: int = 30, fan: int = 24, cpu_
     local_wall, local_cpu = timed(fan_out(fan, False), cpu=True)
     # a message costs the CPU of both its ends: one chain per pair of device kinds, between the
     # first pair of tasks with those kinds (tasks 1 and 2 first: task 0 also serves the client)
-    by_pair = {}
+    by_pair = {}  # kind pair -> (hop wall, hop CPU, the simulator's link seconds, link latency)
     for a, b in ((1, 2), (0, 1), (0, 2)):
         pair = "|".join(sorted((kinds[a], kinds[b])))
         if pair not in by_pair:
             chain_wall, chain_cpu = timed(ping_pong(fan, True, a, b), cpu=True)
             solo_wall, solo_cpu = timed(ping_pong(fan, False, a, b), cpu=True)
-            by_pair[pair] = ((chain_wall - solo_wall) / fan, (chain_cpu - solo_cpu) / fan)
-    p2p_fit = comm["p2p"]["latency_s"] + 16 / comm["p2p"]["bandwidth_bytes_per_s"]
+            by_pair[pair] = ((chain_wall - solo_wall) / fan, (chain_cpu - solo_cpu) / fan,
+                             cluster.transfer_seconds(a, b, 16), cluster.path_latency_s(a, b))
     out = {"step_s": step, "op_s": max(op - local_op, 0.0), "worker_s": max(worker, 0.0),
            # the lanes carry each message's CPU (message_cpu_s) and a chain's hop already holds
-           # it: the transfer is what the hop takes beyond both, so a chain costs what it measured
-           # (negative where the CPU is more than the wall beyond the fit; the fit's latency bounds it)
-           "transfer_s": {p: max(wall - cpu - p2p_fit, -MAX_LATENCY_CUT * comm["p2p"]["latency_s"])
-                          for p, (wall, cpu) in by_pair.items()},
+           # it: the transfer is what the hop takes beyond both and beyond the link the simulator
+           # charges, so a chain costs what it measured (negative where the CPU is more than the
+           # wall beyond the link; the link's latency bounds it)
+           "transfer_s": {p: transfer_beyond(*v) for p, v in by_pair.items()},
            "transfer_gap_s": max((cross_wall - local_wall) / fan, 0.0),
-           "message_cpu_s": {p: max(cpu, 0.0) for p, (_, cpu) in by_pair.items()},
+           "message_cpu_s": {p: max(cpu, 0.0) for p, (_, cpu, _, _) in by_pair.items()},
            "how": "benchmarks/fidelity_bench.py measure_overheads (wall: median of %d steps; CPU: %d steps; "
                   "bursts and chains of %d)" % (reps, cpu_reps, fan)}
     if not raw:
@@ -247,7 +252,9 @@ def measure_overheads(lc, kinds, comm: dict, reps: int = 30, fan: int = 24, cpu_
         c = comm["allreduce"][str(group)]
         return c["latency_s"] + 16 / c["bandwidth_bytes_per_s"]
 
-    out["raw"] = {"chained_message_s": {p: wall for p, (wall, _) in by_pair.items()}, "p2p_fit_s": p2p_fit,
+    out["raw"] = {"chained_message_s": {p: v[0] for p, v in by_pair.items()},
+                  "link_s": {p: v[2] for p, v in by_pair.items()},
+                  "p2p_fit_s": comm["p2p"]["latency_s"] + 16 / comm["p2p"]["bandwidth_bytes_per_s"],
                   "cluster_op_s": op, "profiler_op_s": local_op,
                   "burst_message_cpu_s": (cross_cpu - local_cpu) / fan,
                   "burst_collective_s": (coll_wall - plain_wall) / fan,
@@ -255,6 +262,13 @@ def measure_overheads(lc, kinds, comm: dict, reps: int = 30, fan: int = 24, cpu_
                   "serial_collective_s": {str(g): v for g, v in serial.items()},
                   "allreduce_fit_16_bytes_s": {g: fit16(g) for g in comm["allreduce"]}}
     return out
+
+
+def transfer_beyond(hop_wall_s: float, hop_cpu_s: float, link_s: float, link_latency_s: float) -> float:
+    """transfer_s of one kind pair: what a chained hop's wall takes beyond the message CPU (the
+    lanes pay it) and beyond the link the simulator charges; at least -MAX_LATENCY_CUT of the
+    link's latency, so a message still takes a tenth of it."""
+    return max(hop_wall_s - hop_cpu_s - link_s, -MAX_LATENCY_CUT * link_latency_s)
 
 
 def median_overheads(runs):
@@ -414,8 +428,7 @@ def model_conditions(lc, cluster, args):
     comm = cluster_comm(None if args.bundled_comm else lc)
     overheads = None
     if not args.no_overheads:
-        kinds = [d.kind for d in cluster.devices]
-        overheads = median_overheads([measure_overheads(lc, kinds, comm["comm"], raw=i == 0)
+        overheads = median_overheads([measure_overheads(lc, cluster, comm["comm"], raw=i == 0)
                                       for i in range(args.overhead_repeats)])
     print("  comm fit:", json.dumps(comm["comm"]), flush=True)
     print("  runtime overheads:", json.dumps({k: v for k, v in (overheads or {}).items() if k != "raw"}), flush=True)

@@ -83,3 +83,15 @@ def test_bundled_comm_fit_has_what_the_model_and_the_overheads_read():
     assert "allreduce_points" in comm["conditions"]["comm"]
     lines = fb.conditions_table({"m": (comm, None)})
     assert len(lines) == 3 and lines[2].startswith("| m | 71 | 893 / 1816 |")  # µs of the bundled fit
+
+
+@pytest.mark.parametrize("wall_us, cpu_us, link_us, latency_us, expected_us", [
+    (150, 60, 72, 71.5, 18),        # the hop takes more than its CPU and the link: the rest
+    (94, 88, 72, 71.5, -64.35),     # CPU and link more than the wall: cut, at most 0.9 latency
+    (130, 50, 72, 71.5, 8),
+    (94, 88, 46, 45.0, -40),        # with a 45 us link the same hop would keep 40 us off
+])
+def test_transfer_is_the_hop_beyond_its_cpu_and_the_simulated_link(wall_us, cpu_us, link_us, latency_us,
+                                                                   expected_us):
+    got = fb.transfer_beyond(wall_us * 1e-6, cpu_us * 1e-6, link_us * 1e-6, latency_us * 1e-6)
+    assert got == pytest.approx(expected_us * 1e-6)
