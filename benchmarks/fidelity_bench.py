@@ -81,10 +81,10 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     p2p fit and beyond the hop's message_cpu_s: the simulator charges that CPU to the lanes, and
     counting it in the transfer too would count it twice (the hop's wall holds it; measured
     chains: 126-185 us wall, 100-160 us CPU); message_cpu_s: the servers' CPU time per hop of
-    that chain (both ends). Both per
-    pair of device kinds ("CPU|CPU_half"; `kinds` per task), each between the first pair of
-    tasks with those kinds (1-2, then 0-1, 0-2): on the emulated heterogeneous cluster a hop
-    between two throttled tasks costs more than one to the unthrottled task. "The p2p fit" here
+    that chain (both ends). Both per pair of device kinds ("CPU|CPU_half"; the kinds of
+    `cluster`'s devices), each between the first pair of tasks with those kinds (1-2, then 0-1,
+    0-2): on the emulated heterogeneous cluster a hop between two throttled tasks costs more
+    than one to the unthrottled task. "The p2p fit" here
     is what the simulator charges a 16-byte message between those tasks: the link of `cluster`
     (Cluster.transfer_seconds; the cluster file's link is the bundled loopback fit), not the fit
     measured in this run, which the simulator does not use for messages (it differed by 25 us);
