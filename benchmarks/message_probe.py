@@ -1,0 +1,98 @@
+"""Message costs on the local cluster: one chain of hops by size, and several chains at once.
+
+    .venv/bin/python benchmarks/message_probe.py [--hetero] [--hops 12] [--steps 20] [--repeats 2]
+
+What fidelity_bench's overheads do not cover. They time one chain of 16-byte hops between one
+pair of tasks; a model's step sends tensors of any size, and a strategy with uneven shares per
+group sends many at once between all three tasks. Prints, per hop (the wall of a chain of
+--hops dependent hops between two tasks, less the same chain kept on one task, over --hops):
+  * sizes 16 B ... 1 MiB between tasks 1-2 and 0-1, next to the link the simulator charges
+    (Cluster.transfer_seconds of the cluster file; the simulator adds each message's CPU on
+    the lanes, which the hop's wall holds);
+  * 16-byte chains alone (1-2, 0-1, 0-2), all three at once, and two at once on one pair: if
+    messages did not compete, a hop of several chains at once would cost what one chain's does.
+Each wall is the median of --steps steps after 3 warm-up steps; --repeats passes.
+--hetero: the emulated heterogeneous cluster and client pinning of fidelity_bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import fidelity_bench as fb
+
+SIZES_BYTES = (16, 64 << 10, 256 << 10, 1 << 20)
+SIZE_PAIRS = ((1, 2), (0, 1))
+CONCURRENT = (("1-2", ((1, 2),)), ("0-1", ((0, 1),)), ("0-2", ((0, 2),)),
+              ("all three", ((1, 2), (0, 1), (0, 2))), ("1-2 twice", ((1, 2), (1, 2))),
+              ("0-1 twice", ((0, 1), (0, 1))))
+
+
+def hop_seconds(lc, chains, nbytes: int, hops: int, steps: int) -> float:
+    """Wall per hop of `chains` (pairs of tasks) running at once, each `hops` dependent hops of
+    an `nbytes` tensor, less the same chains kept on their first task."""
+    import tensorflow as tf
+    from tfplace.runtime import step_session_config
+
+    def wall(cross: bool) -> float:
+        g = tf.Graph()
+        with g.as_default():
+            outs = []
+            for j, (a, b) in enumerate(chains):
+                with tf.device(lc.device_names[a]):
+                    v = tf.random.uniform([max(nbytes // 4, 1)], seed=j + 1)  # not folded away
+                for i in range(hops):
+                    with tf.device(lc.device_names[b if cross and i % 2 == 0 else a]):
+                        v = v * 1.0001
+                outs.append(v[:1])
+            fetch = tf.group(*outs)
+        with lc.session(graph=g, config=step_session_config(None, lc)) as sess:
+            for _ in range(3):
+                lc.run(sess, fetch)
+            ts = []
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                lc.run(sess, fetch)
+                ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+    return (wall(True) - wall(False)) / hops
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hetero", action="store_true", help="the emulated heterogeneous cluster (needs root)")
+    p.add_argument("--hops", type=int, default=12)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=2)
+    args = p.parse_args(argv)
+    for name in ("hops", "steps", "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tfplace.cluster import load_cluster
+    from tfplace.local_cluster import LocalCluster
+    cluster = load_cluster(os.path.join(fb.ROOT, "clusters", fb.HETERO["cluster"] if args.hetero else "local_cpu.json"))
+    limits = dict(cpus_per_task=fb.HETERO["cpus"], cpu_fraction_per_task=fb.HETERO["fractions"]) if args.hetero else {}
+    if args.hetero:
+        fb.pin_this_process(fb.HETERO["client_cpus"])
+    with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[1, 1, 1], **limits) as lc:
+        for r in range(args.repeats):
+            print(f"pass {r + 1}: one chain by size (us per hop; link = what the simulator charges "
+                  "before the message CPU)", flush=True)
+            for a, b in SIZE_PAIRS:
+                for nbytes in SIZES_BYTES:
+                    hop = hop_seconds(lc, ((a, b),), nbytes, args.hops, args.steps)
+                    link = cluster.transfer_seconds(a, b, nbytes)
+                    print(f"  tasks {a}-{b} {nbytes:>8} B: hop {hop * 1e6:6.0f}  link {link * 1e6:5.0f}", flush=True)
+            print(f"pass {r + 1}: 16-byte chains at once (us per hop of each chain)", flush=True)
+            for name, chains in CONCURRENT:
+                print(f"  {name:>10}: {hop_seconds(lc, chains, 16, args.hops, args.steps) * 1e6:6.0f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
