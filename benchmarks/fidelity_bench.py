@@ -66,6 +66,19 @@ def _cpu_seconds(pids) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def median_step_seconds(lc, sess, fetch, steps: int, warmup: int, feed=None) -> float:
+    """Median wall seconds of `steps` runs of `fetch` through LocalCluster.run (as StepRunner runs
+    a step), after `warmup` untimed ones."""
+    for _ in range(warmup):
+        lc.run(sess, fetch, feed)
+    ts = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        lc.run(sess, fetch, feed)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
 def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cpu_reps: int = 200,
                       raw: bool = True) -> dict:
     """Fixed costs of the local TF runtime, from micro-benchmarks independent of the models (each
@@ -113,20 +126,14 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
                 x0 = x * 1.0
             fetch = tf.group(*build(x0))
         with lc.session(graph=g, config=step_session_config(None, lc)) as sess:
-            for _ in range(5):
-                lc.run(sess, fetch, {x: feed_value})
-            ts = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                lc.run(sess, fetch, {x: feed_value})
-                ts.append(time.perf_counter() - t0)
+            wall = median_step_seconds(lc, sess, fetch, reps, 5, {x: feed_value})
             used = None
             if cpu:
                 c0 = _cpu_seconds(lc.pids)
                 for _ in range(cpu_reps):
                     lc.run(sess, fetch, {x: feed_value})
                 used = (_cpu_seconds(lc.pids) - c0) / cpu_reps
-        return statistics.median(ts), used
+        return wall, used
 
     def one_task(x0):
         return [x0]

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import fidelity_bench as fb
 
@@ -51,14 +49,7 @@ def hop_seconds(lc, chains, nbytes: int, hops: int, steps: int) -> float:
                 outs.append(v[:1])
             fetch = tf.group(*outs)
         with lc.session(graph=g, config=step_session_config(None, lc)) as sess:
-            for _ in range(3):
-                lc.run(sess, fetch)
-            ts = []
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                lc.run(sess, fetch)
-                ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
+            return fb.median_step_seconds(lc, sess, fetch, steps, warmup=3)
     return (wall(True) - wall(False)) / hops
 
 
