@@ -6,8 +6,9 @@
     .venv/bin/python benchmarks/fidelity_bench.py --replay run1.json run2.json ...
 
 For each model: a CPU profile measured under the workers' thread setting (intra 1, inter 1;
-`python -m tfplace.profile --threads 1`, Grappler off like the runtime), with the loopback comm
-fit of graph_defs/profiles/local_comm_cpu.json attached; strategies = the registry baselines
+`python -m tfplace.profile --threads 1`, Grappler off like the runtime), with a comm fit
+measured on the run's cluster (cluster_comm; --bundled-comm: graph_defs/profiles/
+local_comm_cpu.json) and runtime overheads measured right before it; strategies = the registry baselines
 (make_problem + registry.generate, as compare uses them) plus random valid strategies up to
 --strategies; for each, the real iteration time (StepRunner.timed: warm-up, then the median of
 timed steps) on a LocalCluster of 3 tasks (clusters/local_cpu.json) and the simulated time of the
@@ -66,17 +67,44 @@ def _cpu_seconds(pids) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def median_step_seconds(lc, sess, fetch, steps: int, warmup: int, feed=None) -> float:
-    """Median wall seconds of `steps` runs of `fetch` through LocalCluster.run (as StepRunner runs
-    a step), after `warmup` untimed ones."""
+def median_call_seconds(call, steps: int, warmup: int) -> float:
+    """Median wall seconds of `steps` calls of `call` (one step: `lc.run(...)` as StepRunner runs
+    it, or a local `sess.run(...)`), after `warmup` untimed ones."""
     for _ in range(warmup):
-        lc.run(sess, fetch, feed)
+        call()
     ts = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        lc.run(sess, fetch, feed)
+        call()
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts)
+
+
+def hop_chain(devs, a: int, b: int, hops: int, cross: bool, elements: int = 4, seed: int = 1):
+    """The last tensor of a chain of `hops` dependent multiplies alternating between tasks b and a
+    (b first), or all on task a without `cross`, starting from `elements` float32 drawn on task a
+    (a stateful random op: TensorFlow's classic optimizer folds constant subgraphs even with
+    Grappler off). Each cross hop is one message of 4 * elements bytes."""
+    import tensorflow as tf
+    with tf.device(devs[a]):
+        v = tf.random.uniform([elements], seed=seed)
+    for i in range(hops):
+        with tf.device(devs[b] if cross and i % 2 == 0 else devs[a]):
+            v = v * 1.0001
+    return v
+
+
+def local_cluster_setup(hetero: bool):
+    """(tfplace Cluster, LocalCluster keyword arguments) of the bench's 3-task cluster: 1 intra-op
+    and 1 inter-op thread per task; with `hetero`, HETERO's pinning and quotas, and this process
+    (the client) pinned to HETERO["client_cpus"]."""
+    from tfplace.cluster import load_cluster
+    cluster = load_cluster(os.path.join(ROOT, "clusters", HETERO["cluster"] if hetero else "local_cpu.json"))
+    kwargs = dict(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[1, 1, 1])
+    if hetero:
+        kwargs.update(cpus_per_task=HETERO["cpus"], cpu_fraction_per_task=HETERO["fractions"])
+        pin_this_process(HETERO["client_cpus"])
+    return cluster, kwargs
 
 
 def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cpu_reps: int = 200,
@@ -91,21 +119,20 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     tracing cost is removed, tfplace.profiler rule 7); worker_s: each further task
     that runs a partition; transfer_s: per hop of a chain of `fan` dependent tensors going back
     and forth between two tasks (a message inside a step, not the fit's best case), beyond the
-    p2p fit and beyond the hop's message_cpu_s: the simulator charges that CPU to the lanes, and
-    counting it in the transfer too would count it twice (the hop's wall holds it; measured
-    chains: 126-185 us wall, 100-160 us CPU); message_cpu_s: the servers' CPU time per hop of
-    that chain (both ends). Both per pair of device kinds ("CPU|CPU_half"; the kinds of
-    `cluster`'s devices), each between the first pair of tasks with those kinds (1-2, then 0-1,
-    0-2): on the emulated heterogeneous cluster a hop between two throttled tasks costs more
-    than one to the unthrottled task. "The p2p fit" here
-    is what the simulator charges a 16-byte message between those tasks: the link of `cluster`
-    (Cluster.transfer_seconds; the cluster file's link is the bundled loopback fit), not the fit
-    measured in this run, which the simulator does not use for messages (it differed by 25 us);
+    link the simulator charges a 16-byte message between those tasks (Cluster.transfer_seconds
+    of `cluster`, not the p2p fit measured in the run, which the simulator does not use for
+    messages: they differed by 25 us) and beyond the hop's message_cpu_s: the simulator charges
+    that CPU to the lanes, and counting it in the transfer too would count it twice (the hop's
+    wall holds it; measured chains: 126-185 us wall, 100-160 us CPU); message_cpu_s: the
+    servers' CPU time per hop of that chain (both ends). Both per pair of device kinds
+    ("CPU|CPU_half"; the kinds of `cluster`'s devices), each between the first pair of tasks
+    with those kinds (1-2, then 0-1, 0-2): on the emulated heterogeneous cluster a hop between
+    two throttled tasks costs more than one to the unthrottled task;
     transfer_gap_s: wall time per tensor when `fan` independent 16-byte tensors cross from task 1
     to task 2 at once (the gap between the messages of a burst). Collectives keep the all-reduce
     fit (cluster_comm: single traced all-reduces, 1.0-1.8 ms for 3 tasks at 16 bytes): in the
-    models' steps their trace records last 1.1-1.8 ms each. `raw` also has, per group size, the wall time of one
-    16-byte all-reduce in a sequence of `fan` chained by control edges on every participant
+    models' steps their trace records last 1.1-1.8 ms each. `raw` also has, per group size, the
+    wall time of one 16-byte all-reduce in a sequence of `fan` chained by control edges on every participant
     (`serial_collective_s`, 0.7-1.1 ms: less than inside a model's step) and the burst figures
     of independent all-reduces; with `raw` False those collective figures (the model uses none of
     them) are not measured and `raw` is left out. `comm`: the comm fit the model uses (a
@@ -126,7 +153,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
                 x0 = x * 1.0
             fetch = tf.group(*build(x0))
         with lc.session(graph=g, config=step_session_config(None, lc)) as sess:
-            wall = median_step_seconds(lc, sess, fetch, reps, 5, {x: feed_value})
+            wall = median_call_seconds(lambda: lc.run(sess, fetch, {x: feed_value}), reps, 5)
             used = None
             if cpu:
                 c0 = _cpu_seconds(lc.pids)
@@ -166,11 +193,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     def ping_pong(k, cross, a=1, b=2):
         """A chain of k dependent hops between tasks a and b (or, without `cross`, on task a)."""
         def build(x0):
-            v = seed(devs[a])
-            for i in range(k):
-                with tf.device((devs[b] if i % 2 == 0 else devs[a]) if cross else devs[a]):
-                    v = v * 1.0001
-            return [x0, v]
+            return [x0, hop_chain(devs, a, b, k, cross)]
         return build
 
     def collectives(k, reduce):
@@ -313,14 +336,7 @@ def local_op_seconds(k: int, reps: int) -> float:
                 v = v + 1.0
             fetch = tf.group(v)
         with tf.compat.v1.Session(graph=g, config=config) as sess:
-            for _ in range(5):
-                sess.run(fetch)
-            ts = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                sess.run(fetch)
-                ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
+            return median_call_seconds(lambda: sess.run(fetch), reps, 5)
 
     return (wall(k) - wall(0)) / k
 
@@ -631,16 +647,12 @@ def main(argv=None):
         return replay(args.replay)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.makedirs(args.workdir, exist_ok=True)
-    from tfplace.cluster import load_cluster
     from tfplace.local_cluster import LocalCluster
-    cluster = load_cluster(os.path.join(ROOT, "clusters", HETERO["cluster"] if args.hetero else "local_cpu.json"))
-    limits = dict(cpus_per_task=HETERO["cpus"], cpu_fraction_per_task=HETERO["fractions"]) if args.hetero else {}
-    if args.hetero:
-        pin_this_process(HETERO["client_cpus"])
+    cluster, lc_kwargs = local_cluster_setup(args.hetero)
     results, record = {}, ({} if args.record else None)
     t0 = time.time()
     conditions = {}  # model -> (comm, overheads)
-    with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[1, 1, 1], **limits) as lc:
+    with LocalCluster(**lc_kwargs) as lc:
         for model in args.models.split(","):
             print(f"{model}:", flush=True)
             conditions[model] = bench_model(model, lc, cluster, args, args.workdir, results, record)

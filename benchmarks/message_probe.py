@@ -39,17 +39,10 @@ def hop_seconds(lc, chains, nbytes: int, hops: int, steps: int) -> float:
     def wall(cross: bool) -> float:
         g = tf.Graph()
         with g.as_default():
-            outs = []
-            for j, (a, b) in enumerate(chains):
-                with tf.device(lc.device_names[a]):
-                    v = tf.random.uniform([max(nbytes // 4, 1)], seed=j + 1)  # not folded away
-                for i in range(hops):
-                    with tf.device(lc.device_names[b if cross and i % 2 == 0 else a]):
-                        v = v * 1.0001
-                outs.append(v[:1])
-            fetch = tf.group(*outs)
+            fetch = tf.group(*[fb.hop_chain(lc.device_names, a, b, hops, cross, max(nbytes // 4, 1), j + 1)[:1]
+                               for j, (a, b) in enumerate(chains)])
         with lc.session(graph=g, config=step_session_config(None, lc)) as sess:
-            return fb.median_step_seconds(lc, sess, fetch, steps, warmup=3)
+            return fb.median_call_seconds(lambda: lc.run(sess, fetch), steps, warmup=3)
     return (wall(True) - wall(False)) / hops
 
 
@@ -64,13 +57,9 @@ def main(argv=None) -> int:
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from tfplace.cluster import load_cluster
     from tfplace.local_cluster import LocalCluster
-    cluster = load_cluster(os.path.join(fb.ROOT, "clusters", fb.HETERO["cluster"] if args.hetero else "local_cpu.json"))
-    limits = dict(cpus_per_task=fb.HETERO["cpus"], cpu_fraction_per_task=fb.HETERO["fractions"]) if args.hetero else {}
-    if args.hetero:
-        fb.pin_this_process(fb.HETERO["client_cpus"])
-    with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[1, 1, 1], **limits) as lc:
+    cluster, lc_kwargs = fb.local_cluster_setup(args.hetero)
+    with LocalCluster(**lc_kwargs) as lc:
         for r in range(args.repeats):
             print(f"pass {r + 1}: one chain by size (us per hop; link = what the simulator charges "
                   "before the message CPU)", flush=True)

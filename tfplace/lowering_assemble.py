@@ -203,12 +203,13 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
                      to the first input's first instance: nothing starts before the feed arrives;
       worker_s       per further task running part of the step (the master's RunGraph to it);
       op_s           per compute task (executor dispatch around each kernel the profile timed);
-      transfer_s, collective_s   per transfer / collective on top of the link or all-reduce fit
-                     (a message in a step costs more than the fit's best case); transfer_s and
-                     message_cpu_s may be given per pair of device kinds (_per_message);
-                     transfer_s is what a message takes beyond the fit *and* its message_cpu_s
-                     on the lanes, and may be negative (the lanes' CPU already holds part of the
-                     fit's latency); a transfer never lasts less than 0;
+      transfer_s, collective_s   per transfer / collective on top of its link time (the
+                     cluster's pair latency + bytes / bandwidth) or all-reduce fit (a message in
+                     a step costs more than the best case); transfer_s and message_cpu_s may be
+                     given per pair of device kinds (_per_message); transfer_s is what a message
+                     takes beyond its link time *and* its message_cpu_s on the lanes, and may be
+                     negative (the lanes' CPU already holds part of the link's latency); a
+                     transfer never lasts less than 0;
       message_cpu_s  CPU time one gRPC message costs its two processes together (serialising,
                      the RPC, the rendezvous), taken from the executors of those processes: half
                      on the sending device's lane (the task the message leaves after), half on
