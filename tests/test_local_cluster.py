@@ -204,27 +204,38 @@ def test_bad_arguments():
         LocalCluster(num_tasks=2, cpu_fraction_per_task=[0.0, None])
 
 
-def _matmul_step_s(lc, task, repeats=7):
-    """Median seconds of a compute-bound step (4 chained 384x384 matmuls) run on `task` alone.
-    The input is a stateful random op: from a stateless (constant) one, constant folding would
-    compute the whole chain once and leave only the step's overhead to time."""
+def _matmul_steps_s(lc, tasks, repeats=9):
+    """Median seconds of a compute-bound step (4 chained 384x384 matmuls) run on each of `tasks`
+    alone, the tasks' steps interleaved (a, b, a, b, ...) so that a slow phase of a shared
+    machine hits them alike (timed one task after the other, a phase between them once gave
+    1.46x where 1.63-2.24x is the quota's effect). The input is a stateful random op: from a
+    stateless (constant) one, constant folding would compute the whole chain once and leave only
+    the step's overhead to time."""
     import statistics
-    g = tf.Graph()
-    with g.as_default(), tf.device(lc.device_names[task]):
-        x = tf.random.normal([384, 384], seed=1)
-        y = x
-        for _ in range(4):
-            y = tf.matmul(y, x) * 0.01
-        out = tf.reduce_sum(y)
-    with lc.session(graph=g) as sess:
-        for _ in range(3):
-            lc.run(sess, out)
-        times = []
+    runs = []
+    for task in tasks:
+        g = tf.Graph()
+        with g.as_default(), tf.device(lc.device_names[task]):
+            x = tf.random.normal([384, 384], seed=1)
+            y = x
+            for _ in range(4):
+                y = tf.matmul(y, x) * 0.01
+            out = tf.reduce_sum(y)
+        runs.append((lc.session(graph=g), out))
+    try:
+        for sess, out in runs:
+            for _ in range(3):
+                lc.run(sess, out)
+        times = [[] for _ in runs]
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            lc.run(sess, out)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+            for (sess, out), ts in zip(runs, times):
+                t0 = time.perf_counter()
+                lc.run(sess, out)
+                ts.append(time.perf_counter() - t0)
+    finally:
+        for sess, _ in runs:
+            sess.close()
+    return [statistics.median(ts) for ts in times]
 
 
 @pytest.mark.skipif(not __import__("tfplace.cpu_quota").cpu_quota.available(),
@@ -237,7 +248,7 @@ def test_cpu_quota_makes_a_slow_task():
     cpu = [os.cpu_count() - 1]
     with LocalCluster(num_tasks=2, threads_per_task=[1, 1], inter_threads_per_task=[1, 1],
                       cpus_per_task=[cpu, cpu], cpu_fraction_per_task=[None, 0.5]) as lc:
-        fast, slow = _matmul_step_s(lc, 0), _matmul_step_s(lc, 1)
+        fast, slow = _matmul_steps_s(lc, [0, 1])
         quota_dirs = [q.path for q in lc._quotas]
         assert len(quota_dirs) == 1 and all(os.path.isdir(d) for d in quota_dirs)
         with open(os.path.join(quota_dirs[0], "cgroup.procs")) as f:
