@@ -67,6 +67,37 @@ def _cpu_seconds(pids) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def task_cpu_seconds(pids) -> np.ndarray:
+    """Per process, the CPU seconds its current threads have run so far, from the scheduler's
+    nanosecond counters (/proc/PID/task/TID/schedstat; /proc/PID/stat counts 10 ms ticks, too
+    coarse for a few dozen millisecond steps). A thread that ends between two readings takes
+    its time with it, so a difference may be short by that thread's time."""
+    out = []
+    for pid in pids:
+        total_ns = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total_ns += int(f.read().split()[0])
+            except (FileNotFoundError, ProcessLookupError):
+                pass  # the thread ended meanwhile
+        out.append(total_ns * 1e-9)
+    return np.array(out)
+
+
+def cpu_bound_seconds(cpu_s_per_task, fractions=None) -> float:
+    """The shortest step the tasks' CPU allows: a task that used c seconds of CPU in a step under
+    a quota of f CPUs (fractions[i]; None or 1: no quota) needs at least c / f seconds of wall
+    time. Tasks that share a core would bound it further; this bound ignores that."""
+    f = [1.0 if fractions is None or fractions[i] is None else float(fractions[i]) for i in range(len(cpu_s_per_task))]
+    return max((c / fi for c, fi in zip(cpu_s_per_task, f)), default=0.0)
+
+
+def ms_list(seconds) -> str:
+    """'1.20/3.40/0.05': seconds as milliseconds joined by '/'."""
+    return "/".join(f"{x * 1e3:.2f}" for x in seconds)
+
+
 def median_call_seconds(call, steps: int, warmup: int) -> float:
     """Median wall seconds of `steps` calls of `call` (one step: `lc.run(...)` as StepRunner runs
     it, or a local `sess.run(...)`), after `warmup` untimed ones."""
@@ -494,13 +525,14 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, record=None):
         for name, strategy in plans:
             try:
                 step = rewrite_step(graph, strategy, cluster, profile=profile, grouping=problem.grouping)
-                sim = simulate(step.placed, cluster).iteration_time_s
+                report = simulate(step.placed, cluster)
                 runner = StepRunner(lc, step, timeout_s=120)
-                runs.append((name, sim, runner, random_feed(step.inputs, batch, 0)))
+                runs.append((name, report, runner, random_feed(step.inputs, batch, 0)))
                 runner.initialize()
             except Exception as err:
                 print(f"  {model}/{name}: FAILED {type(err).__name__}: {str(err)[:120]}", flush=True)
         times = {name: [] for name, *_ in runs}
+        cpu_s = {name: np.zeros(len(lc.pids)) for name, *_ in runs}  # servers' CPU over the timed steps
         failed = set()
         for r in range(args.rounds):
             # round-robin: a slow phase of the (shared, 2-core) machine hits every strategy alike
@@ -508,7 +540,10 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, record=None):
                 if name in failed:
                     continue
                 try:
-                    times[name] += runner.timed(args.steps, args.warmup, feed)[0]
+                    runner.run_steps(args.warmup, feed)
+                    before = task_cpu_seconds(lc.pids)
+                    times[name] += runner.run_steps(args.steps, feed)
+                    cpu_s[name] += task_cpu_seconds(lc.pids) - before
                 except Exception as err:
                     failed.add(name)
                     print(f"  {model}/{name}: FAILED {type(err).__name__}: {str(err)[:120]}", flush=True)
@@ -517,15 +552,22 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, record=None):
         if record is not None:
             record[model] = {"bundle": os.path.relpath(bundle, ROOT), "profile": base_profile.to_json(),
                              "overheads": overheads, "rows": []}
-        for name, sim, _, _ in runs:
+        fractions = HETERO["fractions"] if args.hetero else None
+        for name, report, _, _ in runs:
             if name not in failed:
                 real, fastest = statistics.median(times[name]), min(times[name])
-                rows.append((name, real, sim, fastest, round_medians(times[name], args.steps)))
+                sim = report.iteration_time_s
+                cpu = cpu_s[name] / len(times[name])
+                rows.append((name, real, sim, fastest, round_medians(times[name], args.steps), cpu.tolist(),
+                             list(report.busy_s), cpu_bound_seconds(cpu, fractions)))
                 if record is not None:
                     record[model]["rows"].append({"name": name, "strategy": strategies[name].to_json(),
-                                                  "real_s": times[name], "sim_s": sim})
+                                                  "real_s": times[name], "sim_s": sim,
+                                                  "task_cpu_s_per_step": cpu.tolist(),
+                                                  "sim_busy_s": list(report.busy_s)})
                 print(f"  {model}/{name}: real {real * 1e3:.2f} ms (fastest {fastest * 1e3:.2f})  "
-                      f"sim {sim * 1e3:.2f} ms", flush=True)
+                      f"sim {sim * 1e3:.2f} ms; CPU/step per task {ms_list(cpu)} ms (bound "
+                      f"{rows[-1][7] * 1e3:.2f}), sim lanes {ms_list(report.busy_s)} ms", flush=True)
     finally:
         for _, _, runner, _ in runs:
             runner.close()
@@ -689,12 +731,16 @@ def main(argv=None):
             fmed, fworst, ftau = summary(rows, 3)
             lines.append(f"| {model} | {len(rows)} | {med:.1%} | {worst:.1%} | {tau:.2f} | {round_spread(rows):.1%} | "
                          f"{fmed:.1%} | {fworst:.1%} | {ftau:.2f} |")
-    lines += ["", "| model | strategy | real ms (median) | real ms (fastest) | sim ms | sim/real | sim/fastest |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "Task CPU = each server's CPU time per timed step, tasks 0/1/2 (/proc schedstat); CPU bound = "
+              "the shortest step that CPU allows under the tasks' quotas (cpu_bound_seconds); sim lanes = the "
+              "simulated busy time of each device's compute lane (SimReport.busy_s).", "",
+              "| model | strategy | real ms (median) | real ms (fastest) | sim ms | sim/real | sim/fastest | "
+              "task CPU ms | CPU bound ms | sim lanes ms |", "|---|---|---|---|---|---|---|---|---|---|"]
     for model, rows in results.items():
-        for name, real, sim, fastest, _ in rows:
+        for name, real, sim, fastest, _, cpu, busy, bound in rows:
             lines.append(f"| {model} | {name} | {real * 1e3:.2f} | {fastest * 1e3:.2f} | {sim * 1e3:.2f} | "
-                         f"{sim / real:.2f} | {sim / fastest:.2f} |")
+                         f"{sim / real:.2f} | {sim / fastest:.2f} | {ms_list(cpu)} | {bound * 1e3:.2f} | "
+                         f"{ms_list(busy)} |")
     text = "\n".join(lines) + "\n"
     print(text)
     with open(args.out, "w") as f:

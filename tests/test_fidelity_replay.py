@@ -95,3 +95,25 @@ def test_transfer_is_the_hop_beyond_its_cpu_and_the_simulated_link(wall_us, cpu_
                                                                    expected_us):
     got = fb.transfer_beyond(wall_us * 1e-6, cpu_us * 1e-6, link_us * 1e-6, latency_us * 1e-6)
     assert got == pytest.approx(expected_us * 1e-6)
+
+
+@pytest.mark.parametrize("cpu_ms, fractions, bound_ms", [
+    ((2.0, 7.0, 6.0), (None, 0.5, 0.5), 14.0),   # a task at half a core needs twice its CPU in wall time
+    ((6.0, 2.0, 2.5), (None, 0.5, 0.5), 6.0),    # the unlimited task is the bound
+    ((1.0, 3.0), None, 3.0),                     # no quotas: the busiest task's CPU
+    ((), None, 0.0),
+])
+def test_cpu_bound_is_the_busiest_task_under_its_quota(cpu_ms, fractions, bound_ms):
+    got = fb.cpu_bound_seconds([c * 1e-3 for c in cpu_ms], fractions)
+    assert got == pytest.approx(bound_ms * 1e-3)
+
+
+def test_task_cpu_seconds_counts_this_process_work():
+    import time
+    before = fb.task_cpu_seconds([os.getpid()])
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.1:
+        pass
+    used = fb.task_cpu_seconds([os.getpid()]) - before
+    assert used.shape == (1,) and 0.05 <= used[0] <= 1.0
+    assert fb.ms_list([0.0012, 0.0034]) == "1.20/3.40"

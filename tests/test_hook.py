@@ -87,3 +87,34 @@ def test_hooked_steps_equal_the_rewritten_graph(local_cluster, tmp_path):
         assert not np.array_equal(mirrors[0], init[name][0]) or "bias" in name, f"{name} did not train"
         for m in mirrors:
             assert _rel(m, hooked[name]) <= 1e-6, f"{name}: hooked and direct runs differ"
+
+
+
+@pytest.mark.multiprocess
+def test_run_steps_trains_and_times_every_step(local_cluster):
+    """StepRunner.run_steps (what the fidelity bench times) runs train_op once per step: n wall
+    times, and the variables move exactly as n direct steps move them."""
+    from tfplace.cluster import load_cluster
+    from tfplace.rewrite import rewrite_step
+    from tfplace.runtime import StepRunner, random_feed
+    from tfplace.strategy import even_strategy
+    from tfplace.testing import tiny_graph
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    graph = tiny_graph("mlp", 6, "sgd")
+    step = rewrite_step(graph, even_strategy(list(cluster.device_names), 6, 1), cluster)
+    feed = random_feed(step.inputs, 6, 0)
+    after = {}
+    for how in ("run_steps", "step"):
+        with StepRunner(local_cluster, step, timeout_s=120) as runner:
+            runner.initialize()
+            before = runner.variables()
+            if how == "run_steps":
+                times = runner.run_steps(3, feed)
+                assert len(times) == 3 and all(t > 0 for t in times)
+            else:
+                for _ in range(3):
+                    runner.step(feed)
+            after[how] = runner.variables()
+    assert any(not np.array_equal(after["step"][k][0], before[k][0]) for k in before), "nothing trained"
+    for name, mirrors in after["step"].items():
+        assert _rel(after["run_steps"][name][0], mirrors[0]) <= 1e-6, f"{name}: run_steps did not train like step"

@@ -110,19 +110,24 @@ class StepRunner:
         values = self._run([list(self.step_def.variables[n]) for n in names])
         return dict(zip(names, values))
 
+    def run_steps(self, steps: int, feed: Mapping[str, np.ndarray]) -> List[float]:
+        """Runs `steps` training steps (train_op only, no trace); returns each one's wall seconds."""
+        fetch = self.step_def.train_op
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            self._run(fetch, dict(feed))
+            times.append(time.perf_counter() - t0)
+        return times
+
     def timed(self, steps: int, warmup: int, feed: Mapping[str, np.ndarray]) -> Tuple[List[float], str]:
         """(per-step wall seconds of `steps` timed steps after `warmup` ones, Chrome trace JSON
         of one extra FULL_TRACE step)."""
         import tensorflow as tf
         from tensorflow.python.client import timeline
         fetch = self.step_def.train_op
-        for _ in range(warmup):
-            self._run(fetch, dict(feed))
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            self._run(fetch, dict(feed))
-            times.append(time.perf_counter() - t0)
+        self.run_steps(warmup, feed)
+        times = self.run_steps(steps, feed)
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         meta = tf.compat.v1.RunMetadata()
         self._run(fetch, dict(feed), options=options, run_metadata=meta)
