@@ -10,12 +10,14 @@ For each model: a CPU profile measured under the workers' thread setting (intra 
 measured on the run's cluster (cluster_comm; --bundled-comm: graph_defs/profiles/
 local_comm_cpu.json) and runtime overheads measured right before it; strategies = the registry baselines
 (make_problem + registry.generate, as compare uses them) plus random valid strategies up to
---strategies; for each, the real iteration time (StepRunner.timed: warm-up, then the median of
-timed steps) on a LocalCluster of 3 tasks (clusters/local_cpu.json) and the simulated time of the
+--strategies; for each, the real iteration time (StepRunner.run_steps: warm-up, then the median
+of timed steps) on a LocalCluster of 3 tasks (clusters/local_cpu.json) and the simulated time of the
 same PlacedGraph. Every strategy's session stays open and --rounds round-robin passes time
 --steps steps of each (real = the median of all of them), so a slow phase of the machine hits
 every strategy alike. Prints per model median / worst |sim - real| / real and Kendall tau, with
-real = the median step and with real = the fastest step, and the table; writes it (with the
+real = the median step and with real = the fastest step, and the table, which also has each
+task's CPU per timed step (task_cpu_seconds), the shortest step that CPU allows under the tasks'
+quotas (cpu_bound_seconds) and the simulator's lane busy time per device; writes it (with the
 command) to --out.
 
 Default: homogeneous, every task with 1 intra-op thread, unpinned (3 tasks share 2 cores).
