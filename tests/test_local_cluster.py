@@ -141,6 +141,8 @@ def _script(code: str, arg: str):
     """A Python process running `code` with argument `arg` (pipes for its output); killed on the
     way out if the test left it running."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    # SIGUSR1 makes the script print every thread's stack (see _wait_or_dump)
+    code = "import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n" + code
     proc = subprocess.Popen([sys.executable, "-c", code, arg], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -148,6 +150,19 @@ def _script(code: str, arg: str):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _wait_or_dump(proc, timeout_s: float, what: str) -> int:
+    """proc's exit code; if it has not exited within `timeout_s`, fails with the stacks of all
+    its threads (so a rare hang says where it hangs)."""
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2.0)
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"{what}: still running after {timeout_s:.0f} s; its threads:\n{err[-6000:]}")
 
 
 @pytest.mark.parametrize("mode", ["sigint", "sigkill"])
@@ -158,7 +173,7 @@ def test_no_orphans_after_ctrl_c_or_a_killed_launcher(mode):
         assert len(pids) == 2, proc.stderr.read()
         if mode == "sigint":
             proc.send_signal(signal.SIGINT)
-        proc.wait(30)
+        _wait_or_dump(proc, 30, f"the launcher ({mode})")
         assert _wait_gone(pids, 5.0), f"workers {pids} outlived their launcher ({mode})"
 
 
@@ -184,7 +199,7 @@ _LEFT_OPEN = textwrap.dedent("""
 @pytest.mark.parametrize("left_open", ["session", "cluster"])
 def test_a_script_that_leaves_its_session_open_still_exits(left_open):
     with _script(_LEFT_OPEN, left_open) as proc:
-        rc = proc.wait(90)  # a hung exit never returns (before the fix: start() waited forever)
+        rc = _wait_or_dump(proc, 90, "the script")  # a hung exit never returns (before the fix: start() waited forever)
         out, err = proc.communicate()
         assert rc == 0, err[-2000:]
         value, *pids = out.split()
