@@ -128,6 +128,9 @@ _LAUNCHER = textwrap.dedent("""
     import os, signal, sys, time
     from tfplace.local_cluster import LocalCluster
     mode = sys.argv[1]
+    # Ctrl-C as in a terminal, even when this runs from a shell's background job (which starts
+    # its children with SIGINT ignored, and Python then keeps it ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with LocalCluster(num_tasks=2) as lc:
         print(" ".join(map(str, lc.pids)), flush=True)
         if mode == "sigkill":
