@@ -91,8 +91,8 @@ def cpu_bound_seconds(cpu_s_per_task, fractions=None) -> float:
     """The shortest step the tasks' CPU allows: a task that used c seconds of CPU in a step under
     a quota of f CPUs (fractions[i]; None or 1: no quota) needs at least c / f seconds of wall
     time. Tasks that share a core would bound it further; this bound ignores that."""
-    f = [1.0 if fractions is None or fractions[i] is None else float(fractions[i]) for i in range(len(cpu_s_per_task))]
-    return max((c / fi for c, fi in zip(cpu_s_per_task, f)), default=0.0)
+    quotas = fractions if fractions is not None else [None] * len(cpu_s_per_task)
+    return max((c / (1.0 if f is None else float(f)) for c, f in zip(cpu_s_per_task, quotas)), default=0.0)
 
 
 def ms_list(seconds) -> str:
@@ -559,17 +559,16 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, record=None):
             if name not in failed:
                 real, fastest = statistics.median(times[name]), min(times[name])
                 sim = report.iteration_time_s
-                cpu = cpu_s[name] / len(times[name])
-                rows.append((name, real, sim, fastest, round_medians(times[name], args.steps), cpu.tolist(),
-                             list(report.busy_s), cpu_bound_seconds(cpu, fractions)))
+                cpu, busy = (cpu_s[name] / len(times[name])).tolist(), list(report.busy_s)
+                bound = cpu_bound_seconds(cpu, fractions)
+                rows.append((name, real, sim, fastest, round_medians(times[name], args.steps), cpu, busy, bound))
                 if record is not None:
                     record[model]["rows"].append({"name": name, "strategy": strategies[name].to_json(),
                                                   "real_s": times[name], "sim_s": sim,
-                                                  "task_cpu_s_per_step": cpu.tolist(),
-                                                  "sim_busy_s": list(report.busy_s)})
+                                                  "task_cpu_s_per_step": cpu, "sim_busy_s": busy})
                 print(f"  {model}/{name}: real {real * 1e3:.2f} ms (fastest {fastest * 1e3:.2f})  "
                       f"sim {sim * 1e3:.2f} ms; CPU/step per task {ms_list(cpu)} ms (bound "
-                      f"{rows[-1][7] * 1e3:.2f}), sim lanes {ms_list(report.busy_s)} ms", flush=True)
+                      f"{bound * 1e3:.2f}), sim lanes {ms_list(busy)} ms", flush=True)
     finally:
         for _, _, runner, _ in runs:
             runner.close()

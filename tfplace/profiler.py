@@ -67,8 +67,8 @@ import numpy as np
 from tfplace.errors import InputError
 from tfplace.profile import Profile
 
-STATISTICS = ("min", "median", "mean")
 STATISTIC_FUNCTIONS = {"min": np.min, "median": np.median, "mean": np.mean}
+STATISTICS = tuple(STATISTIC_FUNCTIONS)
 UNTRACED_PER_TRACED = 3  # untraced (and empty) steps timed per traced repeat: cheap, and noisier
 TRACE_FLOOR_FRACTION = 0.1  # a record keeps at least this share of itself: every op costs its dispatch
 _DEVICE_RE = re.compile(r"^(?:/device:)?(CPU|GPU)(?::(\d+))?$", re.IGNORECASE)
