@@ -1,6 +1,6 @@
 """Simulator fidelity on the local CPU cluster.
 
-    .venv/bin/python benchmarks/fidelity_bench.py [--models tiny_mlp,tiny_cnn,tiny_transformer]
+    .venv/bin/python benchmarks/fidelity_bench.py [--models tiny_mlp,tiny_cnn,tiny_transformer,resnet50]
         [--strategies 10] [--steps 10] [--warmup 2] [--rounds 3] [--overhead-repeats 3] [--hetero]
         [--no-overheads] [--out benchmarks/fidelity_bench.md] [--record run.json]
     .venv/bin/python benchmarks/fidelity_bench.py --replay run1.json run2.json ...
@@ -44,7 +44,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # zoo models and the sizes they run at; bundles are exported on first use (graph_defs.export)
 MODELS = {"tiny_mlp": {"batch_size": 48}, "tiny_cnn": {"batch_size": 48, "image_size": 16},
-          "tiny_transformer": {"batch_size": 16, "seq_len": 8, "num_layers": 2}}
+          "tiny_transformer": {"batch_size": 16, "seq_len": 8, "num_layers": 2},
+          "resnet50": {"batch_size": 8, "image_size": 32}}
 
 
 def bundle_path(model: str) -> str:
@@ -53,6 +54,7 @@ def bundle_path(model: str) -> str:
     return os.path.relpath(ensure_bundle(model, **MODELS[model]), ROOT)
 
 
+BIG_MESSAGE_BYTES = 1 << 20  # the message / all-reduce size of the per-byte figures in `raw`
 MAX_LATENCY_CUT = 0.9  # transfer_s may take back at most this share of the link latency (a message stays > 0)
 BASELINES = ("single", "dp_even_allreduce", "dp_even_ps", "dp_proportional_allreduce", "dp_proportional_ps",
              "model_parallel_round_robin", "model_parallel_contiguous", "heft", "pipeline")
@@ -166,8 +168,10 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     fit (cluster_comm: single traced all-reduces, 1.0-1.8 ms for 3 tasks at 16 bytes): in the
     models' steps their trace records last 1.1-1.8 ms each. `raw` also has, per group size, the
     wall time of one 16-byte all-reduce in a sequence of `fan` chained by control edges on every participant
-    (`serial_collective_s`, 0.7-1.1 ms: less than inside a model's step) and the burst figures
-    of independent all-reduces; with `raw` False those collective figures (the model uses none of
+    (`serial_collective_s`, 0.7-1.1 ms: less than inside a model's step), the burst figures
+    of independent all-reduces, and what bytes cost: wall and CPU per byte of a 1 MiB message
+    between tasks 1 and 2 and of a chained 1 MiB all-reduce across every task, beyond 16 bytes
+    (`message_cpu_s_per_byte`: both ends together; `collective_cpu_s_per_byte_per_task`); with `raw` False those collective figures (the model uses none of
     them) are not measured and `raw` is left out. `comm`: the comm fit the model uses (a
     profile's "comm" section, see cluster_comm), for the raw all-reduce figures; `cluster`: the
     tfplace Cluster `lc` runs (one device per task, device i on task i)."""
@@ -177,7 +181,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     kinds = [d.kind for d in cluster.devices]
     feed_value = np.zeros((48, 16), np.float32)
 
-    def timed(build, cpu=False):
+    def timed(build, cpu=False, cpu_steps=cpu_reps):
         """(median wall seconds per step, server CPU seconds per step or None)."""
         g = tf.Graph()
         with g.as_default():
@@ -190,19 +194,19 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
             used = None
             if cpu:
                 c0 = _cpu_seconds(lc.pids)
-                for _ in range(cpu_reps):
+                for _ in range(cpu_steps):
                     lc.run(sess, fetch, {x: feed_value})
-                used = (_cpu_seconds(lc.pids) - c0) / cpu_reps
+                used = (_cpu_seconds(lc.pids) - c0) / cpu_steps
         return wall, used
 
     def one_task(x0):
         return [x0]
 
-    def seed(d, i=0):
+    def seed(d, i=0, elements=4):
         # a value TensorFlow cannot fold away (the classic graph optimizer folds constant
         # subgraphs even with Grappler off): a stateful random op on device d
         with tf.device(d):
-            return tf.random.uniform([4], seed=i + 1)
+            return tf.random.uniform([elements], seed=i + 1)
 
     def three_tasks(x0):
         out = [x0]
@@ -223,10 +227,11 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
             return outs
         return build
 
-    def ping_pong(k, cross, a=1, b=2):
-        """A chain of k dependent hops between tasks a and b (or, without `cross`, on task a)."""
+    def ping_pong(k, cross, a=1, b=2, elements=4):
+        """A chain of k dependent hops between tasks a and b (or, without `cross`, on task a),
+        each hop a message of 4 * elements bytes."""
         def build(x0):
-            return [x0, hop_chain(devs, a, b, k, cross)]
+            return [x0, hop_chain(devs, a, b, k, cross, elements)]
         return build
 
     def collectives(k, reduce):
@@ -244,21 +249,21 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
             return outs
         return build
 
-    def serial_collectives(k, group, reduce):
-        """k all-reduces of a 16-byte value across the first `group` tasks, each task's chained
-        to its previous one by a control edge like the rewrite's priority chains (or, without
-        `reduce`, the same chain of plain adds)."""
+    def serial_collectives(k, group, reduce, elements=4):
+        """k all-reduces of a value of 4 * elements bytes across the first `group` tasks, each
+        task's chained to its previous one by a control edge like the rewrite's priority chains
+        (or, without `reduce`, the same chain of plain adds)."""
         def build(x0):
             outs = [x0]
             members = devs[:group]
             prev = {d: [] for d in members}
-            bases = {d: seed(d) for d in members}
+            bases = {d: seed(d, elements=elements) for d in members}
             for i in range(k):
                 for d in members:
                     with tf.device(d), tf.control_dependencies(prev[d]):
                         v = bases[d] + float(i)
                         y = tf.raw_ops.CollectiveReduceV2(
-                            input=v, group_size=group, group_key=20 + group, instance_key=2000 + i,
+                            input=v, group_size=group, group_key=20 + group, instance_key=2000 + 100 * (elements > 4) + i,
                             ordering_token=[], merge_op="Add", final_op="Id") if reduce else v * 1.0
                     prev[d] = [y.op]
                     outs.append(y)
@@ -311,6 +316,15 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
         serial[group] = (timed(serial_collectives(fan, group, True))[0]
                          - timed(serial_collectives(fan, group, False))[0]) / fan
 
+    # what bytes cost: the same chains with BIG_MESSAGE_BYTES per message / all-reduce, against
+    # 16 bytes (both measured the same way, so the difference is the bytes' share)
+    big, k = BIG_MESSAGE_BYTES // 4, 6
+    hop_big = timed(ping_pong(k, True, 1, 2, big), cpu=True, cpu_steps=40)
+    hop_small = timed(ping_pong(k, True, 1, 2), cpu=True, cpu_steps=40)
+    coll_big = timed(serial_collectives(k, n, True, big), cpu=True, cpu_steps=20)
+    coll_small = timed(serial_collectives(k, n, True), cpu=True, cpu_steps=20)
+    extra_bytes = 4 * big - 16
+
     def fit16(group):
         c = comm["allreduce"][str(group)]
         return c["latency_s"] + 16 / c["bandwidth_bytes_per_s"]
@@ -323,6 +337,13 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
                   "burst_collective_s": (coll_wall - plain_wall) / fan,
                   "burst_collective_cpu_s": (coll_cpu - plain_cpu) / fan, "collective_messages": n * 2 * (n - 1),
                   "serial_collective_s": {str(g): v for g, v in serial.items()},
+                  # per byte beyond a 16-byte message: a hop between tasks 1 and 2 (CPU of both
+                  # ends together), and a chained all-reduce across every task (CPU per task)
+                  "big_message_bytes": BIG_MESSAGE_BYTES,
+                  "message_s_per_byte": (hop_big[0] - hop_small[0]) / (k * extra_bytes),
+                  "message_cpu_s_per_byte": (hop_big[1] - hop_small[1]) / (k * extra_bytes),
+                  "collective_s_per_byte": (coll_big[0] - coll_small[0]) / (k * extra_bytes),
+                  "collective_cpu_s_per_byte_per_task": (coll_big[1] - coll_small[1]) / (k * n * extra_bytes),
                   "allreduce_fit_16_bytes_s": {g: fit16(g) for g in comm["allreduce"]}}
     return out
 
@@ -659,7 +680,7 @@ def summary(rows, column: int = 1):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="tiny_mlp,tiny_cnn,tiny_transformer")
+    p.add_argument("--models", default="tiny_mlp,tiny_cnn,tiny_transformer,resnet50")
     p.add_argument("--strategies", type=int, default=10)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
