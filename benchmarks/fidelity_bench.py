@@ -171,8 +171,9 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     (`serial_collective_s`, 0.7-1.1 ms: less than inside a model's step), the burst figures
     of independent all-reduces, and what bytes cost: wall and CPU per byte of a 1 MiB message
     between tasks 1 and 2 and of a chained 1 MiB all-reduce across every task, beyond 16 bytes
-    (`message_cpu_s_per_byte`: both ends together; `collective_cpu_s_per_byte_per_task`); with `raw` False those collective figures (the model uses none of
-    them) are not measured and `raw` is left out. `comm`: the comm fit the model uses (a
+    (`message_cpu_s_per_byte`: both ends together; `collective_cpu_s_per_byte_per_task`; CPU
+    from /proc's 10 ms ticks, so the message figure moves in steps of about 5%); with `raw`
+    False those figures (the model uses none of them) are not measured and `raw` is left out. `comm`: the comm fit the model uses (a
     profile's "comm" section, see cluster_comm), for the raw all-reduce figures; `cluster`: the
     tfplace Cluster `lc` runs (one device per task, device i on task i)."""
     import tensorflow as tf
@@ -263,7 +264,8 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
                     with tf.device(d), tf.control_dependencies(prev[d]):
                         v = bases[d] + float(i)
                         y = tf.raw_ops.CollectiveReduceV2(
-                            input=v, group_size=group, group_key=20 + group, instance_key=2000 + 100 * (elements > 4) + i,
+                            input=v, group_size=group, group_key=20 + group,
+                            instance_key=2000 + 100 * (elements > 4) + i,
                             ordering_token=[], merge_op="Add", final_op="Id") if reduce else v * 1.0
                     prev[d] = [y.op]
                     outs.append(y)
