@@ -55,6 +55,9 @@ def bundle_path(model: str) -> str:
 
 
 BIG_MESSAGE_BYTES = 1 << 20  # the message / all-reduce size of the per-byte figures in `raw`
+# all-reduce sizes of the collective CPU curve (runtime_overheads.collective_cpu_s): the tiny
+# models' gradients are 0.1-64 KB, ResNet-50's up to 9.4 MB (the last slope goes on beyond 4 MiB)
+COLLECTIVE_CPU_BYTES = (16, 4096, 65536, 1 << 20, 4 << 20)
 MAX_LATENCY_CUT = 0.9  # transfer_s may take back at most this share of the link latency (a message stays > 0)
 BASELINES = ("single", "dp_even_allreduce", "dp_even_ps", "dp_proportional_allreduce", "dp_proportional_ps",
              "model_parallel_round_robin", "model_parallel_contiguous", "heft", "pipeline")
@@ -182,8 +185,9 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     kinds = [d.kind for d in cluster.devices]
     feed_value = np.zeros((48, 16), np.float32)
 
-    def timed(build, cpu=False, cpu_steps=cpu_reps):
-        """(median wall seconds per step, server CPU seconds per step or None)."""
+    def timed(build, cpu=False, cpu_steps=cpu_reps, wall_steps=reps, cpu_of=lambda: _cpu_seconds(lc.pids)):
+        """(median wall seconds of `wall_steps` steps or None for 0, CPU seconds per step of
+        `cpu_of` (default: the servers' /proc ticks) or None without `cpu`)."""
         g = tf.Graph()
         with g.as_default():
             x = tf.compat.v1.placeholder(tf.float32, [None, 16], name="x")
@@ -191,14 +195,15 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
                 x0 = x * 1.0
             fetch = tf.group(*build(x0))
         with lc.session(graph=g, config=step_session_config(None, lc)) as sess:
-            wall = median_call_seconds(lambda: lc.run(sess, fetch, {x: feed_value}), reps, 5)
+            wall = median_call_seconds(lambda: lc.run(sess, fetch, {x: feed_value}), wall_steps, 5) \
+                if wall_steps else median_call_seconds(lambda: lc.run(sess, fetch, {x: feed_value}), 1, 2)  # warm-up
             used = None
             if cpu:
-                c0 = _cpu_seconds(lc.pids)
+                c0 = cpu_of()
                 for _ in range(cpu_steps):
                     lc.run(sess, fetch, {x: feed_value})
-                used = (_cpu_seconds(lc.pids) - c0) / cpu_steps
-        return wall, used
+                used = (cpu_of() - c0) / cpu_steps
+        return wall if wall_steps else None, used
 
     def one_task(x0):
         return [x0]
@@ -250,10 +255,13 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
             return outs
         return build
 
-    def serial_collectives(k, group, reduce, elements=4):
+    def serial_collectives(k, group, reduce, elements=4, key_base=None):
         """k all-reduces of a value of 4 * elements bytes across the first `group` tasks, each
         task's chained to its previous one by a control edge like the rewrite's priority chains
-        (or, without `reduce`, the same chain of plain adds)."""
+        (or, without `reduce`, the same chain of plain adds); instance keys from `key_base` (one
+        base per value shape: a key names one shape for the servers' lifetime)."""
+        base_key = 2000 + 100 * (elements > 4) if key_base is None else key_base + 10 * elements.bit_length()
+
         def build(x0):
             outs = [x0]
             members = devs[:group]
@@ -265,7 +273,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
                         v = bases[d] + float(i)
                         y = tf.raw_ops.CollectiveReduceV2(
                             input=v, group_size=group, group_key=20 + group,
-                            instance_key=2000 + 100 * (elements > 4) + i,
+                            instance_key=base_key + i,
                             ordering_token=[], merge_op="Add", final_op="Id") if reduce else v * 1.0
                     prev[d] = [y.op]
                     outs.append(y)
@@ -327,6 +335,23 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     coll_small = timed(serial_collectives(k, n, True), cpu=True, cpu_steps=20)
     extra_bytes = 4 * big - 16
 
+    def participant_cpu(group, nbytes, k=8, steps=10):
+        """CPU seconds one of the first `group` tasks spends per all-reduce of `nbytes` in a
+        chain of k (beyond the same chain of plain ops), from the scheduler's counters."""
+        def cpu_of():
+            return float(task_cpu_seconds(lc.pids[:group]).sum())
+        used = [timed(serial_collectives(k, group, reduce, nbytes // 4, key_base=3000), cpu=True,
+                      cpu_steps=steps, wall_steps=0, cpu_of=cpu_of)[1] for reduce in (True, False)]
+        return max(used[0] - used[1], 0.0) / (k * group)
+
+    # the model's collective CPU (tfplace.cpu_demand): per group size, what one participant's CPU
+    # costs per all-reduce at each of COLLECTIVE_CPU_BYTES, chained like the rewrite's chains
+    out["collective_cpu_s"] = {str(g): {"bytes": list(COLLECTIVE_CPU_BYTES),
+                                        "seconds": [participant_cpu(g, b) for b in COLLECTIVE_CPU_BYTES]}
+                               for g in range(2, n + 1)}
+    message_cpu_per_byte = (hop_big[1] - hop_small[1]) / (k * extra_bytes)
+    out["message_cpu_s_per_byte"] = max(message_cpu_per_byte, 0.0)
+
     def fit16(group):
         c = comm["allreduce"][str(group)]
         return c["latency_s"] + 16 / c["bandwidth_bytes_per_s"]
@@ -343,7 +368,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
                   # ends together), and a chained all-reduce across every task (CPU per task)
                   "big_message_bytes": BIG_MESSAGE_BYTES,
                   "message_s_per_byte": (hop_big[0] - hop_small[0]) / (k * extra_bytes),
-                  "message_cpu_s_per_byte": (hop_big[1] - hop_small[1]) / (k * extra_bytes),
+                  "message_cpu_s_per_byte": message_cpu_per_byte,
                   "collective_s_per_byte": (coll_big[0] - coll_small[0]) / (k * extra_bytes),
                   "collective_cpu_s_per_byte_per_task": (coll_big[1] - coll_small[1]) / (k * n * extra_bytes),
                   "allreduce_fit_16_bytes_s": {g: fit16(g) for g in comm["allreduce"]}}
@@ -367,7 +392,9 @@ def median_overheads(runs):
     for key, value in first.items():
         if key in ("raw", "how"):
             continue
-        if isinstance(value, dict):
+        if any(key not in r for r in runs):  # measured by the first pass only (with `raw`)
+            out[key] = value
+        elif isinstance(value, dict):
             out[key] = {k: float(np.median([r[key][k] for r in runs])) for k in value}
         else:
             out[key] = float(np.median([r[key] for r in runs]))

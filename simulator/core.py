@@ -13,6 +13,11 @@ Host cores: CPU devices run their kernels on their host's cores. A host with `cp
 the cluster file lets at most that many of its CPU devices run a task at once (e.g. three TF tasks
 on a 2-core machine); GPUs and hosts without `cpu_cores` have no such limit.
 
+CPU bound: when the lowering gives each device's CPU demand (PlacedGraph.device_cpu_seconds,
+from the runtime overheads' collective and message CPU, tfplace.cpu_demand), the iteration lasts
+at least the time that CPU takes under each device's CPU fraction and its host's cores
+(`cpu_bound_s` in the report; the makespan of the events when that is longer).
+
 Straggler noise: with `options.stragglers`, each device independently runs slow for the whole
 step with probability `Device.straggle_probability`, multiplying its compute-lane durations by
 `Device.straggle_factor`; the draw uses numpy's default_rng(seed), so a seed fixes the result.
@@ -29,6 +34,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from tfplace.cluster import Cluster, is_cpu_kind
+from tfplace.cpu_demand import cpu_bound_seconds
 from tfplace.errors import InputError
 from tfplace.placed_graph import (DEVICE_KINDS, TASK_COLLECTIVE, TASK_COMPUTE, TASK_TRANSFER, PlacedGraph,
                                   csr_from_pairs)
@@ -166,12 +172,18 @@ def simulate(placed: PlacedGraph, cluster: Cluster, options: SimOptions = SimOpt
     capacity = cluster.memory_bytes
     peak = np.ceil(sched.peak - 1e-6).astype(np.int64)
     over = [cluster.devices[i].name for i in range(d) if peak[i] > capacity[i]]
+    bound = 0.0
+    if len(placed.device_cpu_seconds):
+        group, cores = core_slots(cluster)  # the CPU devices of each host that gives cpu_cores
+        bound = cpu_bound_seconds(placed.device_cpu_seconds, placed.device_cpu_fraction, group,
+                                  cores.tolist())
     trace = None
     if options.trace:
         from tfplace.simulator.trace import chrome_trace
         trace = chrome_trace(placed, sched.start, sched.finish)
     return SimReport(
-        iteration_time_s=sched.makespan, device_names=placed.device_names,
+        iteration_time_s=max(sched.makespan, bound), makespan_s=sched.makespan, cpu_bound_s=bound,
+        device_names=placed.device_names,
         peak_memory_bytes=tuple(int(x) for x in peak), memory_capacity_bytes=tuple(int(x) for x in capacity),
         oom=bool(over), oom_devices=tuple(over), comm_bytes=comm, busy_s=tuple(float(x) for x in busy),
         compute_s=tuple(float(x) for x in compute), num_tasks=placed.num_tasks, seed=options.seed, trace=trace)

@@ -14,6 +14,7 @@ from typing import Tuple
 
 import numpy as np
 
+from tfplace.cpu_demand import cpu_fractions, device_cpu_seconds
 from tfplace.errors import InputError
 from tfplace.lowering_graph import LK_UPD, GraphIndex
 from tfplace.lowering_layouts import SYNC_PS
@@ -162,8 +163,10 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     static = np.bincount(v_dev, weights=ix.var_bytes[v_idx], minlength=links.num_devices)
 
     seconds = np.concatenate([inst_sec, tt_sec, sb_sec, cm_sec, st["seconds"]])
+    task_bytes = np.concatenate([inst_bytes, tt_bytes, sb_bytes, np.zeros(nc), st["bytes"]])
     dep_src, dep_dst = dep_src.astype(np.int32), dep_dst.astype(np.int32)
-    hold = _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph)
+    hold, charge = _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph)
+    cpu_s, fraction = _cpu_demand(ctx, seconds, charge, kind, device, src_dev, task_bytes, part_ptr, part_dev)
 
     return PlacedGraph(
         device_names=ctx.cluster.device_names, global_batch_size=batch, num_compute=m0, op_task_ptr=op_ptr,
@@ -175,7 +178,7 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
         task_lo=np.concatenate([lay_lo[ent], A["lo"][row], np.zeros(nx + nc, np.int64), st["lo"]]).astype(np.int32),
         task_hi=np.concatenate([lay_hi[ent], A["hi"][row], np.full(nx + nc, batch), st["hi"]]).astype(np.int32),
         task_seconds=seconds,
-        task_bytes=np.concatenate([inst_bytes, tt_bytes, sb_bytes, np.zeros(nc), st["bytes"]]),
+        task_bytes=task_bytes,
         task_priority=task_prio,
         task_weight=np.concatenate([inst_samp / batch, np.zeros(m_all - m0)]),
         dep_src=dep_src, dep_dst=dep_dst,
@@ -189,12 +192,34 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
         tensor_weight_mean=ix.tensor_weight_mean, op_names=graph.names,
         tensor_mean_scaled=ix.tensor_mean_scaled, tensor_batch_rows=ix.tensor_batch_rows,
         task_control=np.concatenate([np.arange(m) >= m2, st["control"]]), task_hold_seconds=hold,
-        step_message_start=m if ns else -1)
+        step_message_start=m if ns else -1, device_cpu_seconds=cpu_s, device_cpu_fraction=fraction)
 
 
-def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph) -> np.ndarray:
+def _overheads(ctx) -> dict:
+    """The profile conditions' `runtime_overheads` ({} without them)."""
+    prof = getattr(ctx, "profile", None)
+    return ((getattr(prof, "conditions", None) or {}).get("runtime_overheads") or {}) if prof is not None else {}
+
+
+def _cpu_demand(ctx, seconds, charge, kind, device, src_dev, task_bytes, part_ptr, part_dev):
+    """(device_cpu_seconds[D], device_cpu_fraction[D]) of tfplace.cpu_demand; both empty when the
+    runtime overheads give no collective or per-byte message CPU (the bound could not pass the
+    lanes then)."""
+    over = _overheads(ctx)
+    if not (over.get("collective_cpu_s") or over.get("message_cpu_s_per_byte")):
+        return np.zeros(0), np.zeros(0)
+    fraction = cpu_fractions(ctx.profile, [d.kind for d in ctx.cluster.devices])
+    lane = np.isin(kind, DEVICE_KINDS)
+    demand = device_cpu_seconds(over, lane, kind == TASK_TRANSFER, kind == TASK_COLLECTIVE, seconds,
+                                charge if charge is not None else np.zeros(len(seconds)), device, src_dev,
+                                task_bytes, part_ptr, part_dev, fraction)
+    return demand, fraction
+
+
+def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph):
     """Adds the measured costs of the runtime the profile was taken for to `seconds` (in place)
-    and returns the link-hold time of every task (empty: links are held for the whole duration).
+    and returns (the link-hold time of every task (empty: links are held for the whole duration),
+    the message CPU added to each task (None: none)).
 
     They come from the profile conditions `runtime_overheads`, written by
     benchmarks/fidelity_bench.py from micro-benchmarks on the local cluster; absent, nothing is
@@ -218,11 +243,12 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
       transfer_gap_s per-message gap of a burst (LogGP's g): a transfer holds its links for
                      gap + bytes / bandwidth, so the latency of back-to-back messages overlaps.
     A collective keeps its links (and its fitted time) whole: on this runtime a CPU collective
-    blocks its participants' executors, so a step's all-reduces run one after another."""
-    prof = getattr(ctx, "profile", None)
-    over = (getattr(prof, "conditions", None) or {}).get("runtime_overheads") if prof is not None else None
+    blocks its participants' executors, so a step's all-reduces run one after another.
+    collective_cpu_s and message_cpu_s_per_byte (the CPU that collectives and message bytes cost)
+    are not charged here: tfplace.cpu_demand turns them into the step's CPU bound."""
+    over = _overheads(ctx)
     if not over:
-        return np.zeros(0)
+        return np.zeros(0), None
     x = kind == TASK_TRANSFER
     latency = np.where(x, ctx.links.pair_lat[np.where(x, src_dev, 0), device], 0.0)
     seconds[kind == TASK_COMPUTE] += float(over.get("op_s", 0.0))
@@ -234,12 +260,13 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
         seconds[int(op_ptr[graph.inputs[0]])] += float(over.get("step_s", 0.0)) + \
             float(over.get("worker_s", 0.0)) * max(used - 1, 0)
     message_cpu = _per_message(over, "message_cpu_s", ctx.cluster, x, src_dev, device)
+    charge = None
     if (message_cpu > 0).any():
-        _charge_message_cpu(seconds, kind, device, src_dev, dep_src, dep_dst, message_cpu)
+        charge = _charge_message_cpu(seconds, kind, device, src_dev, dep_src, dep_dst, message_cpu)
     if "transfer_gap_s" not in over:
-        return np.zeros(0)
+        return np.zeros(0), charge
     hold = seconds - latency - transfer_s + float(over["transfer_gap_s"])
-    return np.where(x, np.clip(hold, 0.0, seconds), seconds)
+    return np.where(x, np.clip(hold, 0.0, seconds), seconds), charge
 
 
 def _per_message(over, key: str, cluster, x, src_dev, device) -> np.ndarray:
@@ -267,10 +294,10 @@ def _per_message(over, key: str, cluster, x, src_dev, device) -> np.ndarray:
     return out
 
 
-def _charge_message_cpu(seconds, kind, device, src_dev, dep_src, dep_dst, message_cpu) -> None:
+def _charge_message_cpu(seconds, kind, device, src_dev, dep_src, dep_dst, message_cpu) -> np.ndarray:
     """Adds the CPU of each transfer's gRPC message (message_cpu[M], per task) to the lane tasks
     next to it: half to the last lane task on the source device it depends on, half to its first
-    successor on the destination's lane (see _runtime_overheads)."""
+    successor on the destination's lane (see _runtime_overheads); returns what it added [M]."""
     m = len(kind)
     lane = np.isin(kind, DEVICE_KINDS)
     src, dst = dep_src.astype(np.int64), dep_dst.astype(np.int64)
@@ -286,6 +313,7 @@ def _charge_message_cpu(seconds, kind, device, src_dev, dep_src, dep_dst, messag
     np.add.at(charge, first_after[after], 0.5 * message_cpu[after])
     np.add.at(charge, last_before[before], 0.5 * message_cpu[before])
     seconds += charge
+    return charge
 
 
 def _micro_batch_index(lay_ptr, lay_size, lay_dev, lay_samp) -> np.ndarray:

@@ -76,6 +76,11 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
                                        the runtime's per-message gap; the latency part overlaps
                                        the next message on the link). Empty: the whole duration
                                        (additive field)
+  CPU         device_cpu_seconds[D] float64  CPU seconds the step asks of each device (kernels,
+                                       message and collective work; tfplace.cpu_demand), and
+              device_cpu_fraction[D] float64 the share of a core each may use; the simulator's
+                                       step is at least their CPU bound. Empty: no bound
+                                       (additive fields)
 
 Reading it to emit a graph (the rewrite): COMPUTE task k of op i is replica k of i on
 task_device, reading in_buf in port order; a buffer is (producer task, tensor) on buf_device;
@@ -141,6 +146,8 @@ class PlacedGraph:
     task_control: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=bool))
     task_hold_seconds: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     step_message_start: int = -1
+    device_cpu_seconds: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    device_cpu_fraction: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
 
     def is_step_message(self, task: int) -> bool:
         """Whether `task` is one of the step's own messages (a feed slice or a device's "done")."""
@@ -167,6 +174,9 @@ class PlacedGraph:
             raise ValueError("PlacedGraph: dep_src/dep_dst or in_buf/in_edge lengths differ")
         if len(self.task_hold_seconds) not in (0, m):
             raise ValueError(f"PlacedGraph.task_hold_seconds: length {len(self.task_hold_seconds)} != {m} tasks (or 0)")
+        for name in ("device_cpu_seconds", "device_cpu_fraction"):
+            if len(getattr(self, name)) not in (0, len(self.device_names)):
+                raise ValueError(f"PlacedGraph.{name}: one entry per device (or none)")
         if len(self.static_bytes) != len(self.device_names):
             raise ValueError("PlacedGraph.static_bytes: one entry per device")
 

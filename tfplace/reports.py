@@ -25,7 +25,8 @@ class SimReport:
     """One simulated iteration.
 
     Attributes:
-      iteration_time_s: makespan of the step, seconds.
+      iteration_time_s: the step's seconds: the makespan of its events, or its CPU bound where
+        that is longer.
       device_names: device order of the per-device tuples.
       peak_memory_bytes: per device: resident variables + peak of live tensors, bytes.
       memory_capacity_bytes: per device: `Device.memory_bytes`.
@@ -38,6 +39,9 @@ class SimReport:
       num_tasks: tasks simulated.
       seed: seed of the straggler noise.
       trace: Chrome trace-event object ({"traceEvents": [...]}) when asked for, else None.
+      makespan_s: when the last task of the events finishes (None: not given, = iteration_time_s).
+      cpu_bound_s: the shortest step the devices' CPU demand allows (tfplace.cpu_demand; 0: none
+        given).
     """
     iteration_time_s: float
     device_names: Tuple[str, ...]
@@ -51,6 +55,8 @@ class SimReport:
     num_tasks: int = 0
     seed: int = 0
     trace: Optional[Dict[str, Any]] = dataclasses.field(default=None, repr=False, compare=False)
+    makespan_s: Optional[float] = None
+    cpu_bound_s: float = 0.0
 
     def __post_init__(self):
         n = len(self.device_names)

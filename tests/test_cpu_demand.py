@@ -1,0 +1,157 @@
+"""tfplace.cpu_demand: the CPU a step asks of each device (kernels under a quota, message bytes,
+CPU all-reduces) and the simulator's CPU bound on the step. Hand-built graphs (simulator.fakes),
+hand-computed demands."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tfplace.cpu_demand import check_curve, cpu_bound_seconds, cpu_fractions, curve_seconds
+from tfplace.errors import InputError
+from tfplace.lowering import lower
+from tfplace.placed_graph import DEVICE_KINDS, TASK_COLLECTIVE
+from tfplace.profile import Profile
+from tfplace.simulator import simulate
+from tfplace.simulator import fakes as fk
+from tfplace.strategy import Strategy, decision
+
+W = 1_200_000  # fakes.dp_graph's weight / gradient bytes
+
+
+@pytest.mark.parametrize("nbytes, expected_s", [
+    (0, 1e-3),                        # below the first point: its value
+    (100, 1e-3),                      # on it
+    (550, 2e-3),                      # halfway between 100 B -> 1 ms and 1000 B -> 3 ms
+    (1000, 3e-3),
+    (2800, 3e-3 + 2e-3 * 1800 / 900),  # beyond: the last slope (2 ms per 900 B) goes on
+])
+def test_curve_is_piecewise_linear_with_the_last_slope_beyond(nbytes, expected_s):
+    got = curve_seconds(np.array([nbytes]), np.array([100.0, 1000.0]), np.array([1e-3, 3e-3]))
+    assert got[0] == pytest.approx(expected_s, rel=1e-12)
+
+
+def test_a_one_point_curve_is_a_constant():
+    assert curve_seconds(np.array([0, 16, 1e9]), np.array([16.0]), np.array([2e-4])).tolist() == [2e-4] * 3
+
+
+@pytest.mark.parametrize("curve, words", [
+    ({"bytes": [16, 16], "seconds": [1e-4, 2e-4]}, "strictly increasing"),
+    ({"bytes": [16, 32], "seconds": [1e-4]}, "as many seconds"),
+    ({"bytes": [16], "seconds": [-1e-4]}, "seconds >= 0"),
+    ([1, 2], "must be"),
+])
+def test_bad_curve_is_one_error_naming_the_field(curve, words):
+    with pytest.raises(InputError) as err:
+        check_curve(curve, "runtime_overheads.collective_cpu_s.3")
+    assert "runtime_overheads.collective_cpu_s.3" in str(err.value) and words in str(err.value)
+
+
+def test_cpu_fractions_come_from_the_profile_kinds_emulation():
+    prof = Profile(ops={}, conditions={"by_kind": {"CPU": {"emulation": {"cpus": [0]}},
+                                                   "CPU_half": {"emulation": {"cpus": [1], "cpu_fraction": 0.5}}}})
+    assert cpu_fractions(prof, ["CPU", "CPU_half", "CPU_half", "V100"]).tolist() == [1.0, 0.5, 0.5, 1.0]
+    assert cpu_fractions(Profile(ops={}), ["CPU"]).tolist() == [1.0]
+    bad = Profile(ops={}, conditions={"by_kind": {"CPU": {"emulation": {"cpu_fraction": 0}}}})
+    with pytest.raises(InputError) as err:
+        cpu_fractions(bad, ["CPU"])
+    assert "by_kind.CPU.emulation.cpu_fraction" in str(err.value)
+
+
+@pytest.mark.parametrize("demand_ms, fraction, host_of, cores, bound_ms", [
+    ([4, 1, 1], [1, 0.5, 0.5], None, None, 4),          # the busiest device at full speed
+    ([1, 3, 1], [1, 0.5, 0.5], None, None, 6),          # a half-speed device needs twice its CPU
+    ([3, 3, 3], [1, 1, 1], [0, 0, 0], [2], 4.5),        # 3 devices on 2 cores
+    ([3, 3, 3], [1, 1, 1], [0, 0, -1], [2], 3),         # a GPU (-1) does not share the cores
+    ([], [], None, None, 0),
+])
+def test_cpu_bound_is_the_busiest_device_or_host(demand_ms, fraction, host_of, cores, bound_ms):
+    got = cpu_bound_seconds(np.array(demand_ms, float) * 1e-3, np.array(fraction, float),
+                            None if host_of is None else np.array(host_of), cores)
+    assert got == pytest.approx(bound_ms * 1e-3, rel=1e-12)
+
+
+def _dp(overheads):
+    """fakes.dp_graph data-parallel over the V100 (6 samples) and the P100 (2), all-reduced: one
+    2-device collective of W bytes."""
+    g = fk.dp_graph(W)
+    gr = fk.grouping(g, [["x", "f", "g"], ["w", "r", "apply", "lr", "train_op"]])
+    st = Strategy(8, 2, decision({"v100_0": 6, "p100_0": 2}, "allreduce"), {})
+    prof = fk.dp_profile(g)
+    prof = dataclasses.replace(prof, conditions={**prof.conditions, "runtime_overheads": overheads})
+    cluster = fk.pair_cluster()
+    return lower(g, gr, cluster, st, prof), cluster
+
+
+CURVE = {"bytes": [0, 2 * W], "seconds": [1e-3, 3e-3]}  # W bytes: 2 ms per participant
+
+
+@pytest.mark.parametrize("per_collective_ms", [0.5, 2.0, 50.0])
+def test_collective_cpu_adds_to_each_participant_and_bounds_the_step(per_collective_ms):
+    s = per_collective_ms * 1e-3
+    placed, cluster = _dp({"collective_cpu_s": {"2": {"bytes": [0], "seconds": [s]}}})
+    lane = np.isin(placed.task_kind, DEVICE_KINDS)
+    lanes = np.bincount(placed.task_device[lane], weights=placed.task_seconds[lane], minlength=2)
+    n_coll = int((placed.task_kind == TASK_COLLECTIVE).sum())
+    assert n_coll == 1
+    assert placed.device_cpu_seconds == pytest.approx(lanes + s, rel=1e-12)
+    assert placed.device_cpu_fraction.tolist() == [1.0, 1.0]
+    report = simulate(placed, cluster)
+    assert report.cpu_bound_s == pytest.approx(max(lanes) + s, rel=1e-12)
+    assert report.iteration_time_s == pytest.approx(max(report.makespan_s, report.cpu_bound_s), rel=1e-12)
+    if per_collective_ms == 50.0:  # far beyond the events' makespan: the bound sets the step
+        assert report.iteration_time_s == report.cpu_bound_s > report.makespan_s
+
+
+def test_collective_cpu_follows_the_curve_at_the_collectives_bytes():
+    placed, _ = _dp({"collective_cpu_s": {"2": CURVE}})
+    base, _ = _dp({"message_cpu_s_per_byte": 0.0, "collective_cpu_s": {"2": {"bytes": [0], "seconds": [0.0]}}})
+    assert placed.device_cpu_seconds - base.device_cpu_seconds == pytest.approx([2e-3, 2e-3], rel=1e-12)
+
+
+def test_a_group_size_without_a_curve_is_one_error():
+    with pytest.raises(InputError) as err:
+        _dp({"collective_cpu_s": {"3": CURVE}})
+    assert "runtime_overheads.collective_cpu_s" in str(err.value) and "2 devices" in str(err.value)
+
+
+def test_message_bytes_cost_cpu_at_both_ends():
+    # x on the V100 feeds c on the P100: one 8000-byte message each way of the edge, plus the
+    # P100's "done" (0 bytes); every byte costs its sender and its receiver half of the rate
+    ops = [("x", "Placeholder", 8000, True, True), ("a", "Op", 8000, True, True), ("c", "Op", 8000, True, True)]
+    g = fk.op_graph(ops, [("x", "a"), ("a", "c")])
+    pr = fk.profile_table(g, {n: {"V100": s, "P100": s} for n, s in {"x": 0.0, "a": 1e-3, "c": 1e-3}.items()})
+    rate = 1e-8
+    pr = dataclasses.replace(pr, conditions={**pr.conditions, "runtime_overheads": {"message_cpu_s_per_byte": rate}})
+    gr = fk.grouping(g, [["x", "a"], ["c"]])
+    st = Strategy(8, 2, None, {"x": decision({"v100_0": 8}), "c": decision({"p100_0": 8})})
+    placed = lower(g, gr, fk.pair_cluster(), st, pr)
+    lane = np.isin(placed.task_kind, DEVICE_KINDS)
+    lanes = np.bincount(placed.task_device[lane], weights=placed.task_seconds[lane], minlength=2)
+    assert placed.device_cpu_seconds == pytest.approx(lanes + 0.5 * rate * 8000, rel=1e-12)
+
+
+def test_no_cpu_overheads_no_bound():
+    placed, cluster = _dp({"message_cpu_s": 1e-4})
+    assert len(placed.device_cpu_seconds) == 0
+    report = simulate(placed, cluster)
+    assert report.cpu_bound_s == 0.0 and report.iteration_time_s == report.makespan_s
+
+
+def test_kernels_timed_under_a_quota_count_its_share_and_the_bound_divides_by_it():
+    # the P100 kind profiled under a 0.5 quota: its lane seconds are wall seconds, half of them CPU;
+    # its collective CPU (2 ms) is CPU already, and the bound gives it twice the time
+    g = fk.dp_graph(W)
+    gr = fk.grouping(g, [["x", "f", "g"], ["w", "r", "apply", "lr", "train_op"]])
+    st = Strategy(8, 2, decision({"v100_0": 6, "p100_0": 2}, "allreduce"), {})
+    prof = fk.dp_profile(g)
+    conditions = {**prof.conditions, "runtime_overheads": {"collective_cpu_s": {"2": CURVE}},
+                  "by_kind": {"P100": {"emulation": {"cpu_fraction": 0.5}}}}
+    cluster = fk.pair_cluster()
+    placed = lower(g, gr, cluster, st, dataclasses.replace(prof, conditions=conditions))
+    lane = np.isin(placed.task_kind, DEVICE_KINDS)
+    lanes = np.bincount(placed.task_device[lane], weights=placed.task_seconds[lane], minlength=2)
+    assert placed.device_cpu_fraction.tolist() == [1.0, 0.5]
+    assert placed.device_cpu_seconds == pytest.approx([lanes[0] + 2e-3, 0.5 * lanes[1] + 2e-3], rel=1e-12)
+    bound = max(lanes[0] + 2e-3, lanes[1] + 4e-3)
+    assert simulate(placed, cluster).cpu_bound_s == pytest.approx(bound, rel=1e-12)

@@ -1,0 +1,142 @@
+"""The CPU a step asks of each device, and the shortest step that CPU allows.
+
+On CPU devices the work of the runtime itself competes with the kernels for the same CPU: a gRPC
+message is serialised, copied and parsed by the processes at its two ends, and a CPU all-reduce
+(CollectiveReduceV2) is run by its participants. Under a CPU quota (tfplace.cpu_quota, the
+emulated heterogeneous cluster) or on shared cores, that work stretches the step. The event
+simulation times a collective by the all-reduce fit on its links and charges each message's
+fixed CPU (`runtime_overheads.message_cpu_s`) to the lanes; this module adds what neither holds,
+as a throughput bound on the step:
+
+  demand_d = f_d * lane_d + message_charge_d + bytes_charge_d + collective_d   (CPU seconds)
+  bound    = max( max_d demand_d / f_d,  max_host sum_{d on host} demand_d / cpu_cores )
+
+  f_d                the share of a core device d may use: the CPU quota its kind's profile was
+                     measured under (profile conditions by_kind[kind].emulation.cpu_fraction, as
+                     `python -m tfplace.profile --cpu-fraction` writes it); 1 without one
+  lane_d             seconds of d's compute-lane tasks without the message charges: kernels timed
+                     under that quota are wall seconds, f_d of which are CPU
+  message_charge_d   the message CPU the lanes carry (already CPU seconds)
+  bytes_charge_d     runtime_overheads.message_cpu_s_per_byte (both ends together) times the
+                     bytes of every message d sends or receives, half to each end
+  collective_d       per all-reduce d takes part in, runtime_overheads.collective_cpu_s
+                     [group size] at its bytes: CPU seconds of one participant, piecewise linear
+                     in the bytes between the measured sizes, the last slope beyond them
+  cpu_cores          Host.cpu_cores (hosts without it give no host bound)
+
+Measured on the emulated heterogeneous cluster (benchmarks/fidelity_bench_hetero.md): a 3-task
+all-reduce chained like the rewrite's priority chains costs each task 0.24-0.29 ms of CPU at 16
+bytes and 1.5-1.6 ms at 1 MiB; a half-speed task that runs 320 of them per step (ResNet-50,
+data parallel) needs 420-465 ms of CPU, so its 0.5 quota makes the step last at least 0.9 s
+while the links alone say 0.6 s.
+
+Pure functions of arrays; no TensorFlow.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from tfplace.errors import InputError
+
+SOURCE = "profile conditions"
+
+
+def cpu_fractions(profile, kinds: Sequence[str]) -> np.ndarray:
+    """Per device kind in `kinds`, the CPU fraction its profile kind was measured under (1.0
+    when the profile records none)."""
+    by_kind = ((getattr(profile, "conditions", None) or {}).get("by_kind") or {}) if profile is not None else {}
+    out = np.ones(len(kinds))
+    for i, kind in enumerate(kinds):
+        emulation = (by_kind.get(kind) or {}).get("emulation") or {}
+        fraction = emulation.get("cpu_fraction")
+        if fraction is not None:
+            if not (isinstance(fraction, (int, float)) and 0 < fraction):
+                raise InputError(SOURCE, f"by_kind.{kind}.emulation.cpu_fraction", f"must be a number > 0, got {fraction!r}",
+                                 "profile the kind again with `python -m tfplace.profile --cpu-fraction F`")
+            out[i] = float(fraction)
+    return out
+
+
+def check_curve(curve: Any, field: str) -> tuple:
+    """(bytes[K], seconds[K]) of one measured curve {"bytes": [...], "seconds": [...]}: K >= 1
+    points, bytes strictly increasing, seconds >= 0."""
+    fix = "measure it again (benchmarks/fidelity_bench.py measure_overheads)"
+    if not isinstance(curve, Mapping) or "bytes" not in curve or "seconds" not in curve:
+        raise InputError(SOURCE, field, "must be {\"bytes\": [...], \"seconds\": [...]}", fix)
+    b = np.asarray(curve["bytes"], dtype=np.float64)
+    s = np.asarray(curve["seconds"], dtype=np.float64)
+    if b.ndim != 1 or b.shape != s.shape or len(b) == 0:
+        raise InputError(SOURCE, field, "needs as many seconds as bytes, at least one point", fix)
+    if (np.diff(b) <= 0).any() or (s < 0).any() or not np.isfinite(s).all():
+        raise InputError(SOURCE, field, "needs strictly increasing bytes and finite seconds >= 0", fix)
+    return b, s
+
+
+def curve_seconds(nbytes: np.ndarray, curve_bytes: np.ndarray, curve_seconds_: np.ndarray) -> np.ndarray:
+    """Piecewise-linear interpolation of a measured cost curve at `nbytes` [N]: the first point's
+    value below it, the last segment's slope beyond it (never below 0)."""
+    x = np.asarray(nbytes, dtype=np.float64)
+    out = np.interp(x, curve_bytes, curve_seconds_)
+    if len(curve_bytes) >= 2:
+        slope = (curve_seconds_[-1] - curve_seconds_[-2]) / (curve_bytes[-1] - curve_bytes[-2])
+        beyond = x > curve_bytes[-1]
+        out[beyond] = np.maximum(curve_seconds_[-1] + slope * (x[beyond] - curve_bytes[-1]), 0.0)
+    return out
+
+
+def device_cpu_seconds(over: Mapping[str, Any], lane: np.ndarray, transfer: np.ndarray, collective: np.ndarray,
+                       task_seconds: np.ndarray, message_charge: np.ndarray, task_device: np.ndarray,
+                       task_src_device: np.ndarray, task_bytes: np.ndarray, part_ptr: np.ndarray,
+                       part_dev: np.ndarray, fraction: np.ndarray) -> np.ndarray:
+    """demand_d of the module docstring, CPU seconds per step [D].
+
+    lane, transfer, collective: [M] masks of the task kinds; task_seconds [M] with the message
+    charges in it, message_charge [M] those charges; fraction [D]: f_d."""
+    d = len(fraction)
+    on = np.nonzero(lane)[0]
+    kernels = task_seconds[on] - message_charge[on]
+    demand = fraction * np.bincount(task_device[on], weights=kernels, minlength=d)
+    demand += np.bincount(task_device[on], weights=message_charge[on], minlength=d)
+    per_byte = float(over.get("message_cpu_s_per_byte", 0.0))
+    if per_byte:
+        x = np.nonzero(transfer)[0]
+        half = 0.5 * per_byte * task_bytes[x]
+        demand += np.bincount(task_device[x], weights=half, minlength=d)
+        demand += np.bincount(task_src_device[x], weights=half, minlength=d)
+    curves = over.get("collective_cpu_s") or {}
+    coll = np.nonzero(collective)[0]
+    if len(coll) and curves:
+        size = part_ptr[coll + 1] - part_ptr[coll]
+        for group in np.unique(size).tolist():
+            key = str(group)
+            if key not in curves:
+                raise InputError(SOURCE, "runtime_overheads.collective_cpu_s",
+                                 f"has no curve for all-reduces of {group} devices (has {sorted(curves)})",
+                                 "measure the overheads on a cluster with at least that many tasks "
+                                 "(benchmarks/fidelity_bench.py)")
+            cb, cs = check_curve(curves[key], f"runtime_overheads.collective_cpu_s.{key}")
+            tasks = coll[size == group]
+            cost = curve_seconds(task_bytes[tasks], cb, cs)
+            members = np.concatenate([part_dev[part_ptr[t]:part_ptr[t + 1]] for t in tasks])
+            demand += np.bincount(members, weights=np.repeat(cost, group), minlength=d)
+    return demand
+
+
+def cpu_bound_seconds(demand_s: np.ndarray, fraction: np.ndarray, host_of: Optional[np.ndarray] = None,
+                      host_cores: Optional[Sequence[Optional[int]]] = None) -> float:
+    """The shortest step the CPU demand [D] allows: each device's demand over its fraction, and
+    for every host with a core count, its devices' demand over its cores (host_of [D]: the index
+    into host_cores of each device's host, -1 for a device that does not share a host's cores,
+    e.g. a GPU, as simulator.core_slots gives them)."""
+    if len(demand_s) == 0:
+        return 0.0
+    bound = float(np.max(demand_s / fraction))
+    if host_of is not None and host_cores is not None:
+        for h, cores in enumerate(host_cores):
+            on = host_of == h
+            if cores and on.any():
+                bound = max(bound, float(demand_s[on].sum()) / cores)
+    return bound
