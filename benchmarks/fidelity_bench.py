@@ -175,8 +175,13 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     of independent all-reduces, and what bytes cost: wall and CPU per byte of a 1 MiB message
     between tasks 1 and 2 and of a chained 1 MiB all-reduce across every task, beyond 16 bytes
     (`message_cpu_s_per_byte`: both ends together; `collective_cpu_s_per_byte_per_task`; CPU
-    from /proc's 10 ms ticks, so the message figure moves in steps of about 5%); with `raw`
-    False those figures (the model uses none of them) are not measured and `raw` is left out. `comm`: the comm fit the model uses (a
+    from /proc's 10 ms ticks, so the message figure moves in steps of about 5%). With `raw`
+    (the first pass) two model keys come too, for the step's CPU bound (tfplace.cpu_demand):
+    `message_cpu_s_per_byte` (that per-byte message CPU, at least 0) and `collective_cpu_s`,
+    per group size the CPU seconds one participant spends per all-reduce at each of
+    COLLECTIVE_CPU_BYTES (a chain of 8 like serial_collectives, beyond the same chain of plain
+    adds, from the scheduler's counters); with `raw` False none of these are measured and `raw`
+    is left out. `comm`: the comm fit the model uses (a
     profile's "comm" section, see cluster_comm), for the raw all-reduce figures; `cluster`: the
     tfplace Cluster `lc` runs (one device per task, device i on task i)."""
     import tensorflow as tf
@@ -672,15 +677,21 @@ def conditions_table(conditions) -> list:
 
     def pairs(d):
         return ", ".join(f"{k.replace('|', '-')} {us(v)}" for k, v in sorted(d.items()))  # "|" would split the cell
+    def curve(d):  # the largest group's all-reduce CPU per participant at each measured size
+        if not d:
+            return "-"
+        c = d[max(d, key=int)]
+        return " / ".join(us(v) for v in c["seconds"])
     lines = ["| model | p2p fit latency | all-reduce fit latency (x2 / x3) | step_s | worker_s | transfer_s | "
-             "message_cpu_s |", "|---|---|---|---|---|---|---|"]
+             "message_cpu_s | collective_cpu_s per participant of an all-task all-reduce (" + " / ".join(f"{b} B" for b in COLLECTIVE_CPU_BYTES) + ") |",
+             "|---|---|---|---|---|---|---|---|"]
     for model, (comm, over) in conditions.items():
         c = comm["comm"]
         ar = " / ".join(us(c["allreduce"][g]["latency_s"]) for g in sorted(c["allreduce"], key=int))
         o = over or {}
         lines.append(f"| {model} | {us(c['p2p']['latency_s'])} | {ar} | {us(o['step_s']) if o else '-'} | "
                      f"{us(o['worker_s']) if o else '-'} | {pairs(o.get('transfer_s', {}))} | "
-                     f"{pairs(o.get('message_cpu_s', {}))} |")
+                     f"{pairs(o.get('message_cpu_s', {}))} | {curve(o.get('collective_cpu_s'))} |")
     return lines
 
 

@@ -25,8 +25,8 @@ as a throughput bound on the step:
   cpu_cores          Host.cpu_cores (hosts without it give no host bound)
 
 Measured on the emulated heterogeneous cluster (benchmarks/fidelity_bench_hetero.md): a 3-task
-all-reduce chained like the rewrite's priority chains costs each task 0.24-0.29 ms of CPU at 16
-bytes and 1.5-1.6 ms at 1 MiB; a half-speed task that runs 320 of them per step (ResNet-50,
+all-reduce chained like the rewrite's priority chains costs each task 0.24-0.40 ms of CPU at 16
+bytes and 1.5-2.4 ms at 1 MiB; a half-speed task that runs 320 of them per step (ResNet-50,
 data parallel) needs 420-465 ms of CPU, so its 0.5 quota makes the step last at least 0.9 s
 while the links alone say 0.6 s.
 
