@@ -677,6 +677,7 @@ def conditions_table(conditions) -> list:
 
     def pairs(d):
         return ", ".join(f"{k.replace('|', '-')} {us(v)}" for k, v in sorted(d.items()))  # "|" would split the cell
+
     def curve(d):  # the largest group's all-reduce CPU per participant at each measured size
         if not d:
             return "-"
