@@ -93,11 +93,14 @@ def task_cpu_seconds(pids) -> np.ndarray:
 
 
 def cpu_bound_seconds(cpu_s_per_task, fractions=None) -> float:
-    """The shortest step the tasks' CPU allows: a task that used c seconds of CPU in a step under
-    a quota of f CPUs (fractions[i]; None or 1: no quota) needs at least c / f seconds of wall
-    time. Tasks that share a core would bound it further; this bound ignores that."""
+    """The shortest step the tasks' measured CPU allows: a task that used c seconds of CPU in a
+    step under a quota of f CPUs (fractions[i]; None or 1: no quota) needs at least c / f seconds
+    of wall time (tfplace.cpu_demand.cpu_bound_seconds, the simulator's bound, without its host
+    cores: tasks that share a core would bound it further; this bound ignores that)."""
+    from tfplace.cpu_demand import cpu_bound_seconds as bound
     quotas = fractions if fractions is not None else [None] * len(cpu_s_per_task)
-    return max((c / (1.0 if f is None else float(f)) for c, f in zip(cpu_s_per_task, quotas)), default=0.0)
+    return bound(np.asarray(cpu_s_per_task, dtype=np.float64),
+                 np.array([1.0 if f is None else float(f) for f in quotas]))
 
 
 def ms_list(seconds) -> str:
@@ -200,15 +203,19 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
                 x0 = x * 1.0
             fetch = tf.group(*build(x0))
         with lc.session(graph=g, config=step_session_config(None, lc)) as sess:
-            wall = median_call_seconds(lambda: lc.run(sess, fetch, {x: feed_value}), wall_steps, 5) \
-                if wall_steps else median_call_seconds(lambda: lc.run(sess, fetch, {x: feed_value}), 1, 2)  # warm-up
+            wall = None
+            if wall_steps:
+                wall = median_call_seconds(lambda: lc.run(sess, fetch, {x: feed_value}), wall_steps, 5)
+            else:  # CPU only: warm up as the wall timing would have
+                for _ in range(3):
+                    lc.run(sess, fetch, {x: feed_value})
             used = None
             if cpu:
                 c0 = cpu_of()
                 for _ in range(cpu_steps):
                     lc.run(sess, fetch, {x: feed_value})
                 used = (cpu_of() - c0) / cpu_steps
-        return wall if wall_steps else None, used
+        return wall, used
 
     def one_task(x0):
         return [x0]

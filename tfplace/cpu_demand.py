@@ -75,15 +75,16 @@ def check_curve(curve: Any, field: str) -> tuple:
     return b, s
 
 
-def curve_seconds(nbytes: np.ndarray, curve_bytes: np.ndarray, curve_seconds_: np.ndarray) -> np.ndarray:
-    """Piecewise-linear interpolation of a measured cost curve at `nbytes` [N]: the first point's
-    value below it, the last segment's slope beyond it (never below 0)."""
+def curve_seconds(nbytes: np.ndarray, points_bytes: np.ndarray, points_s: np.ndarray) -> np.ndarray:
+    """Piecewise-linear interpolation at `nbytes` [N] of a cost curve measured at points_bytes [K]
+    (points_s [K] seconds): the first point's value below it, the last segment's slope beyond it
+    (never below 0)."""
     x = np.asarray(nbytes, dtype=np.float64)
-    out = np.interp(x, curve_bytes, curve_seconds_)
-    if len(curve_bytes) >= 2:
-        slope = (curve_seconds_[-1] - curve_seconds_[-2]) / (curve_bytes[-1] - curve_bytes[-2])
-        beyond = x > curve_bytes[-1]
-        out[beyond] = np.maximum(curve_seconds_[-1] + slope * (x[beyond] - curve_bytes[-1]), 0.0)
+    out = np.interp(x, points_bytes, points_s)
+    if len(points_bytes) >= 2:
+        slope = (points_s[-1] - points_s[-2]) / (points_bytes[-1] - points_bytes[-2])
+        beyond = x > points_bytes[-1]
+        out[beyond] = np.maximum(points_s[-1] + slope * (x[beyond] - points_bytes[-1]), 0.0)
     return out
 
 
@@ -94,7 +95,8 @@ def device_cpu_seconds(over: Mapping[str, Any], lane: np.ndarray, transfer: np.n
     """demand_d of the module docstring, CPU seconds per step [D].
 
     lane, transfer, collective: [M] masks of the task kinds; task_seconds [M] with the message
-    charges in it, message_charge [M] those charges; fraction [D]: f_d."""
+    charges in it, message_charge [M] those charges; part_ptr [M+1], part_dev: the collectives'
+    participants (CSR over tasks; only collectives have any); fraction [D]: f_d."""
     d = len(fraction)
     on = np.nonzero(lane)[0]
     kernels = task_seconds[on] - message_charge[on]
@@ -110,6 +112,7 @@ def device_cpu_seconds(over: Mapping[str, Any], lane: np.ndarray, transfer: np.n
     coll = np.nonzero(collective)[0]
     if len(coll) and curves:
         size = part_ptr[coll + 1] - part_ptr[coll]
+        cost = np.zeros(len(coll))  # one participant's CPU, per collective
         for group in np.unique(size).tolist():
             key = str(group)
             if key not in curves:
@@ -118,10 +121,9 @@ def device_cpu_seconds(over: Mapping[str, Any], lane: np.ndarray, transfer: np.n
                                  "measure the overheads on a cluster with at least that many tasks "
                                  "(benchmarks/fidelity_bench.py)")
             cb, cs = check_curve(curves[key], f"runtime_overheads.collective_cpu_s.{key}")
-            tasks = coll[size == group]
-            cost = curve_seconds(task_bytes[tasks], cb, cs)
-            members = np.concatenate([part_dev[part_ptr[t]:part_ptr[t + 1]] for t in tasks])
-            demand += np.bincount(members, weights=np.repeat(cost, group), minlength=d)
+            cost[size == group] = curve_seconds(task_bytes[coll[size == group]], cb, cs)
+        # part_dev lists the collectives' participants in task order: each pays its collective's cost
+        demand += np.bincount(part_dev, weights=np.repeat(cost, size), minlength=d)
     return demand
 
 
