@@ -442,7 +442,7 @@ def local_op_seconds(k: int, reps: int) -> float:
 # task 0 (the tiny transformer's single-device step took 5.3 ms instead of 2.9 ms), which no
 # profile of task 0's kind shows.
 HETERO = {"cluster": "local_cpu_hetero.json", "cpus": [[0], [1], [1]], "fractions": [None, 0.5, 0.5],
-          "client_cpus": [1], "kinds": {"CPU": ("0", 0.0, "median"), "CPU_half": ("1", 0.5, "mean")}}
+          "client_cpus": [1], "kinds": {"CPU": ("0", 0.0, "median"), "CPU_half": ("1", 0.5, "median")}}
 
 
 def pin_this_process(cpus) -> None:
@@ -490,8 +490,8 @@ def profile_path(model: str, bundle: str, batch: int, workdir: str, hetero: bool
                  comm: "dict | None" = None) -> str:
     """Measures the CPU profile of `bundle` at 1 intra/inter thread into workdir and attaches
     `comm` (cluster_comm; default the bundled fit); with `hetero`, one kind per emulated speed,
-    each measured pinned and limited like its tasks with that kind's statistic (HETERO: the
-    mean under a quota, whose stalls are part of the cost, profiler rule 5). `fresh` measures
+    each pinned like its tasks, a quota kind's ops scaled by the slowdown measured under its
+    quota (profiler_cli --cpu-fraction). `fresh` measures
     anew even if workdir has it: this machine's speed drifts by phases (the tiny transformer's
     step took 1.85 ms at one hour and 2.7-3.3 ms at the next, same process setup), so a profile
     is only comparable with steps timed right after it (a few seconds per model)."""
@@ -772,9 +772,9 @@ def main(argv=None):
              "Command: `.venv/bin/python benchmarks/fidelity_bench.py " + " ".join(argv or sys.argv[1:]) + "`", "",
              ("3 TF server tasks on 127.0.0.1 (clusters/local_cpu_hetero.json), 1 intra-op + 1 inter-op thread "
               "each; task 0 alone on core 0 (kind CPU), tasks 1 and 2 on core 1 with a 0.5 CPU quota each (kind "
-              "CPU_half); the client on core 1. Profiles: `python -m tfplace.profile --threads 1 --inter-threads 1` "
-              "per kind, pinned and limited like its tasks (" +
-              ", ".join(f"{k}: --statistic {v[2]}" for k, v in HETERO["kinds"].items()) + "). " if args.hetero else
+              "CPU_half); the client on core 1. Profiles: `python -m tfplace.profile --threads 1 --inter-threads 1 "
+              "--statistic median` per kind, pinned like its tasks, CPU_half with `--cpu-fraction 0.5` (its ops "
+              "timed unlimited, times the slowdown a compute loop measures under the quota). " if args.hetero else
               "3 TF server tasks on 127.0.0.1 (clusters/local_cpu.json), 1 intra-op + 1 inter-op thread each, "
               "homogeneous, unpinned. Profile: "
               "`python -m tfplace.profile --threads 1 --inter-threads 1` per model. ") +

@@ -58,6 +58,25 @@ def test_cpu_fractions_come_from_the_profile_kinds_emulation():
     assert "by_kind.CPU.emulation.cpu_fraction" in str(err.value)
 
 
+@pytest.mark.parametrize("emulation, fraction", [
+    ({"cpu_fraction": 0.5}, 0.5),                                       # quota only: as set
+    ({"cpu_fraction": 0.5, "effective_cpu_fraction": 0.44}, 0.44),     # measured slowdown wins
+    ({"effective_cpu_fraction": 0.25}, 0.25),
+])
+def test_cpu_fractions_prefer_the_measured_effective_fraction(emulation, fraction):
+    prof = Profile(ops={}, conditions={"by_kind": {"CPU_half": {"emulation": emulation}}})
+    assert cpu_fractions(prof, ["CPU_half"]).tolist() == [fraction]
+
+
+@pytest.mark.parametrize("value", [0, -0.5, "half", True])
+def test_bad_effective_fraction_is_one_error_naming_it(value):
+    prof = Profile(ops={}, conditions={"by_kind": {"CPU_half": {"emulation": {"cpu_fraction": 0.5,
+                                                                              "effective_cpu_fraction": value}}}})
+    with pytest.raises(InputError) as err:
+        cpu_fractions(prof, ["CPU_half"])
+    assert "by_kind.CPU_half.emulation.effective_cpu_fraction" in str(err.value) and "--cpu-fraction" in str(err.value)
+
+
 @pytest.mark.parametrize("demand_ms, fraction, host_of, cores, bound_ms", [
     ([4, 1, 1], [1, 0.5, 0.5], None, None, 4),          # the busiest device at full speed
     ([1, 3, 1], [1, 0.5, 0.5], None, None, 6),          # a half-speed device needs twice its CPU

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tfplace import cpu_quota
-from tfplace.cpu_quota import CpuQuota
+from tfplace.cpu_quota import CpuQuota, measure_throttle, period_for
 from tfplace.errors import InputError
 
 needs_cgroups = pytest.mark.skipif(not cpu_quota.available(),
@@ -24,6 +24,16 @@ def test_bad_fraction_is_one_clear_error(fraction):
 def test_short_period_is_refused():
     with pytest.raises(InputError, match="period_us"):
         CpuQuota(0.5, period_us=500)
+
+
+@pytest.mark.parametrize("fraction,period_us,expected_us", [
+    (0.5, 4000, 4000),     # the default
+    (0.5, 2000, 2000),
+    (0.25, 2000, 4000),    # a 0.5 ms quota would be under the kernel's 1 ms minimum
+    (0.1, 4000, 10000),
+])
+def test_period_grows_where_the_quota_would_be_under_1_ms(fraction, period_us, expected_us):
+    assert period_for(fraction, period_us) == expected_us
 
 
 @needs_cgroups
@@ -55,3 +65,18 @@ def test_child_joins_and_burns_at_most_its_share():
         cpu_s = float(out.stdout.strip())
     assert cpu_s < 0.6 * 0.25 * 1.6 + 0.05, cpu_s    # unlimited, it would be ~0.6 s
     assert not os.path.isdir(q.path)
+
+
+@needs_cgroups
+@pytest.mark.parametrize("fraction", [0.5, 0.25])
+def test_throttle_under_the_default_period_is_the_quotas(fraction):
+    # With the period at least the kernel's tick, sustained compute under the quota takes
+    # 1 / fraction wall seconds per CPU second (a 2 ms period on a 4 ms tick gave 2.03-2.42 at
+    # 0.5). The probe runs in a child: this process stays unlimited.
+    # (The upper margin leaves room for other tests sharing the core.)
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    got = measure_throttle(fraction, cpus=[cpu], cpu_s=0.1)
+    assert 0.9 / fraction < got < 1.6 / fraction, got
+    with CpuQuota(1.0, name="look") as q:
+        left = [n for n in os.listdir(os.path.dirname(q.path)) if n.startswith("tfplace-throttle-")]
+    assert left == []  # the probe's cgroup is gone

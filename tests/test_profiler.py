@@ -182,6 +182,41 @@ def test_cli_writes_a_profile_with_derived_kinds(tmp_path, capsys):
     assert raw["conditions"]["by_kind"]["CPU"]["repeats"] == 1
 
 
+def test_scaled_kind_multiplies_one_kind_only():
+    from tfplace.profile import Profile
+    prof = Profile(ops={"a": {"CPU": ((1, 2), (1.0, 2.0)), "CPU_half": ((1, 2), (1.0, 3.0))}})
+    got = profiler.scaled_kind(prof, "CPU_half", 2.5)
+    assert got.ops["a"]["CPU_half"] == ((1, 2), (2.5, 7.5)) and got.ops["a"]["CPU"] == ((1, 2), (1.0, 2.0))
+    with pytest.raises(InputError, match="factor"):
+        profiler.scaled_kind(prof, "CPU_half", 0.0)
+
+
+def test_cli_cpu_fraction_scales_unlimited_op_times_by_the_measured_throttle(tmp_path, monkeypatch):
+    # The ops are timed without the quota (this process is never limited) and multiplied by the
+    # slowdown measured under it; the conditions say so. The probe itself is tested in
+    # test_cpu_quota; here it reports a fixed 2.5 so that the scaling can be checked exactly.
+    from tfplace import cpu_quota
+    calls, raw = [], {}
+    monkeypatch.setattr(cpu_quota, "measure_throttle", lambda fraction, cpus=None: calls.append((fraction, cpus)) or 2.5)
+    measure = profiler.profile_bundle
+
+    def keep(*a, **k):
+        raw["result"] = measure(*a, **k)
+        return raw["result"]
+    monkeypatch.setattr(profiler, "profile_bundle", keep)
+    out = tmp_path / "p.json"
+    rc = profiler_cli.main(["--graph", _bundle("tiny_mlp"), "--batch-sizes", "2", "--repeats", "1", "--warmup", "0",
+                            "--kind", "CPU_half", "--cpu-fraction", "0.5", "--quiet", "--out", str(out)])
+    monkeypatch.undo()
+    assert rc == 0 and calls == [(0.5, None)]
+    emulation = json.loads(out.read_text())["conditions"]["emulation"]
+    assert emulation["throttle_wall_per_cpu_s"] == 2.5 and emulation["effective_cpu_fraction"] == 0.4
+    assert emulation["cpu_fraction"] == 0.5 and emulation["cpu_period_us"] == 4000
+    written, measured = load_profile(out), raw["result"].profile
+    for op in measured.ops:
+        assert written.seconds(op, "CPU_half", 2) == pytest.approx(2.5 * measured.seconds(op, "CPU_half", 2), rel=1e-3)
+
+
 @pytest.mark.parametrize("args,field", [
     (["--batch-sizes", "0,4"], "batch_sizes[0]"),
     (["--batch-sizes", "4,x"], "--batch-sizes"),

@@ -11,11 +11,13 @@ as a throughput bound on the step:
   demand_d = f_d * lane_d + message_charge_d + bytes_charge_d + collective_d   (CPU seconds)
   bound    = max( max_d demand_d / f_d,  max_host sum_{d on host} demand_d / cpu_cores )
 
-  f_d                the share of a core device d may use: the CPU quota its kind's profile was
-                     measured under (profile conditions by_kind[kind].emulation.cpu_fraction, as
-                     `python -m tfplace.profile --cpu-fraction` writes it); 1 without one
-  lane_d             seconds of d's compute-lane tasks without the message charges: kernels timed
-                     under that quota are wall seconds, f_d of which are CPU
+  f_d                the share of a core device d may use: the CPU quota of its kind's profile
+                     (profile conditions by_kind[kind].emulation, as `python -m tfplace.profile
+                     --cpu-fraction` writes it): effective_cpu_fraction, one CPU second per
+                     measured wall second of the slowdown (the quota the kernel really
+                     enforces), else cpu_fraction; 1 without one
+  lane_d             seconds of d's compute-lane tasks without the message charges: a quota
+                     kind's kernel times are wall seconds under its quota, f_d of which are CPU
   message_charge_d   the message CPU the lanes carry (already CPU seconds)
   bytes_charge_d     runtime_overheads.message_cpu_s_per_byte (both ends together) times the
                      bytes of every message d sends or receives, half to each end
@@ -45,16 +47,17 @@ SOURCE = "profile conditions"
 
 
 def cpu_fractions(profile, kinds: Sequence[str]) -> np.ndarray:
-    """Per device kind in `kinds`, the CPU fraction its profile kind was measured under (1.0
-    when the profile records none)."""
+    """Per device kind in `kinds`, the CPU fraction of its profile kind's quota: the effective
+    one where the profile measured it, else the quota's (1.0 when the profile records none)."""
     by_kind = ((getattr(profile, "conditions", None) or {}).get("by_kind") or {}) if profile is not None else {}
     out = np.ones(len(kinds))
     for i, kind in enumerate(kinds):
         emulation = (by_kind.get(kind) or {}).get("emulation") or {}
-        fraction = emulation.get("cpu_fraction")
+        key = "effective_cpu_fraction" if "effective_cpu_fraction" in emulation else "cpu_fraction"
+        fraction = emulation.get(key)
         if fraction is not None:
-            if not (isinstance(fraction, (int, float)) and 0 < fraction):
-                raise InputError(SOURCE, f"by_kind.{kind}.emulation.cpu_fraction", f"must be a number > 0, got {fraction!r}",
+            if not (isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0 < fraction):
+                raise InputError(SOURCE, f"by_kind.{kind}.emulation.{key}", f"must be a number > 0, got {fraction!r}",
                                  "profile the kind again with `python -m tfplace.profile --cpu-fraction F`")
             out[i] = float(fraction)
     return out

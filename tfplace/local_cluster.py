@@ -21,7 +21,7 @@ Failures: a worker that dies while starting, or while `run` waits on a step, rai
 
 Heterogeneity on one machine is emulated by per-task CPU affinity (`cpus_per_task`), CPU
 bandwidth quotas (`cpu_fraction_per_task`, tfplace.cpu_quota) and thread limits
-(`threads_per_task`), so a profile measured under the same limits (`python -m tfplace.profile
+(`threads_per_task`), so a profile taken with the same limits (`python -m tfplace.profile
 --cpus ... --cpu-fraction ...`) describes what the simulator should expect of that task.
 """
 

@@ -18,12 +18,11 @@ How (one graph import per device, then per per-device batch size):
      On GPUs the kernel records of `.../stream:all` replace the launch records of the device.
   5. Per op the minimum over repeats is kept by default (`statistic="min"`): interference on a
      shared machine only ever adds time, so the minimum converges to the undisturbed cost with
-     few repeats, where the median needs most repeats undisturbed. `median` is available, and
-     `mean` for a device that stalls by design: under a CPU quota (tfplace.cpu_quota) the
-     stall lands in whichever op runs when the quota runs out, so the min and the median of an
-     op drop it, and only the mean counts it (tiny transformer at half a core: per-op medians
-     summed to 4.4-5.6 ms against an untraced step of 8-11 ms; its per-op means reached the
-     untraced step less the empty one in two runs; on the tiny CNN, 0.6 of it).
+     few repeats, where the median needs most repeats undisturbed. `median` and `mean` are
+     available. A device limited by a CPU quota (tfplace.cpu_quota) is not timed under it: the
+     profiler's own work between timed steps would draw on the quota and stall the next step;
+     `python -m tfplace.profile --cpu-fraction` times its ops unlimited and scales them by the
+     slowdown measured under the quota (`scaled_kind`).
   6. TensorFlow's oneDNN rewrite on CPUs (not Grappler; it runs as the runtime runs) fuses e.g.
      Conv2D + BiasAdd into one kernel named after the BiasAdd, so the Conv2D has no record. The
      first traced step also returns the executed partition graphs; an op that vanished there is
@@ -576,6 +575,16 @@ def save_compact(profile: Profile, path: str) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def scaled_kind(profile: Profile, kind: str, factor: float) -> Profile:
+    """`profile` with every op time of `kind` multiplied by `factor` (> 0); other kinds as they
+    are. A CPU quota's slowdown applied to op times measured without it (profiler_cli)."""
+    if not factor > 0:
+        raise InputError("profile", "factor", f"must be > 0, got {factor!r}", "give the measured slowdown")
+    ops = {op: {k: ((pts[0], tuple(t * factor for t in pts[1])) if k == kind else pts) for k, pts in per.items()}
+           for op, per in profile.ops.items()}
+    return dataclasses.replace(profile, ops=ops)
 
 
 def merge_profiles(base: Profile, extra: Profile) -> Profile:
