@@ -437,7 +437,8 @@ def local_op_seconds(k: int, reps: int) -> float:
 
 
 # Emulated heterogeneous cluster (--hetero): task 0 alone on core 0, tasks 1 and 2 on core 1 with
-# half of it each; every profile kind is measured under its task's limits.
+# half of it each; every profile kind is pinned like its tasks, the quota kind scaled by the
+# slowdown measured under its quota (profiler_cli --cpu-fraction).
 # The client (this process) runs on core 1: unpinned, its threads also ran on core 0 and slowed
 # task 0 (the tiny transformer's single-device step took 5.3 ms instead of 2.9 ms), which no
 # profile of task 0's kind shows.

@@ -38,7 +38,7 @@ def test_period_grows_where_the_quota_would_be_under_1_ms(fraction, period_us, e
 
 @needs_cgroups
 @pytest.mark.parametrize("fraction,period_us,quota_us", [
-    (0.5, 2000, 1000),     # the default period
+    (0.5, 2000, 1000),     # a 2 ms period (the default is 4 ms)
     (0.25, 2000, 1000),    # 500 us would be under the kernel's 1 ms minimum: the period grows to 4 ms
     (1.5, 2000, 3000),     # more than one CPU
 ])

@@ -19,10 +19,11 @@ How (one graph import per device, then per per-device batch size):
   5. Per op the minimum over repeats is kept by default (`statistic="min"`): interference on a
      shared machine only ever adds time, so the minimum converges to the undisturbed cost with
      few repeats, where the median needs most repeats undisturbed. `median` and `mean` are
-     available. A device limited by a CPU quota (tfplace.cpu_quota) is not timed under it: the
-     profiler's own work between timed steps would draw on the quota and stall the next step;
-     `python -m tfplace.profile --cpu-fraction` times its ops unlimited and scales them by the
-     slowdown measured under the quota (`scaled_kind`).
+     available. A device limited by a CPU quota (tfplace.cpu_quota) is not timed under it: there
+     a 0.5 kind's ops summed to up to 4.1x the unlimited kind's where compute slows 2.0x (most
+     likely the profiler's own work between timed steps draws on the quota and stalls the next
+     step); `python -m tfplace.profile --cpu-fraction` times its ops unlimited and scales them
+     by the slowdown measured under the quota (`scaled_kind`).
   6. TensorFlow's oneDNN rewrite on CPUs (not Grappler; it runs as the runtime runs) fuses e.g.
      Conv2D + BiasAdd into one kernel named after the BiasAdd, so the Conv2D has no record. The
      first traced step also returns the executed partition graphs; an op that vanished there is
