@@ -222,8 +222,8 @@ def test_bad_arguments():
         LocalCluster(num_tasks=2, cpu_fraction_per_task=[0.0, None])
 
 
-def _matmul_steps_s(lc, tasks, repeats=9):
-    """Median seconds of a compute-bound step (4 chained 384x384 matmuls) run on each of `tasks`
+def _matmul_steps_s(lc, tasks, repeats=9, matmuls=4):
+    """Median seconds of a compute-bound step (`matmuls` chained 384x384 matmuls) run on each of `tasks`
     alone, the tasks' steps interleaved (a, b, a, b, ...) so that a slow phase of a shared
     machine hits them alike (timed one task after the other, a phase between them once gave
     1.46x where 1.63-2.24x is the quota's effect). The input is a stateful random op: from a
@@ -236,7 +236,7 @@ def _matmul_steps_s(lc, tasks, repeats=9):
         with g.as_default(), tf.device(lc.device_names[task]):
             x = tf.random.normal([384, 384], seed=1)
             y = x
-            for _ in range(4):
+            for _ in range(matmuls):
                 y = tf.matmul(y, x) * 0.01
             out = tf.reduce_sum(y)
         runs.append((lc.session(graph=g), out))
@@ -260,13 +260,15 @@ def _matmul_steps_s(lc, tasks, repeats=9):
                     reason="no writable cgroups with the cpu controller (needs root)")
 def test_cpu_quota_makes_a_slow_task():
     # Both tasks pinned to the same core and run one after the other; task 1 may use half of it.
-    # CFS bandwidth control then stretches its compute-bound step about 2x (measured 1.63-2.24x
-    # for its ~6 ms step on the 2-core development machine; shorter steps are stretched less).
-    # Without the quota the ratio is ~1.
+    # CFS bandwidth control then stretches its compute-bound step about 2x (1.83x measured). The
+    # step computes for ~14 ms: after an idle gap a task runs unthrottled until it has used its
+    # quota of the period (2 ms of the 4 ms period at 0.5), so a ~4 ms step was stretched
+    # 1.13x in one run and 1.74x in the next (with the former 2 ms period, 1.63-2.24x). Without
+    # the quota the ratio is ~1.
     cpu = [os.cpu_count() - 1]
     with LocalCluster(num_tasks=2, threads_per_task=[1, 1], inter_threads_per_task=[1, 1],
                       cpus_per_task=[cpu, cpu], cpu_fraction_per_task=[None, 0.5]) as lc:
-        fast, slow = _matmul_steps_s(lc, [0, 1])
+        fast, slow = _matmul_steps_s(lc, [0, 1], matmuls=24)
         quota_dirs = [q.path for q in lc._quotas]
         assert len(quota_dirs) == 1 and all(os.path.isdir(d) for d in quota_dirs)
         with open(os.path.join(quota_dirs[0], "cgroup.procs")) as f:
