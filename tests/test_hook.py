@@ -89,7 +89,6 @@ def test_hooked_steps_equal_the_rewritten_graph(local_cluster, tmp_path):
             assert _rel(m, hooked[name]) <= 1e-6, f"{name}: hooked and direct runs differ"
 
 
-
 @pytest.mark.multiprocess
 def test_run_steps_trains_and_times_every_step(local_cluster):
     """StepRunner.run_steps (what the fidelity bench times) runs train_op once per step: n wall

@@ -222,11 +222,11 @@ def test_bad_arguments():
         LocalCluster(num_tasks=2, cpu_fraction_per_task=[0.0, None])
 
 
-def _matmul_steps_s(lc, tasks, repeats=9, matmuls=4):
-    """Median seconds of a compute-bound step (`matmuls` chained 384x384 matmuls) run on each of `tasks`
-    alone, the tasks' steps interleaved (a, b, a, b, ...) so that a slow phase of a shared
+def _matmul_steps_s(lc, tasks, repeats=9, matmuls=24):
+    """Median seconds of a compute-bound step (`matmuls` chained 384x384 matmuls) run on each of
+    `tasks` alone, the tasks' steps interleaved (a, b, a, b, ...) so that a slow phase of a shared
     machine hits them alike (timed one task after the other, a phase between them once gave
-    1.46x where 1.63-2.24x is the quota's effect). The input is a stateful random op: from a
+    1.46x where the quota's effect was 1.63-2.24x). The input is a stateful random op: from a
     stateless (constant) one, constant folding would compute the whole chain once and leave only
     the step's overhead to time."""
     import statistics
@@ -268,7 +268,7 @@ def test_cpu_quota_makes_a_slow_task():
     cpu = [os.cpu_count() - 1]
     with LocalCluster(num_tasks=2, threads_per_task=[1, 1], inter_threads_per_task=[1, 1],
                       cpus_per_task=[cpu, cpu], cpu_fraction_per_task=[None, 0.5]) as lc:
-        fast, slow = _matmul_steps_s(lc, [0, 1], matmuls=24)
+        fast, slow = _matmul_steps_s(lc, [0, 1])
         quota_dirs = [q.path for q in lc._quotas]
         assert len(quota_dirs) == 1 and all(os.path.isdir(d) for d in quota_dirs)
         with open(os.path.join(quota_dirs[0], "cgroup.procs")) as f:
