@@ -1,7 +1,7 @@
 """Simulator fidelity on the local CPU cluster.
 
     .venv/bin/python benchmarks/fidelity_bench.py [--models tiny_mlp,tiny_cnn,tiny_transformer,resnet50]
-        [--strategies 10] [--steps 10] [--warmup 2] [--rounds 3] [--overhead-repeats 3] [--hetero]
+        [--strategies 10] [--steps 10] [--warmup 2] [--warmup-s 0.1] [--rounds 3] [--overhead-repeats 3] [--hetero]
         [--no-overheads] [--out benchmarks/fidelity_bench.md] [--record run.json]
     .venv/bin/python benchmarks/fidelity_bench.py --replay run1.json run2.json ...
 
@@ -108,11 +108,26 @@ def ms_list(seconds) -> str:
     return "/".join(f"{x * 1e3:.2f}" for x in seconds)
 
 
+# Untimed steps run for at least this long as well as at least the warm-up count: on this
+# machine a strategy's first steps after another strategy (or a pause) ran slower for 10-50 steps
+# (the tiny MLP's data-parallel all-reduce step 8.2-9.1 ms in its first 10, 6.9-7.0 ms after;
+# its single-device step 0.52 ms, then 0.37-0.44), which 2 warm-up steps of a 0.4 ms step miss.
+WARMUP_S = 0.1
+
+
+def warm_up(call, steps: int, min_s: float = WARMUP_S) -> None:
+    """Calls `call` at least `steps` times and until `min_s` seconds have passed."""
+    t0 = time.perf_counter()
+    done = 0
+    while done < steps or time.perf_counter() - t0 < min_s:
+        call()
+        done += 1
+
+
 def median_call_seconds(call, steps: int, warmup: int) -> float:
     """Median wall seconds of `steps` calls of `call` (one step: `lc.run(...)` as StepRunner runs
-    it, or a local `sess.run(...)`), after `warmup` untimed ones."""
-    for _ in range(warmup):
-        call()
+    it, or a local `sess.run(...)`), after untimed ones (warm_up: `warmup` and WARMUP_S)."""
+    warm_up(call, warmup)
     ts = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -148,13 +163,18 @@ def local_cluster_setup(hetero: bool):
     return cluster, kwargs
 
 
+FEED_ROWS, FEED_BIG_ROWS = 48, 4096  # [rows, 16] float32 feeds: 3 KB and 256 KB
+
+
 def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cpu_reps: int = 200,
                       raw: bool = True) -> dict:
     """Fixed costs of the local TF runtime, from micro-benchmarks independent of the models (each
     the difference of two graphs that differ only in what is measured; wall = median of `reps`
     steps run the way StepRunner runs them, through LocalCluster.run; CPU = the servers' CPU time
     over `cpu_reps` steps, from /proc):
-    step_s: a one-task step (feed a [48,16] batch, one op, fetch a NoOp); op_s: per op executed
+    step_s: a one-task step (feed a [48,16] batch, one op, fetch a NoOp) less its feed's bytes
+    (feed_s_per_byte: per byte of a [4096,16] feed beyond it; feed_input_s: per fed tensor
+    beyond the first, from a step that feeds two [48,16] tensors); op_s: per op executed
     (a chain of 40*fan dependent tiny adds), beyond what the same op costs in the profiler's own
     session (local_op_seconds), whose records already hold the executor's per-op work (their
     tracing cost is removed, tfplace.profiler rule 7); worker_s: each further task
@@ -191,29 +211,29 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     from tfplace.runtime import step_session_config
     devs = lc.device_names
     kinds = [d.kind for d in cluster.devices]
-    feed_value = np.zeros((48, 16), np.float32)
-
-    def timed(build, cpu=False, cpu_steps=cpu_reps, wall_steps=reps, cpu_of=lambda: _cpu_seconds(lc.pids)):
+    def timed(build, cpu=False, cpu_steps=cpu_reps, wall_steps=reps, cpu_of=lambda: _cpu_seconds(lc.pids),
+              inputs=1, rows=FEED_ROWS):
         """(median wall seconds of `wall_steps` steps or None for 0, CPU seconds per step of
-        `cpu_of` (default: the servers' /proc ticks) or None without `cpu`)."""
+        `cpu_of` (default: the servers' /proc ticks) or None without `cpu`); each step feeds
+        `inputs` placeholders of [rows, 16] float32 that task 0 reads."""
         g = tf.Graph()
         with g.as_default():
-            x = tf.compat.v1.placeholder(tf.float32, [None, 16], name="x")
+            xs = [tf.compat.v1.placeholder(tf.float32, [None, 16], name=f"x{i}") for i in range(inputs)]
             with tf.device(devs[0]):
-                x0 = x * 1.0
+                x0 = tf.add_n([x * 1.0 for x in xs])
             fetch = tf.group(*build(x0))
+        feed = {x: np.zeros((rows, 16), np.float32) for x in xs}
         with lc.session(graph=g, config=step_session_config(None, lc)) as sess:
             wall = None
             if wall_steps:
-                wall = median_call_seconds(lambda: lc.run(sess, fetch, {x: feed_value}), wall_steps, 5)
+                wall = median_call_seconds(lambda: lc.run(sess, fetch, feed), wall_steps, 5)
             else:  # CPU only: warm up as the wall timing would have
-                for _ in range(3):
-                    lc.run(sess, fetch, {x: feed_value})
+                warm_up(lambda: lc.run(sess, fetch, feed), 3)
             used = None
             if cpu:
                 c0 = cpu_of()
                 for _ in range(cpu_steps):
-                    lc.run(sess, fetch, {x: feed_value})
+                    lc.run(sess, fetch, feed)
                 used = (cpu_of() - c0) / cpu_steps
         return wall, used
 
@@ -302,6 +322,11 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
         return build
 
     step, _ = timed(one_task)
+    # what a step's feed costs: one more fed tensor, and the bytes of a large one (the client
+    # sends the feed to task 0 through the master: the tiny CNN's 147 KB feed cost ~70 us more
+    # than the 3 KB one above, its 2 tensors ~25 us more than 1)
+    feed_input = timed(one_task, inputs=2)[0] - step
+    feed_per_byte = max((timed(one_task, rows=FEED_BIG_ROWS)[0] - step) / ((FEED_BIG_ROWS - FEED_ROWS) * 64), 0.0)
     chain = 40 * fan  # ~1 ms of ops: the per-op difference must stand above the steps' jitter
     op = (timed(ops(chain))[0] - timed(ops(0))[0]) / chain
     local_op = local_op_seconds(chain, reps)
@@ -318,7 +343,8 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
             solo_wall, solo_cpu = timed(ping_pong(fan, False, a, b), cpu=True)
             by_pair[pair] = ((chain_wall - solo_wall) / fan, (chain_cpu - solo_cpu) / fan,
                              cluster.transfer_seconds(a, b, 16), cluster.path_latency_s(a, b))
-    out = {"step_s": step, "op_s": max(op - local_op, 0.0), "worker_s": max(worker, 0.0),
+    out = {"step_s": max(step - FEED_ROWS * 64 * feed_per_byte, 0.0), "feed_input_s": max(feed_input, 0.0),
+           "feed_s_per_byte": feed_per_byte, "op_s": max(op - local_op, 0.0), "worker_s": max(worker, 0.0),
            # the lanes carry each message's CPU (message_cpu_s) and a chain's hop already holds
            # it: the transfer is what the hop takes beyond both and beyond the link the simulator
            # charges, so a chain costs what it measured (negative where the CPU is more than the
@@ -605,7 +631,7 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, record=None):
                 if name in failed:
                     continue
                 try:
-                    runner.run_steps(args.warmup, feed)
+                    warm_up(lambda: runner.run_steps(1, feed), args.warmup, args.warmup_s)
                     before = task_cpu_seconds(lc.pids)
                     times[name] += runner.run_steps(args.steps, feed)
                     cpu_s[name] += task_cpu_seconds(lc.pids) - before
@@ -691,14 +717,19 @@ def conditions_table(conditions) -> list:
             return "-"
         c = d[max(d, key=int)]
         return " / ".join(us(v) for v in c["seconds"])
-    lines = ["| model | p2p fit latency | all-reduce fit latency (x2 / x3) | step_s | worker_s | transfer_s | "
-             "message_cpu_s | collective_cpu_s per participant of an all-task all-reduce (" + " / ".join(f"{b} B" for b in COLLECTIVE_CPU_BYTES) + ") |",
-             "|---|---|---|---|---|---|---|---|"]
+    def feed(o):  # older records have no feed costs
+        if "feed_input_s" not in o:
+            return "-"
+        return f"{us(o['feed_input_s'])} / {o['feed_s_per_byte'] * 1e9:.2f}"
+    lines = ["| model | p2p fit latency | all-reduce fit latency (x2 / x3) | step_s | feed_input_s / feed_s_per_byte (ns) | "
+             "worker_s | transfer_s | message_cpu_s | collective_cpu_s per participant of an all-task all-reduce (" +
+             " / ".join(f"{b} B" for b in COLLECTIVE_CPU_BYTES) + ") |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for model, (comm, over) in conditions.items():
         c = comm["comm"]
         ar = " / ".join(us(c["allreduce"][g]["latency_s"]) for g in sorted(c["allreduce"], key=int))
         o = over or {}
-        lines.append(f"| {model} | {us(c['p2p']['latency_s'])} | {ar} | {us(o['step_s']) if o else '-'} | "
+        lines.append(f"| {model} | {us(c['p2p']['latency_s'])} | {ar} | {us(o['step_s']) if o else '-'} | {feed(o)} | "
                      f"{us(o['worker_s']) if o else '-'} | {pairs(o.get('transfer_s', {}))} | "
                      f"{pairs(o.get('message_cpu_s', {}))} | {curve(o.get('collective_cpu_s'))} |")
     return lines
@@ -732,7 +763,9 @@ def main(argv=None):
     p.add_argument("--models", default="tiny_mlp,tiny_cnn,tiny_transformer,resnet50")
     p.add_argument("--strategies", type=int, default=10)
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per strategy and round (at least)")
+    p.add_argument("--warmup-s", type=float, default=WARMUP_S,
+                   help="untimed steps run at least this long too (seconds)")
     p.add_argument("--rounds", type=int, default=3, help="round-robin passes over the strategies (--steps timed each)")
     p.add_argument("--overhead-repeats", type=int, default=3,
                    help="micro-benchmark passes; the model takes each overhead's median over them")
@@ -782,8 +815,8 @@ def main(argv=None):
              ("Comm fit: the bundled " + BUNDLED_COMM + ". " if args.bundled_comm else
               "Comm fit: measured on the run's cluster right before each model (tfplace.comm_profiler, "
               f"up to {COMM_MAX_BYTES >> 20} MiB). ") +
-             f"Real = median of {args.rounds} round-robin rounds x {args.steps} timed steps (after {args.warmup} warm-up "
-             f"each). ({time.time() - t0:.0f} s)", "",
+             f"Real = median of {args.rounds} round-robin rounds x {args.steps} timed steps (after at least {args.warmup} warm-up "
+             f"steps and {args.warmup_s:g} s each). ({time.time() - t0:.0f} s)", "",
              "Runtime overheads in the model (profile conditions `runtime_overheads`): " +
              ("none (--no-overheads)" if args.no_overheads else "measured by micro-benchmarks right before each "
               "model (median of --overhead-repeats passes; all of them in the --record file)"), "",

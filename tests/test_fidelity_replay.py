@@ -85,6 +85,26 @@ def test_bundled_comm_fit_has_what_the_model_and_the_overheads_read():
     assert len(lines) == 3 and lines[2].startswith("| m | 71 | 893 / 1816 |")  # µs of the bundled fit
 
 
+def test_conditions_table_shows_the_feed_costs_where_a_record_has_them():
+    comm = fb.cluster_comm()
+    over = {"step_s": 2e-4, "worker_s": 3e-4, "transfer_s": {}, "message_cpu_s": {}}
+    old = fb.conditions_table({"m": (comm, over)})[2]
+    new = fb.conditions_table({"m": (comm, {**over, "feed_input_s": 2.5e-5, "feed_s_per_byte": 5e-10})})[2]
+    assert "| 200 | - | 300 |" in old and "| 200 | 25 / 0.50 | 300 |" in new
+
+
+@pytest.mark.parametrize("steps, min_s, call_s, least_calls, most_calls", [
+    (2, 0.0, 0.0, 2, 2),            # no time floor: exactly the count
+    (2, 0.05, 0.01, 5, 7),          # the time floor decides: 0.05 s of 0.01 s calls
+    (8, 0.01, 0.005, 8, 8),         # the count decides
+])
+def test_warm_up_runs_the_count_and_the_time(steps, min_s, call_s, least_calls, most_calls):
+    import time
+    calls = []
+    fb.warm_up(lambda: (calls.append(1), time.sleep(call_s)), steps, min_s)
+    assert least_calls <= len(calls) <= most_calls
+
+
 @pytest.mark.parametrize("wall_us, cpu_us, link_us, latency_us, expected_us", [
     (150, 60, 72, 71.5, 18),        # the hop takes more than its CPU and the link: the rest
     (94, 88, 72, 71.5, -64.35),     # CPU and link more than the wall: cut, at most 0.9 latency

@@ -425,6 +425,30 @@ def _two_sends(overheads):
     return lower(g, gr, cluster, st, pr), cluster
 
 
+def _two_inputs_one_device(overheads):
+    # inputs x (8000 bytes at batch 8) and y (400 bytes) read by a on the V100 (1 ms)
+    import dataclasses
+    ops = [("x", "Placeholder", 8000, True, True), ("y", "Placeholder", 400, True, True),
+           ("a", "Op", 8000, True, True)]
+    g = fk.op_graph(ops, [("x", "a"), ("y", "a")])
+    pr = fk.profile_table(g, {n: {"V100": s, "P100": s} for n, s in {"x": 0.0, "y": 0.0, "a": 1e-3}.items()})
+    pr = dataclasses.replace(pr, conditions={**pr.conditions, "runtime_overheads": overheads})
+    st = Strategy(8, 1, None, {"x": decision({"v100_0": 8})})
+    cluster = fk.pair_cluster(latency=2e-3)
+    return simulate(lower(g, fk.grouping(g, [["x", "y", "a"]]), cluster, st, pr), cluster).iteration_time_s
+
+
+@pytest.mark.parametrize("overheads,added_s", [
+    ({}, 0.0),
+    ({"step_s": 2e-4}, 2e-4),
+    ({"feed_input_s": 3e-5}, 3e-5),                   # y is the one input beyond the first
+    ({"feed_s_per_byte": 1e-8}, 8400 * 1e-8),        # both inputs' bytes at the global batch
+    ({"step_s": 2e-4, "feed_input_s": 3e-5, "feed_s_per_byte": 1e-8, "worker_s": 1.0}, 2e-4 + 3e-5 + 8.4e-5),
+])                                                   # worker_s: no further task runs a partition
+def test_step_and_feed_costs_come_once_per_step(overheads, added_s):
+    assert _two_inputs_one_device(overheads) == pytest.approx(1e-3 + added_s, rel=1e-9)
+
+
 @pytest.mark.parametrize("gap_s", [None, 0.0, 1e-4, 5e-3])
 def test_transfer_holds_its_link_for_the_gap_plus_bytes(gap_s):
     placed, cluster = _two_sends({} if gap_s is None else {"transfer_gap_s": gap_s})

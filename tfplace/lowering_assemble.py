@@ -165,7 +165,9 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     seconds = np.concatenate([inst_sec, tt_sec, sb_sec, cm_sec, st["seconds"]])
     task_bytes = np.concatenate([inst_bytes, tt_bytes, sb_bytes, np.zeros(nc), st["bytes"]])
     dep_src, dep_dst = dep_src.astype(np.int32), dep_dst.astype(np.int32)
-    hold, charge = _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph)
+    feed_bytes = float(np.sum(ix.op_out_ps_bytes[list(graph.inputs)] * batch + ix.op_out_full_bytes[list(graph.inputs)]))
+    hold, charge = _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph,
+                                      feed_bytes)
     cpu_s, fraction = _cpu_demand(ctx, seconds, charge, kind, device, src_dev, task_bytes, part_ptr, part_dev)
 
     return PlacedGraph(
@@ -216,7 +218,7 @@ def _cpu_demand(ctx, seconds, charge, kind, device, src_dev, task_bytes, part_pt
     return demand, fraction
 
 
-def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph):
+def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph, feed_bytes=0.0):
     """Adds the measured costs of the runtime the profile was taken for to `seconds` (in place)
     and returns (the link-hold time of every task (empty: links are held for the whole duration),
     the message CPU added to each task (None: none)).
@@ -226,6 +228,8 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
     added. Keys (seconds):
       step_s         once per step (client -> master -> workers dispatch and the fetch), charged
                      to the first input's first instance: nothing starts before the feed arrives;
+      feed_input_s, feed_s_per_byte   the feed, charged there too: per fed input beyond the
+                     first and per byte of all inputs at the global batch (`feed_bytes`);
       worker_s       per further task running part of the step (the master's RunGraph to it);
       op_s           per compute task (executor dispatch around each kernel the profile timed);
       transfer_s, collective_s   per transfer / collective on top of its link time (the
@@ -258,7 +262,9 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
     if graph.inputs:
         used = len(np.unique(device[kind == TASK_COMPUTE]))  # tasks the master runs a partition on
         seconds[int(op_ptr[graph.inputs[0]])] += float(over.get("step_s", 0.0)) + \
-            float(over.get("worker_s", 0.0)) * max(used - 1, 0)
+            float(over.get("worker_s", 0.0)) * max(used - 1, 0) + \
+            float(over.get("feed_input_s", 0.0)) * (len(graph.inputs) - 1) + \
+            float(over.get("feed_s_per_byte", 0.0)) * feed_bytes
     message_cpu = _per_message(over, "message_cpu_s", ctx.cluster, x, src_dev, device)
     charge = None
     if (message_cpu > 0).any():
