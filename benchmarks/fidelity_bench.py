@@ -668,11 +668,12 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, record=None):
 RECORD_FORMAT = "tfplace.fidelity_record"
 
 
-def replay(paths) -> int:
+def replay(paths, verbose: bool = False) -> int:
     """Re-simulates recorded runs (--record) with the current simulator and compares with their
     recorded real steps: model changes can be judged on several runs of this noisy machine
     without timing anything again. Same strategies, profiles and runtime overheads as recorded
-    (per model; records before the overheads were measured per model have one set for all)."""
+    (per model; records before the overheads were measured per model have one set for all);
+    `verbose` (--verbose) also prints each strategy's sim / real, recorded and now."""
     from tfplace.baselines.problem import make_problem
     from tfplace.cluster import load_cluster
     from tfplace.graph_loader import load_op_graph
@@ -698,6 +699,10 @@ def replay(paths) -> int:
                 strategy = strategy_from_reader(FieldReader(r["strategy"], f"{path}: {model}/{r['name']}"))
                 sim = simulate(lower(graph, grouping, cluster, strategy, profile), cluster).iteration_time_s
                 rows.append((r["name"], statistics.median(r["real_s"]), sim, min(r["real_s"])))
+                if verbose:
+                    real = rows[-1][1]
+                    print(f"    {model}/{r['name']}: real {real * 1e3:.2f} ms, sim/real {sim / real:.2f} "
+                          f"(recorded {r['sim_s'] / real:.2f})")
             med, worst, tau = summary(rows)
             then, _, _ = summary([(r["name"], statistics.median(r["real_s"]), r["sim_s"], 0) for r in m["rows"]])
             print(f"  {model}: median {med:.1%} (recorded {then:.1%}), worst {worst:.1%}, tau {tau:.2f}")
@@ -783,6 +788,7 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "fidelity_bench.md"))
     p.add_argument("--record", default="", help="also write the run (profiles, strategies, every timed step, "
                    "overheads) to this JSON file, for --replay")
+    p.add_argument("--verbose", action="store_true", help="with --replay: each strategy's sim / real too")
     p.add_argument("--replay", nargs="+", default=None, metavar="RECORD",
                    help="re-simulate recorded runs with the current simulator (times nothing)")
     args = p.parse_args(argv)
@@ -790,7 +796,7 @@ def main(argv=None):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.replay:
-        return replay(args.replay)
+        return replay(args.replay, args.verbose)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.makedirs(args.workdir, exist_ok=True)
     from tfplace.local_cluster import LocalCluster
