@@ -211,6 +211,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     from tfplace.runtime import step_session_config
     devs = lc.device_names
     kinds = [d.kind for d in cluster.devices]
+
     def timed(build, cpu=False, cpu_steps=cpu_reps, wall_steps=reps, cpu_of=lambda: _cpu_seconds(lc.pids),
               inputs=1, rows=FEED_ROWS):
         """(median wall seconds of `wall_steps` steps or None for 0, CPU seconds per step of
