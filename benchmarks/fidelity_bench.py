@@ -56,8 +56,11 @@ def bundle_path(model: str) -> str:
 
 BIG_MESSAGE_BYTES = 1 << 20  # the message / all-reduce size of the per-byte figures in `raw`
 # all-reduce sizes of the collective CPU curve (runtime_overheads.collective_cpu_s): the tiny
-# models' gradients are 0.1-64 KB, ResNet-50's up to 9.4 MB (the last slope goes on beyond 4 MiB)
-COLLECTIVE_CPU_BYTES = (16, 4096, 65536, 1 << 20, 4 << 20)
+# models' gradients are 0.1-64 KB, ResNet-50's up to 9.4 MB, 100 MB in all. The 16 MiB point
+# because bytes cost more beyond the caches: a 3-task all-reduce cost 1.29-1.41 ns per byte per
+# participant at 4 MiB and 1.49-1.55 at 16 MiB, a 4-16 MiB slope of 1.56-1.60 (the 1-4 MiB
+# slope, 1.1-1.3, which went on beyond 4 MiB before, said less)
+COLLECTIVE_CPU_BYTES = (16, 4096, 65536, 1 << 20, 4 << 20, 16 << 20)
 MAX_LATENCY_CUT = 0.9  # transfer_s may take back at most this share of the link latency (a message stays > 0)
 BASELINES = ("single", "dp_even_allreduce", "dp_even_ps", "dp_proportional_allreduce", "dp_proportional_ps",
              "model_parallel_round_robin", "model_parallel_contiguous", "heft", "pipeline")
