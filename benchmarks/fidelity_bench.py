@@ -67,16 +67,6 @@ BASELINES = ("single", "dp_even_allreduce", "dp_even_ps", "dp_proportional_allre
 MAX_GROUPS = 8
 
 
-def _cpu_seconds(pids) -> float:
-    """User + system CPU seconds the processes have used so far (all their threads)."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def task_cpu_seconds(pids) -> np.ndarray:
     """Per process, the CPU seconds its current threads have run so far, from the scheduler's
     nanosecond counters (/proc/PID/task/TID/schedstat; /proc/PID/stat counts 10 ms ticks, too
@@ -174,7 +164,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     """Fixed costs of the local TF runtime, from micro-benchmarks independent of the models (each
     the difference of two graphs that differ only in what is measured; wall = median of `reps`
     steps run the way StepRunner runs them, through LocalCluster.run; CPU = the servers' CPU time
-    over `cpu_reps` steps, from /proc):
+    over `cpu_reps` steps, from the scheduler's counters):
     step_s: a one-task step (feed a [48,16] batch, one op, fetch a NoOp) less its feed's bytes
     (feed_s_per_byte: per byte of a [4096,16] feed beyond it; feed_input_s: per fed tensor
     beyond the first, from a step that feeds two [48,16] tensors); op_s: per op executed
@@ -200,8 +190,8 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     (`serial_collective_s`, 0.7-1.1 ms: less than inside a model's step), the burst figures
     of independent all-reduces, and what bytes cost: wall and CPU per byte of a 1 MiB message
     between tasks 1 and 2 and of a chained 1 MiB all-reduce across every task, beyond 16 bytes
-    (`message_cpu_s_per_byte`: both ends together; `collective_cpu_s_per_byte_per_task`; CPU
-    from /proc's 10 ms ticks, so the message figure moves in steps of about 5%). With `raw`
+    (`message_cpu_s_per_byte`: both ends together; `collective_cpu_s_per_byte_per_task`). CPU
+    comes from the scheduler's nanosecond counters (task_cpu_seconds) throughout. With `raw`
     (the first pass) two model keys come too, for the step's CPU bound (tfplace.cpu_demand):
     `message_cpu_s_per_byte` (that per-byte message CPU, at least 0) and `collective_cpu_s`,
     per group size the CPU seconds one participant spends per all-reduce at each of
@@ -215,10 +205,13 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     devs = lc.device_names
     kinds = [d.kind for d in cluster.devices]
 
-    def timed(build, cpu=False, cpu_steps=cpu_reps, wall_steps=reps, cpu_of=lambda: _cpu_seconds(lc.pids),
+    def all_servers_cpu():
+        return float(task_cpu_seconds(lc.pids).sum())
+
+    def timed(build, cpu=False, cpu_steps=cpu_reps, wall_steps=reps, cpu_of=all_servers_cpu,
               inputs=1, rows=FEED_ROWS):
         """(median wall seconds of `wall_steps` steps or None for 0, CPU seconds per step of
-        `cpu_of` (default: the servers' /proc ticks) or None without `cpu`); each step feeds
+        `cpu_of` (default: all the servers', task_cpu_seconds) or None without `cpu`); each step feeds
         `inputs` placeholders of [rows, 16] float32 that task 0 reads."""
         g = tf.Graph()
         with g.as_default():
