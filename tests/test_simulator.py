@@ -443,8 +443,9 @@ def _two_inputs_one_device(overheads):
     ({"step_s": 2e-4}, 2e-4),
     ({"feed_input_s": 3e-5}, 3e-5),                   # y is the one input beyond the first
     ({"feed_s_per_byte": 1e-8}, 8400 * 1e-8),        # both inputs' bytes at the global batch
+    # worker_s adds nothing: no further task runs a partition
     ({"step_s": 2e-4, "feed_input_s": 3e-5, "feed_s_per_byte": 1e-8, "worker_s": 1.0}, 2e-4 + 3e-5 + 8.4e-5),
-])                                                   # worker_s: no further task runs a partition
+])
 def test_step_and_feed_costs_come_once_per_step(overheads, added_s):
     assert _two_inputs_one_device(overheads) == pytest.approx(1e-3 + added_s, rel=1e-9)
 

@@ -165,7 +165,8 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     seconds = np.concatenate([inst_sec, tt_sec, sb_sec, cm_sec, st["seconds"]])
     task_bytes = np.concatenate([inst_bytes, tt_bytes, sb_bytes, np.zeros(nc), st["bytes"]])
     dep_src, dep_dst = dep_src.astype(np.int32), dep_dst.astype(np.int32)
-    feed_bytes = float(np.sum(ix.op_out_ps_bytes[list(graph.inputs)] * batch + ix.op_out_full_bytes[list(graph.inputs)]))
+    fed = np.asarray(graph.inputs, dtype=np.int64)
+    feed_bytes = float(np.sum(ix.op_out_ps_bytes[fed] * batch + ix.op_out_full_bytes[fed]))
     hold, charge = _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph,
                                       feed_bytes)
     cpu_s, fraction = _cpu_demand(ctx, seconds, charge, kind, device, src_dev, task_bytes, part_ptr, part_dev)
