@@ -205,13 +205,14 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     devs = lc.device_names
     kinds = [d.kind for d in cluster.devices]
 
-    def all_servers_cpu():
-        return float(task_cpu_seconds(lc.pids).sum())
+    def servers_cpu(count=None):
+        """CPU seconds the first `count` servers (all by default) have used so far."""
+        return float(task_cpu_seconds(lc.pids[:count]).sum())
 
-    def timed(build, cpu=False, cpu_steps=cpu_reps, wall_steps=reps, cpu_of=all_servers_cpu,
+    def timed(build, cpu=False, cpu_steps=cpu_reps, wall_steps=reps, cpu_of=servers_cpu,
               inputs=1, rows=FEED_ROWS):
         """(median wall seconds of `wall_steps` steps or None for 0, CPU seconds per step of
-        `cpu_of` (default: all the servers', task_cpu_seconds) or None without `cpu`); each step feeds
+        `cpu_of` (default: all the servers', servers_cpu) or None without `cpu`); each step feeds
         `inputs` placeholders of [rows, 16] float32 that task 0 reads."""
         g = tf.Graph()
         with g.as_default():
@@ -373,10 +374,9 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     def participant_cpu(group, nbytes, k=8, steps=10):
         """CPU seconds one of the first `group` tasks spends per all-reduce of `nbytes` in a
         chain of k (beyond the same chain of plain ops), from the scheduler's counters."""
-        def cpu_of():
-            return float(task_cpu_seconds(lc.pids[:group]).sum())
         used = [timed(serial_collectives(k, group, reduce, nbytes // 4, key_base=3000), cpu=True,
-                      cpu_steps=steps, wall_steps=0, cpu_of=cpu_of)[1] for reduce in (True, False)]
+                      cpu_steps=steps, wall_steps=0, cpu_of=lambda: servers_cpu(group))[1]
+                for reduce in (True, False)]
         return max(used[0] - used[1], 0.0) / (k * group)
 
     # the model's collective CPU (tfplace.cpu_demand): per group size, what one participant's CPU
