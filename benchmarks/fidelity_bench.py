@@ -143,13 +143,20 @@ def hop_chain(devs, a: int, b: int, hops: int, cross: bool, elements: int = 4, s
     return v
 
 
-def local_cluster_setup(hetero: bool):
+def local_cluster_setup(hetero: bool, inter_threads: int = 1):
     """(tfplace Cluster, LocalCluster keyword arguments) of the bench's 3-task cluster: 1 intra-op
-    and 1 inter-op thread per task; with `hetero`, HETERO's pinning and quotas, and this process
-    (the client) pinned to HETERO["client_cpus"]."""
+    and `inter_threads` inter-op threads per task; with `hetero`, HETERO's pinning and quotas, and
+    this process (the client) pinned to HETERO["client_cpus"].
+
+    A TF server runs its RPC handlers (RecvTensor included) on its inter-op pool: with one thread,
+    a task that runs a long chain of ops serves no tensor to the others until the chain ends (in
+    ResNet-50's PS step on the heterogeneous cluster, the workers' batch-norm statistics, ready
+    after 31-36 ms, reached the server at 257 ms, and its own forward pass waited for them). The
+    simulator charges each message's CPU to the lanes of its two ends, which is how one thread
+    runs them; the bench keeps 1 (`--inter-threads`)."""
     from tfplace.cluster import load_cluster
     cluster = load_cluster(os.path.join(ROOT, "clusters", HETERO["cluster"] if hetero else "local_cpu.json"))
-    kwargs = dict(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[1, 1, 1])
+    kwargs = dict(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[inter_threads] * 3)
     if hetero:
         kwargs.update(cpus_per_task=HETERO["cpus"], cpu_fraction_per_task=HETERO["fractions"])
         pin_this_process(HETERO["client_cpus"])
@@ -780,6 +787,8 @@ def main(argv=None):
                         "on the run's cluster right before each model")
     p.add_argument("--no-overheads", action="store_true",
                    help="simulate without the measured runtime overheads (the profile alone)")
+    p.add_argument("--inter-threads", type=int, default=1,
+                   help="inter-op threads per TF server task (default 1; see local_cluster_setup)")
     p.add_argument("--hetero", action="store_true",
                    help="emulated heterogeneous cluster: tasks 1, 2 at half a core each (CPU quota; needs root)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "fidelity_bench.md"))
@@ -789,7 +798,7 @@ def main(argv=None):
     p.add_argument("--replay", nargs="+", default=None, metavar="RECORD",
                    help="re-simulate recorded runs with the current simulator (times nothing)")
     args = p.parse_args(argv)
-    for name in ("strategies", "steps", "rounds", "overhead_repeats"):
+    for name in ("strategies", "steps", "rounds", "overhead_repeats", "inter_threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.replay:
@@ -797,7 +806,7 @@ def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.makedirs(args.workdir, exist_ok=True)
     from tfplace.local_cluster import LocalCluster
-    cluster, lc_kwargs = local_cluster_setup(args.hetero)
+    cluster, lc_kwargs = local_cluster_setup(args.hetero, args.inter_threads)
     results, record = {}, ({} if args.record else None)
     t0 = time.time()
     conditions = {}  # model -> (comm, overheads)
@@ -807,12 +816,13 @@ def main(argv=None):
             conditions[model] = bench_model(model, lc, cluster, args, args.workdir, results, record)
     lines = ["# Simulator fidelity on the local CPU cluster", "",
              "Command: `.venv/bin/python benchmarks/fidelity_bench.py " + " ".join(argv or sys.argv[1:]) + "`", "",
-             ("3 TF server tasks on 127.0.0.1 (clusters/local_cpu_hetero.json), 1 intra-op + 1 inter-op thread "
-              "each; task 0 alone on core 0 (kind CPU), tasks 1 and 2 on core 1 with a 0.5 CPU quota each (kind "
+             (f"3 TF server tasks on 127.0.0.1 (clusters/local_cpu_hetero.json), 1 intra-op + "
+              f"{args.inter_threads} inter-op thread(s) each; task 0 alone on core 0 (kind CPU), tasks 1 and 2 on core 1 with a 0.5 CPU quota each (kind "
               "CPU_half); the client on core 1. Profiles: `python -m tfplace.profile --threads 1 --inter-threads 1 "
               "--statistic median` per kind, pinned like its tasks, CPU_half with `--cpu-fraction 0.5` (its ops "
               "timed unlimited, times the slowdown a compute loop measures under the quota). " if args.hetero else
-              "3 TF server tasks on 127.0.0.1 (clusters/local_cpu.json), 1 intra-op + 1 inter-op thread each, "
+              f"3 TF server tasks on 127.0.0.1 (clusters/local_cpu.json), 1 intra-op + {args.inter_threads} "
+              "inter-op thread(s) each, "
               "homogeneous, unpinned. Profile: "
               "`python -m tfplace.profile --threads 1 --inter-threads 1` per model. ") +
              ("Comm fit: the bundled " + BUNDLED_COMM + ". " if args.bundled_comm else

@@ -140,3 +140,21 @@ def test_task_cpu_seconds_counts_this_process_work():
     used = fb.task_cpu_seconds([os.getpid()]) - before
     assert used.shape == (1,) and 0.05 <= used[0] <= 1.0
     assert fb.ms_list([0.0012, 0.0034]) == "1.20/3.40"
+
+
+@pytest.mark.parametrize("hetero, inter_threads", [(False, 1), (False, 2), (True, 1), (True, 2)])
+def test_cluster_setup_gives_every_task_the_inter_op_threads_asked_for(monkeypatch, hetero, inter_threads):
+    # --inter-threads: a TF server runs its RPC handlers on its inter-op pool, so the count changes
+    # when a busy task serves tensors; the heterogeneous setup keeps its pinning and quotas
+    monkeypatch.setattr(fb, "pin_this_process", lambda cpus: None)  # this test process stays as it is
+    cluster, kwargs = fb.local_cluster_setup(hetero, inter_threads)
+    assert kwargs["inter_threads_per_task"] == [inter_threads] * 3
+    assert kwargs["threads_per_task"] == [1, 1, 1]
+    assert cluster.num_devices == 3
+    assert kwargs.get("cpu_fraction_per_task") == (fb.HETERO["fractions"] if hetero else None)
+
+
+def test_inter_threads_below_one_is_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit):
+        fb.main(["--inter-threads", "0"])
+    assert "--inter-threads must be >= 1" in capsys.readouterr().err
