@@ -817,13 +817,13 @@ def main(argv=None):
     lines = ["# Simulator fidelity on the local CPU cluster", "",
              "Command: `.venv/bin/python benchmarks/fidelity_bench.py " + " ".join(argv or sys.argv[1:]) + "`", "",
              (f"3 TF server tasks on 127.0.0.1 (clusters/local_cpu_hetero.json), 1 intra-op + "
-              f"{args.inter_threads} inter-op thread(s) each; task 0 alone on core 0 (kind CPU), tasks 1 and 2 on core 1 with a 0.5 CPU quota each (kind "
-              "CPU_half); the client on core 1. Profiles: `python -m tfplace.profile --threads 1 --inter-threads 1 "
-              "--statistic median` per kind, pinned like its tasks, CPU_half with `--cpu-fraction 0.5` (its ops "
-              "timed unlimited, times the slowdown a compute loop measures under the quota). " if args.hetero else
+              f"{args.inter_threads} inter-op thread(s) each; task 0 alone on core 0 (kind CPU), tasks 1 and 2 on "
+              "core 1 with a 0.5 CPU quota each (kind CPU_half); the client on core 1. Profiles: "
+              "`python -m tfplace.profile --threads 1 --inter-threads 1 --statistic median` per kind, pinned like "
+              "its tasks, CPU_half with `--cpu-fraction 0.5` (its ops timed unlimited, times the slowdown a "
+              "compute loop measures under the quota). " if args.hetero else
               f"3 TF server tasks on 127.0.0.1 (clusters/local_cpu.json), 1 intra-op + {args.inter_threads} "
-              "inter-op thread(s) each, "
-              "homogeneous, unpinned. Profile: "
+              "inter-op thread(s) each, homogeneous, unpinned. Profile: "
               "`python -m tfplace.profile --threads 1 --inter-threads 1` per model. ") +
              ("Comm fit: the bundled " + BUNDLED_COMM + ". " if args.bundled_comm else
               "Comm fit: measured on the run's cluster right before each model (tfplace.comm_profiler, "
