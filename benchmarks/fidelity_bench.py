@@ -726,6 +726,7 @@ def conditions_table(conditions) -> list:
             return "-"
         c = d[max(d, key=int)]
         return " / ".join(us(v) for v in c["seconds"])
+
     def feed(o):  # older records have no feed costs
         if "feed_input_s" not in o:
             return "-"
