@@ -152,8 +152,9 @@ def local_cluster_setup(hetero: bool, inter_threads: int = 1):
     a task that runs a long chain of ops serves no tensor to the others until the chain ends (in
     ResNet-50's PS step on the heterogeneous cluster, the workers' batch-norm statistics, ready
     after 31-36 ms, reached the server at 257 ms, and its own forward pass waited for them). The
-    simulator charges each message's CPU to the lanes of its two ends, which is how one thread
-    runs them; the bench keeps 1 (`--inter-threads`)."""
+    overheads record the count (runtime_overheads.inter_op_threads): with one thread the
+    simulator charges each message's CPU to the lanes of its two ends, with more it runs it
+    beside them (tfplace.lowering_assemble._runtime_overheads)."""
     from tfplace.cluster import load_cluster
     cluster = load_cluster(os.path.join(ROOT, "clusters", HETERO["cluster"] if hetero else "local_cpu.json"))
     kwargs = dict(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[inter_threads] * 3)
@@ -569,6 +570,12 @@ def random_strategy(rng, devices, group_names, batch):
                                   ps_probability=0.3, priority_probability=0.0)
 
 
+def handler_threads(lc) -> int:
+    """The fewest inter-op threads any task of `lc` has (TF's default, None or 0, is one per core
+    of the machine): the runtime_overheads.inter_op_threads the simulator is given."""
+    return min(int(t) if t else (os.cpu_count() or 1) for t in lc.inter_threads)
+
+
 def model_conditions(lc, cluster, args):
     """(comm, runtime overheads) for the model about to be timed, measured on `lc` right before
     it (cluster_comm, measure_overheads; overheads None with --no-overheads): one model's steps
@@ -579,6 +586,7 @@ def model_conditions(lc, cluster, args):
     if not args.no_overheads:
         overheads = median_overheads([measure_overheads(lc, cluster, comm["comm"], raw=i == 0)
                                       for i in range(args.overhead_repeats)])
+        overheads["inter_op_threads"] = handler_threads(lc)
     print("  comm fit:", json.dumps(comm["comm"]), flush=True)
     print("  runtime overheads:", json.dumps({k: v for k, v in (overheads or {}).items() if k != "raw"}), flush=True)
     return comm, overheads

@@ -158,3 +158,17 @@ def test_inter_threads_below_one_is_refused_before_anything_runs(capsys):
     with pytest.raises(SystemExit):
         fb.main(["--inter-threads", "0"])
     assert "--inter-threads must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("per_task, expected", [
+    ([1, 1, 1], 1),
+    ([2, 2, 2], 2),
+    ([4, 2, 3], 2),                     # the fewest: the task whose handlers wait longest
+    ([None, 0, 3], min(os.cpu_count() or 1, 3)),  # None / 0: TF's default, one per core
+])
+def test_overheads_record_the_fewest_inter_op_threads_of_any_task(per_task, expected):
+    # model_conditions writes it as runtime_overheads.inter_op_threads: with 2 or more the
+    # simulator runs a message's CPU beside the lanes instead of on them
+    class Cluster:
+        inter_threads = per_task
+    assert fb.handler_threads(Cluster()) == expected

@@ -485,6 +485,30 @@ def test_message_cpu_is_charged_to_the_lanes_next_to_each_transfer():
     assert by_op == pytest.approx({"a": 2e-4, "b": 2e-4, "c": 6e-4})
 
 
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_with_two_or_more_inter_op_threads_message_cpu_lengthens_the_transfer_not_the_lanes(threads):
+    # the servers' RPC handlers run beside the ops then: each message lasts its CPU longer (the
+    # hop as measured), the lanes keep their kernels, the links are held as long as before
+    from tfplace.placed_graph import TASK_TRANSFER
+    base, _ = _two_sends({"transfer_gap_s": 0.0})
+    one, _ = _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4, "inter_op_threads": 1})
+    off, _ = _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4, "inter_op_threads": threads})
+    x = off.task_kind == TASK_TRANSFER
+    assert x.sum() == 3  # a -> c, b -> c and the P100's "done"
+    assert np.allclose(off.task_seconds[x], base.task_seconds[x] + 4e-4, rtol=1e-12)
+    assert np.array_equal(off.task_seconds[~x], base.task_seconds[~x])
+    assert np.array_equal(off.task_hold_seconds, np.minimum(base.task_hold_seconds, off.task_seconds))
+    assert (one.task_seconds[~x] > base.task_seconds[~x]).any()  # one thread: on the lanes (test above)
+    assert np.array_equal(one.task_seconds[x], base.task_seconds[x])
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, "2", True, None])
+def test_bad_inter_op_threads_is_one_error_naming_the_field(value):
+    with pytest.raises(InputError) as err:
+        _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4, "inter_op_threads": value})
+    assert "runtime_overheads.inter_op_threads" in str(err.value) and "--inter-threads" in str(err.value)
+
+
 @pytest.mark.parametrize("transfer_s", [3e-4, -1e-3, -5e-3])
 def test_negative_transfer_overhead_shortens_a_message_but_never_below_zero(transfer_s):
     # transfer_s is what a message takes beyond the link fit and the message CPU the lanes carry,

@@ -20,7 +20,9 @@ as a throughput bound on the step:
                      kind's kernel times are wall seconds under its quota, f_d of which are CPU
   message_charge_d   the message CPU the lanes carry (already CPU seconds)
   bytes_charge_d     runtime_overheads.message_cpu_s_per_byte (both ends together) times the
-                     bytes of every message d sends or receives, half to each end
+                     bytes of every message d sends or receives, half to each end; with
+                     runtime_overheads.inter_op_threads >= 2 also each message's fixed CPU
+                     (message_cpu_s), which then runs beside the lanes instead of on them
   collective_d       per all-reduce d takes part in, runtime_overheads.collective_cpu_s
                      [group size] at its bytes: CPU seconds of one participant, piecewise linear
                      in the bytes between the measured sizes, the last slope beyond them
@@ -94,21 +96,25 @@ def curve_seconds(nbytes: np.ndarray, points_bytes: np.ndarray, points_s: np.nda
 def device_cpu_seconds(over: Mapping[str, Any], lane: np.ndarray, transfer: np.ndarray, collective: np.ndarray,
                        task_seconds: np.ndarray, message_charge: np.ndarray, task_device: np.ndarray,
                        task_src_device: np.ndarray, task_bytes: np.ndarray, part_ptr: np.ndarray,
-                       part_dev: np.ndarray, fraction: np.ndarray) -> np.ndarray:
+                       part_dev: np.ndarray, fraction: np.ndarray,
+                       message_cpu: Optional[np.ndarray] = None) -> np.ndarray:
     """demand_d of the module docstring, CPU seconds per step [D].
 
     lane, transfer, collective: [M] masks of the task kinds; task_seconds [M] with the message
     charges in it, message_charge [M] those charges; part_ptr [M+1], part_dev: the collectives'
-    participants (CSR over tasks; only collectives have any); fraction [D]: f_d."""
+    participants (CSR over tasks; only collectives have any); fraction [D]: f_d; message_cpu [M]
+    (None: none): the fixed CPU of each transfer's message (both ends together) when the runtime
+    runs it beside the lanes (runtime_overheads.inter_op_threads >= 2), half to each end like
+    bytes_charge_d."""
     d = len(fraction)
     on = np.nonzero(lane)[0]
     kernels = task_seconds[on] - message_charge[on]
     demand = fraction * np.bincount(task_device[on], weights=kernels, minlength=d)
     demand += np.bincount(task_device[on], weights=message_charge[on], minlength=d)
     per_byte = float(over.get("message_cpu_s_per_byte", 0.0))
-    if per_byte:
+    if per_byte or message_cpu is not None:
         x = np.nonzero(transfer)[0]
-        half = 0.5 * per_byte * task_bytes[x]
+        half = 0.5 * (per_byte * task_bytes[x] + (message_cpu[x] if message_cpu is not None else 0.0))
         demand += np.bincount(task_device[x], weights=half, minlength=d)
         demand += np.bincount(task_src_device[x], weights=half, minlength=d)
     curves = over.get("collective_cpu_s") or {}

@@ -167,9 +167,10 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     dep_src, dep_dst = dep_src.astype(np.int32), dep_dst.astype(np.int32)
     fed = np.asarray(graph.inputs, dtype=np.int64)
     feed_bytes = float(np.sum(ix.op_out_ps_bytes[fed] * batch + ix.op_out_full_bytes[fed]))
-    hold, charge = _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph,
-                                      feed_bytes)
-    cpu_s, fraction = _cpu_demand(ctx, seconds, charge, kind, device, src_dev, task_bytes, part_ptr, part_dev)
+    hold, charge, off_lane = _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr,
+                                                graph, feed_bytes)
+    cpu_s, fraction = _cpu_demand(ctx, seconds, charge, off_lane, kind, device, src_dev, task_bytes, part_ptr,
+                                  part_dev)
 
     return PlacedGraph(
         device_names=ctx.cluster.device_names, global_batch_size=batch, num_compute=m0, op_task_ptr=op_ptr,
@@ -204,10 +205,10 @@ def _overheads(ctx) -> dict:
     return ((getattr(prof, "conditions", None) or {}).get("runtime_overheads") or {}) if prof is not None else {}
 
 
-def _cpu_demand(ctx, seconds, charge, kind, device, src_dev, task_bytes, part_ptr, part_dev):
+def _cpu_demand(ctx, seconds, charge, off_lane, kind, device, src_dev, task_bytes, part_ptr, part_dev):
     """(device_cpu_seconds[D], device_cpu_fraction[D]) of tfplace.cpu_demand; both empty when the
     runtime overheads give no collective or per-byte message CPU (the bound could not pass the
-    lanes then)."""
+    lanes then). charge / off_lane: the message CPU on the lanes / beside them (_runtime_overheads)."""
     over = _overheads(ctx)
     if not (over.get("collective_cpu_s") or over.get("message_cpu_s_per_byte")):
         return np.zeros(0), np.zeros(0)
@@ -215,14 +216,15 @@ def _cpu_demand(ctx, seconds, charge, kind, device, src_dev, task_bytes, part_pt
     lane = np.isin(kind, DEVICE_KINDS)
     demand = device_cpu_seconds(over, lane, kind == TASK_TRANSFER, kind == TASK_COLLECTIVE, seconds,
                                 charge if charge is not None else np.zeros(len(seconds)), device, src_dev,
-                                task_bytes, part_ptr, part_dev, fraction)
+                                task_bytes, part_ptr, part_dev, fraction, message_cpu=off_lane)
     return demand, fraction
 
 
 def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph, feed_bytes=0.0):
     """Adds the measured costs of the runtime the profile was taken for to `seconds` (in place)
     and returns (the link-hold time of every task (empty: links are held for the whole duration),
-    the message CPU added to each task (None: none)).
+    the message CPU added to each lane task (None: none), the message CPU of each transfer task
+    that runs beside the lanes (None: none; see inter_op_threads)).
 
     They come from the profile conditions `runtime_overheads`, written by
     benchmarks/fidelity_bench.py from micro-benchmarks on the local cluster; absent, nothing is
@@ -246,14 +248,22 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
                      the receiving device's lane (the first task it feeds there). With
                      `cpu_cores` on the host, this is CPU the devices compete for;
       transfer_gap_s per-message gap of a burst (LogGP's g): a transfer holds its links for
-                     gap + bytes / bandwidth, so the latency of back-to-back messages overlaps.
+                     gap + bytes / bandwidth, so the latency of back-to-back messages overlaps;
+      inter_op_threads  the inter-op threads of each server task the overheads were measured
+                     with (1 when absent). A TF server runs its RPC handlers (RecvTensor among
+                     them) on its inter-op pool: with one thread a task busy with an op serves no
+                     tensor, so a message's CPU is charged to the lanes as above. With 2 or more
+                     the handlers run beside the ops: the message's CPU is added to the transfer
+                     instead (the hop lasts as long as measured, the lanes stay free) and counted
+                     only in the CPU bound (tfplace.cpu_demand), half at each end.
     A collective keeps its links (and its fitted time) whole: on this runtime a CPU collective
     blocks its participants' executors, so a step's all-reduces run one after another.
     collective_cpu_s and message_cpu_s_per_byte (the CPU that collectives and message bytes cost)
     are not charged here: tfplace.cpu_demand turns them into the step's CPU bound."""
     over = _overheads(ctx)
     if not over:
-        return np.zeros(0), None
+        return np.zeros(0), None, None
+    handler_threads = _inter_op_threads(over)
     x = kind == TASK_TRANSFER
     latency = np.where(x, ctx.links.pair_lat[np.where(x, src_dev, 0), device], 0.0)
     seconds[kind == TASK_COMPUTE] += float(over.get("op_s", 0.0))
@@ -267,13 +277,29 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
             float(over.get("feed_input_s", 0.0)) * (len(graph.inputs) - 1) + \
             float(over.get("feed_s_per_byte", 0.0)) * feed_bytes
     message_cpu = _per_message(over, "message_cpu_s", ctx.cluster, x, src_dev, device)
-    charge = None
+    charge = off_lane = None
+    # the link hold of a burst's message: its measured gap already holds what the message's CPU
+    # adds to a burst, on one handler thread or on the lanes alike
+    hold = seconds - latency - transfer_s + float(over.get("transfer_gap_s", 0.0))
     if (message_cpu > 0).any():
-        charge = _charge_message_cpu(seconds, kind, device, src_dev, dep_src, dep_dst, message_cpu)
+        if handler_threads >= 2:
+            off_lane = message_cpu
+            seconds += message_cpu
+        else:
+            charge = _charge_message_cpu(seconds, kind, device, src_dev, dep_src, dep_dst, message_cpu)
     if "transfer_gap_s" not in over:
-        return np.zeros(0), charge
-    hold = seconds - latency - transfer_s + float(over["transfer_gap_s"])
-    return np.where(x, np.clip(hold, 0.0, seconds), seconds), charge
+        return np.zeros(0), charge, off_lane
+    return np.where(x, np.clip(hold, 0.0, seconds), seconds), charge, off_lane
+
+
+def _inter_op_threads(over) -> int:
+    """runtime_overheads.inter_op_threads (1 when absent), checked: an integer >= 1."""
+    value = over.get("inter_op_threads", 1)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+        raise InputError("profile conditions", "runtime_overheads.inter_op_threads",
+                         f"must be an integer >= 1 (the inter-op threads of each server task), got {value!r}",
+                         "measure the overheads again (benchmarks/fidelity_bench.py --inter-threads N)")
+    return int(value)
 
 
 def _per_message(over, key: str, cluster, x, src_dev, device) -> np.ndarray:
