@@ -184,8 +184,9 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     link the simulator charges a 16-byte message between those tasks (Cluster.transfer_seconds
     of `cluster`, not the p2p fit measured in the run, which the simulator does not use for
     messages: they differed by 25 us) and beyond the hop's message_cpu_s: the simulator charges
-    that CPU to the lanes, and counting it in the transfer too would count it twice (the hop's
-    wall holds it; measured chains: 126-185 us wall, 100-160 us CPU); message_cpu_s: the
+    that CPU to the lanes (one inter-op thread) or adds it to the transfer (two or more), and
+    counting it in the transfer as well would count it twice (the hop's wall holds it; measured
+    chains: 126-185 us wall, 100-160 us CPU); message_cpu_s: the
     servers' CPU time per hop of that chain (both ends). Both per pair of device kinds
     ("CPU|CPU_half"; the kinds of `cluster`'s devices), each between the first pair of tasks
     with those kinds (1-2, then 0-1, 0-2): on the emulated heterogeneous cluster a hop between
@@ -351,8 +352,9 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
                              cluster.transfer_seconds(a, b, 16), cluster.path_latency_s(a, b))
     out = {"step_s": max(step - FEED_ROWS * 64 * feed_per_byte, 0.0), "feed_input_s": max(feed_input, 0.0),
            "feed_s_per_byte": feed_per_byte, "op_s": max(op - local_op, 0.0), "worker_s": max(worker, 0.0),
-           # the lanes carry each message's CPU (message_cpu_s) and a chain's hop already holds
-           # it: the transfer is what the hop takes beyond both and beyond the link the simulator
+           # the simulator charges each message's CPU (message_cpu_s) to the lanes or to the
+           # transfer (runtime_overheads.inter_op_threads) and a chain's hop already holds it: the
+           # transfer is what the hop takes beyond both and beyond the link the simulator
            # charges, so a chain costs what it measured (negative where the CPU is more than the
            # wall beyond the link; the link's latency bounds it)
            "transfer_s": {p: transfer_beyond(*v) for p, v in by_pair.items()},
@@ -420,8 +422,8 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
 
 def transfer_beyond(hop_wall_s: float, hop_cpu_s: float, link_s: float, link_latency_s: float) -> float:
     """transfer_s of one kind pair: what a chained hop's wall takes beyond the message CPU (the
-    lanes pay it) and beyond the link the simulator charges; at least -MAX_LATENCY_CUT of the
-    link's latency, so a message still takes a tenth of it."""
+    simulator charges it to the lanes or the transfer) and beyond the link the simulator charges;
+    at least -MAX_LATENCY_CUT of the link's latency, so a message still takes a tenth of it."""
     return max(hop_wall_s - hop_cpu_s - link_s, -MAX_LATENCY_CUT * link_latency_s)
 
 

@@ -239,9 +239,10 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
                      cluster's pair latency + bytes / bandwidth) or all-reduce fit (a message in
                      a step costs more than the best case); transfer_s and message_cpu_s may be
                      given per pair of device kinds (_per_message); transfer_s is what a message
-                     takes beyond its link time *and* its message_cpu_s on the lanes, and may be
-                     negative (the lanes' CPU already holds part of the link's latency); a
-                     transfer never lasts less than 0;
+                     takes beyond its link time *and* its message_cpu_s (on the lanes, or in the
+                     transfer: inter_op_threads), and may be negative (that CPU already holds
+                     part of the link's latency); a transfer never lasts less than 0 before the
+                     message CPU is added to it;
       message_cpu_s  CPU time one gRPC message costs its two processes together (serialising,
                      the RPC, the rendezvous), taken from the executors of those processes: half
                      on the sending device's lane (the task the message leaves after), half on
