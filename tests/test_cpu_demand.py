@@ -181,6 +181,16 @@ def test_message_cpu_counts_once_in_the_demand_on_the_lanes_or_beside_them(threa
         assert lanes == pytest.approx(lane_kernels, rel=1e-12)  # nothing on the lanes
 
 
+@pytest.mark.parametrize("threads, bound", [(1, False), (2, True)])
+def test_message_cpu_beside_the_lanes_alone_makes_a_bound(threads, bound):
+    # with only the fixed message CPU measured, one thread keeps it on the lanes (no bound: it
+    # could not pass them); two put it beside them, where only the bound can count it
+    placed, cluster = _dp({"message_cpu_s": 1e-4, "inter_op_threads": threads})
+    assert (len(placed.device_cpu_seconds) > 0) == bound
+    report = simulate(placed, cluster)
+    assert (report.cpu_bound_s > 0) == bound
+
+
 def test_no_cpu_overheads_no_bound():
     placed, cluster = _dp({"message_cpu_s": 1e-4})
     assert len(placed.device_cpu_seconds) == 0

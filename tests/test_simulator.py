@@ -502,7 +502,7 @@ def test_with_two_or_more_inter_op_threads_message_cpu_lengthens_the_transfer_no
     assert np.array_equal(one.task_seconds[x], base.task_seconds[x])
 
 
-@pytest.mark.parametrize("value", [0, -1, 1.5, "2", True, None])
+@pytest.mark.parametrize("value", [0, -1, 1.5, "2", True, None, float("nan"), float("inf")])
 def test_bad_inter_op_threads_is_one_error_naming_the_field(value):
     with pytest.raises(InputError) as err:
         _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4, "inter_op_threads": value})

@@ -207,10 +207,11 @@ def _overheads(ctx) -> dict:
 
 def _cpu_demand(ctx, seconds, charge, off_lane, kind, device, src_dev, task_bytes, part_ptr, part_dev):
     """(device_cpu_seconds[D], device_cpu_fraction[D]) of tfplace.cpu_demand; both empty when the
-    runtime overheads give no collective or per-byte message CPU (the bound could not pass the
-    lanes then). charge / off_lane: the message CPU on the lanes / beside them (_runtime_overheads)."""
+    runtime overheads give no CPU beside the lanes: no collective, per-byte or off-lane message
+    CPU (the bound could not pass the lanes then). charge / off_lane: the message CPU on the
+    lanes / beside them (_runtime_overheads)."""
     over = _overheads(ctx)
-    if not (over.get("collective_cpu_s") or over.get("message_cpu_s_per_byte")):
+    if not (over.get("collective_cpu_s") or over.get("message_cpu_s_per_byte") or off_lane is not None):
         return np.zeros(0), np.zeros(0)
     fraction = cpu_fractions(ctx.profile, [d.kind for d in ctx.cluster.devices])
     lane = np.isin(kind, DEVICE_KINDS)
@@ -296,7 +297,8 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
 def _inter_op_threads(over) -> int:
     """runtime_overheads.inter_op_threads (1 when absent), checked: an integer >= 1."""
     value = over.get("inter_op_threads", 1)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or \
+            value != int(value) or value < 1:
         raise InputError("profile conditions", "runtime_overheads.inter_op_threads",
                          f"must be an integer >= 1 (the inter-op threads of each server task), got {value!r}",
                          "measure the overheads again (benchmarks/fidelity_bench.py --inter-threads N)")
