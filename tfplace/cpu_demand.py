@@ -44,6 +44,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from tfplace.errors import InputError
+from tfplace.jsonio import FieldReader
 
 SOURCE = "profile conditions"
 
@@ -56,12 +57,10 @@ def cpu_fractions(profile, kinds: Sequence[str]) -> np.ndarray:
     for i, kind in enumerate(kinds):
         emulation = (by_kind.get(kind) or {}).get("emulation") or {}
         key = "effective_cpu_fraction" if "effective_cpu_fraction" in emulation else "cpu_fraction"
-        fraction = emulation.get(key)
-        if fraction is not None:
-            if not (isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0 < fraction):
-                raise InputError(SOURCE, f"by_kind.{kind}.emulation.{key}", f"must be a number > 0, got {fraction!r}",
-                                 "profile the kind again with `python -m tfplace.profile --cpu-fraction F`")
-            out[i] = float(fraction)
+        if emulation.get(key) is not None:
+            out[i] = FieldReader(emulation, SOURCE, f"by_kind.{kind}.emulation").get(
+                key, float, check=lambda v: v > 0, must="be > 0",
+                fix="profile the kind again with `python -m tfplace.profile --cpu-fraction F`")
     return out
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from tfplace.cpu_demand import cpu_fractions, device_cpu_seconds
 from tfplace.errors import InputError
+from tfplace.jsonio import FieldReader
 from tfplace.lowering_graph import LK_UPD, GraphIndex
 from tfplace.lowering_layouts import SYNC_PS
 from tfplace.placed_graph import (DEVICE_KINDS, TASK_COLLECTIVE, TASK_COMPUTE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER,
@@ -296,13 +297,11 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
 
 def _inter_op_threads(over) -> int:
     """runtime_overheads.inter_op_threads (1 when absent), checked: an integer >= 1."""
-    value = over.get("inter_op_threads", 1)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or \
-            value != int(value) or value < 1:
-        raise InputError("profile conditions", "runtime_overheads.inter_op_threads",
-                         f"must be an integer >= 1 (the inter-op threads of each server task), got {value!r}",
-                         "measure the overheads again (benchmarks/fidelity_bench.py --inter-threads N)")
-    return int(value)
+    if "inter_op_threads" not in over:
+        return 1
+    return FieldReader(over, "profile conditions", "runtime_overheads").get(
+        "inter_op_threads", int, check=lambda v: v >= 1, must="be >= 1 (the inter-op threads of each server task)",
+        fix="measure the overheads again (benchmarks/fidelity_bench.py --inter-threads N)")
 
 
 def _per_message(over, key: str, cluster, x, src_dev, device) -> np.ndarray:
