@@ -153,8 +153,9 @@ def local_cluster_setup(hetero: bool, inter_threads: int = 1):
     ResNet-50's PS step on the heterogeneous cluster, the workers' batch-norm statistics, ready
     after 31-36 ms, reached the server at 257 ms, and its own forward pass waited for them). The
     overheads record the count (runtime_overheads.inter_op_threads): with one thread the
-    simulator charges each message's CPU to the lanes of its two ends, with more it runs it
-    beside them (tfplace.lowering_assemble._runtime_overheads)."""
+    simulator charges each message's CPU to the lanes of its two ends, the sending half as a
+    handler that runs only when nothing else is ready there; with more it runs it beside them
+    (tfplace.lowering_assemble._runtime_overheads)."""
     from tfplace.cluster import load_cluster
     cluster = load_cluster(os.path.join(ROOT, "clusters", HETERO["cluster"] if hetero else "local_cpu.json"))
     kwargs = dict(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[inter_threads] * 3)

@@ -124,7 +124,7 @@ def schedule(placed: PlacedGraph, factor: np.ndarray, engine: str = "auto",
     dep_src, dep_dst = placed.dep_src.astype(np.int64), placed.dep_dst.astype(np.int64)
     succ_ptr, succ_idx = csr(dep_src, dep_dst, m)
     indegree = np.bincount(dep_dst, minlength=m).astype(np.int64)
-    lane_dev = np.where(placed.task_kind <= max(DEVICE_KINDS), placed.task_device, -1).astype(np.int64)
+    lane_dev = np.where(np.isin(placed.task_kind, DEVICE_KINDS), placed.task_device, -1).astype(np.int64)
     # rank = position in (priority, task id) order, as one int64 key (priorities are small)
     prio = placed.task_priority.astype(np.int64)
     if m and np.abs(prio).max() < (2**62) // m:
@@ -160,7 +160,7 @@ def simulate(placed: PlacedGraph, cluster: Cluster, options: SimOptions = SimOpt
     sched = schedule(placed, factor, options.engine, core_slots(cluster))
     d = placed.num_devices
     dur = sched.finish - sched.start
-    on_dev = placed.task_kind <= max(DEVICE_KINDS)
+    on_dev = np.isin(placed.task_kind, DEVICE_KINDS)
     dev = np.where(on_dev, placed.task_device, 0)
     busy = np.bincount(dev[on_dev], weights=dur[on_dev], minlength=d)
     comp = placed.task_kind == TASK_COMPUTE

@@ -61,3 +61,27 @@ def test_train_op_waits_for_one_done_per_other_device():
         for c in remote:   # a done waits only for nodes on its own device
             waits = [i[1:] for i in nodes[c].input]
             assert waits and all(nodes[w].device == nodes[c].device for w in waits)
+
+
+def test_message_handlers_emit_nothing():
+    # With one inter-op thread the lowering adds HANDLER tasks (the servers' own work of serving a
+    # message): the same strategy is rewritten to the same graph with or without them.
+    import dataclasses
+
+    from tfplace.lowering import lower
+    from tfplace.grouping import make_grouping
+    from tfplace.placed_graph import TASK_HANDLER
+    from tfplace.testing import uniform_profile
+    for strategy in (None, Strategy(12, 4, decision({"cpu0": 6, "cpu1": [3, 3]}, "ps", "cpu2"), {})):
+        graph, cluster, plain = _step(strategy)
+        strategy = strategy or even_strategy(cluster.device_names, 12, 4)
+        uniform = uniform_profile(graph, cluster.kinds)
+        profile = dataclasses.replace(uniform, conditions={**uniform.conditions,
+                                                           "runtime_overheads": {"message_cpu_s": 1e-4}})
+        placed = lower(graph, make_grouping(graph, strategy.max_groups), cluster, strategy, profile)
+        assert (placed.task_kind == TASK_HANDLER).sum() > 0
+        handled = rewrite_step(graph, strategy, cluster, profile=profile)
+
+        def nodes(step):
+            return {n.name: (n.op, n.device, tuple(sorted(n.input))) for n in step.graph_def.node}
+        assert nodes(handled) == nodes(plain)

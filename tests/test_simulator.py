@@ -475,31 +475,66 @@ def test_message_overheads_per_pair_of_device_kinds(key, value):
     assert f"runtime_overheads.{key}" in str(err.value) and "P100|V100" in str(err.value)
 
 
-def test_message_cpu_is_charged_to_the_lanes_next_to_each_transfer():
+def test_one_thread_message_cpu_sender_half_is_a_handler_receiver_half_on_the_next_task():
+    # one inter-op thread (the default): the sending half of each message's CPU is a HANDLER task
+    # on the source lane, the receiving half goes on the first task the message feeds there, and
+    # a 0 s hand-back on the destination lane sits between the message and what waits for it
+    from tfplace.placed_graph import TASK_HANDLER, TASK_TRANSFER
     base, _ = _two_sends({"transfer_gap_s": 0.0})
     placed, _ = _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4})
-    extra = dict(zip((placed.task_name(t) for t in range(placed.num_tasks)), placed.task_seconds - base.task_seconds))
-    by_op = {name.split("/")[0]: v for name, v in extra.items() if v}
-    # a and b each send one message (half of its CPU), c receives both (the other halves) and
-    # sends the P100's "done" to the V100 (half; nothing runs after it there to take the other)
-    assert by_op == pytest.approx({"a": 2e-4, "b": 2e-4, "c": 6e-4})
+    m = base.num_tasks
+    assert placed.num_tasks == m + 6  # a -> c, b -> c and the P100's "done": two handlers each
+    assert np.array_equal(placed.task_kind[:m], base.task_kind[:m])
+    assert (placed.task_kind[m:] == TASK_HANDLER).all()
+    extra = dict(zip((placed.task_name(t) for t in range(m)), placed.task_seconds[:m] - base.task_seconds))
+    # c receives a's and b's messages (their receiving halves); the "done" feeds nothing on the V100
+    assert {name.split("/")[0]: v for name, v in extra.items() if v} == pytest.approx({"c": 4e-4})
+    x = np.nonzero(placed.task_kind == TASK_TRANSFER)[0]
+    deps = set(zip(placed.dep_src.tolist(), placed.dep_dst.tolist()))
+    assert set(zip(base.dep_src.tolist(), base.dep_dst.tolist())) <= deps  # the graph's own ones stay
+    for k, t in enumerate(x):
+        send, back = m + k, m + len(x) + k
+        assert placed.task_device[send] == placed.task_src_device[t] and placed.task_seconds[send] == 2e-4
+        assert placed.task_device[back] == placed.task_device[t] and placed.task_seconds[back] == 0.0
+        assert (send, t) in deps and (t, back) in deps
+        assert all((p, send) in deps for p, d in deps if d == t and p != send)
+        assert all((back, s) in deps for p, s in deps if p == t and s != back)
+    assert placed.task_priority[m:].min() > placed.task_priority[:m].max()  # after any other work
+    assert placed.is_step_message(int(x[-1])) and not placed.is_step_message(placed.num_tasks - 1)
+
+
+def test_one_thread_handler_waits_until_its_lane_has_nothing_else_ready():
+    # a and b (1 ms each) on the V100 are both ready at 0; a's message is served only after b
+    # (the executor runs the ops it has before a handler): a -> c leaves at 2.2 ms, not 1.2 ms
+    from tfplace.placed_graph import TASK_TRANSFER
+    from tfplace.simulator.core import schedule
+    placed, cluster = _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4})
+    sched = schedule(placed, np.ones(placed.num_devices))
+    x = np.nonzero(placed.task_kind == TASK_TRANSFER)[0]
+    wire = 8000 / INTRA_BW
+    assert sched.start[x[:2]] == pytest.approx([2.2e-3, 2.4e-3], rel=1e-9)
+    c = next(t for t in range(placed.num_compute) if placed.task_name(t).startswith("c/"))
+    assert sched.start[c] == pytest.approx(2.4e-3 + 2e-3 + wire, rel=1e-9)  # after both hand-backs
+    # c (1 ms and its two receiving halves), its "done" handler (0.2 ms), the 2 ms hop
+    assert simulate(placed, cluster).iteration_time_s == pytest.approx(sched.start[c] + 1.4e-3 + 2e-4 + 2e-3, rel=1e-9)
 
 
 @pytest.mark.parametrize("threads", [2, 3, 8])
 def test_with_two_or_more_inter_op_threads_message_cpu_lengthens_the_transfer_not_the_lanes(threads):
     # the servers' RPC handlers run beside the ops then: each message lasts its CPU longer (the
     # hop as measured), the lanes keep their kernels, the links are held as long as before
-    from tfplace.placed_graph import TASK_TRANSFER
+    from tfplace.placed_graph import TASK_HANDLER, TASK_TRANSFER
     base, _ = _two_sends({"transfer_gap_s": 0.0})
     one, _ = _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4, "inter_op_threads": 1})
     off, _ = _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4, "inter_op_threads": threads})
     x = off.task_kind == TASK_TRANSFER
-    assert x.sum() == 3  # a -> c, b -> c and the P100's "done"
+    assert x.sum() == 3 and off.num_tasks == base.num_tasks  # a -> c, b -> c, the P100's "done"; no handlers
     assert np.allclose(off.task_seconds[x], base.task_seconds[x] + 4e-4, rtol=1e-12)
     assert np.array_equal(off.task_seconds[~x], base.task_seconds[~x])
     assert np.array_equal(off.task_hold_seconds, np.minimum(base.task_hold_seconds, off.task_seconds))
-    assert (one.task_seconds[~x] > base.task_seconds[~x]).any()  # one thread: on the lanes (test above)
-    assert np.array_equal(one.task_seconds[x], base.task_seconds[x])
+    # one thread: on the lanes (tests above), the transfers as before
+    assert (one.task_kind == TASK_HANDLER).sum() == 6
+    assert np.array_equal(one.task_seconds[:base.num_tasks][x], base.task_seconds[x])
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, "2", True, None, float("nan"), float("inf")])

@@ -19,8 +19,8 @@ from tfplace.errors import InputError
 from tfplace.jsonio import FieldReader
 from tfplace.lowering_graph import LK_UPD, GraphIndex
 from tfplace.lowering_layouts import SYNC_PS
-from tfplace.placed_graph import (DEVICE_KINDS, TASK_COLLECTIVE, TASK_COMPUTE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER,
-                                  PlacedGraph)
+from tfplace.placed_graph import (DEVICE_KINDS, TASK_COLLECTIVE, TASK_COMPUTE, TASK_HANDLER, TASK_RESPLIT, TASK_SUM,
+                                  TASK_TRANSFER, PlacedGraph)
 
 
 def expand(counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -152,7 +152,6 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
         dep_dst = np.concatenate([dep_dst, st["dep_dst"]])
     coll_all = np.concatenate([np.full(m0, -1), tt_coll, np.full(nx + nc + ns, -1)])
     link_ptr, link_idx, part_ptr, part_dev = _links_and_parts(ctx, kind, device, src_dev, coll_all)
-    m_all = m + ns
     # priority key (group priority, micro-batch index on its device, topological rank): micro-batch
     # 0 of every op of a stage runs before micro-batch 1, so a pipeline stage hands its first
     # micro-batch on early and stages overlap (the rewrite's priority chains follow it too)
@@ -168,27 +167,31 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     dep_src, dep_dst = dep_src.astype(np.int32), dep_dst.astype(np.int32)
     fed = np.asarray(graph.inputs, dtype=np.int64)
     feed_bytes = float(np.sum(ix.op_out_ps_bytes[fed] * batch + ix.op_out_full_bytes[fed]))
-    hold, charge, off_lane = _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr,
-                                                graph, feed_bytes)
-    cpu_s, fraction = _cpu_demand(ctx, seconds, charge, off_lane, kind, device, src_dev, task_bytes, part_ptr,
-                                  part_dev)
+    hold, charge, off_lane, send_cpu = _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx,
+                                                          op_ptr, graph, feed_bytes)
+    t = {"kind": kind, "device": device, "src_dev": src_dev, "op": task_op, "prio": task_prio,
+         "seconds": seconds, "charge": charge, "hold": hold, "bytes": task_bytes,
+         "tensor": np.concatenate([np.full(m0, -1), tt_t, np.full(nx + nc + ns, -1)]),
+         "samples": np.concatenate([inst_samp, A["nsamp"][row], np.zeros(nx + nc, np.int64), st["samples"]]),
+         "lo": np.concatenate([lay_lo[ent], A["lo"][row], np.zeros(nx + nc, np.int64), st["lo"]]),
+         "hi": np.concatenate([lay_hi[ent], A["hi"][row], np.full(nx + nc, batch), st["hi"]]),
+         "control": np.concatenate([np.arange(m) >= m2, st["control"]]), "link_ptr": link_ptr, "part_ptr": part_ptr}
+    if send_cpu is not None:
+        dep_src, dep_dst = _append_handlers(t, send_cpu, dep_src, dep_dst)
+    m_all = len(t["kind"])
+    cpu_s, fraction = _cpu_demand(ctx, t["seconds"], t["charge"], off_lane, t["kind"], t["device"], t["src_dev"],
+                                  t["bytes"], t["part_ptr"], part_dev)
 
     return PlacedGraph(
         device_names=ctx.cluster.device_names, global_batch_size=batch, num_compute=m0, op_task_ptr=op_ptr,
-        task_kind=kind, task_device=device, task_src_device=src_dev,
-        task_op=task_op.astype(np.int32),
-        task_tensor=np.concatenate([np.full(m0, -1), tt_t, np.full(nx + nc + ns, -1)]).astype(np.int32),
-        task_samples=np.concatenate([inst_samp, A["nsamp"][row], np.zeros(nx + nc, np.int64),
-                                     st["samples"]]).astype(np.int32),
-        task_lo=np.concatenate([lay_lo[ent], A["lo"][row], np.zeros(nx + nc, np.int64), st["lo"]]).astype(np.int32),
-        task_hi=np.concatenate([lay_hi[ent], A["hi"][row], np.full(nx + nc, batch), st["hi"]]).astype(np.int32),
-        task_seconds=seconds,
-        task_bytes=task_bytes,
-        task_priority=task_prio,
+        task_kind=t["kind"], task_device=t["device"].astype(np.int32), task_src_device=t["src_dev"].astype(np.int32),
+        task_op=t["op"].astype(np.int32), task_tensor=t["tensor"].astype(np.int32),
+        task_samples=t["samples"].astype(np.int32), task_lo=t["lo"].astype(np.int32), task_hi=t["hi"].astype(np.int32),
+        task_seconds=t["seconds"], task_bytes=t["bytes"], task_priority=t["prio"],
         task_weight=np.concatenate([inst_samp / batch, np.zeros(m_all - m0)]),
         dep_src=dep_src, dep_dst=dep_dst,
-        link_ptr=link_ptr, link_idx=link_idx, link_names=links.link_names,
-        link_bandwidth_bytes_per_s=links.link_bw, part_ptr=part_ptr, part_dev=part_dev,
+        link_ptr=t["link_ptr"], link_idx=link_idx, link_names=links.link_names,
+        link_bandwidth_bytes_per_s=links.link_bw, part_ptr=t["part_ptr"], part_dev=part_dev,
         buf_task=buf_task.astype(np.int32), buf_device=np.concatenate([inst_dev[ib_task], A["tb_dev"][brow]]).astype(np.int32),
         buf_bytes=np.concatenate([ib_bytes, tb_bytes]), buf_tensor=np.concatenate([ib_t, tb_t]).astype(np.int32),
         out_ptr=exclusive_cumsum(np.bincount(buf_task, minlength=m_all)),
@@ -196,8 +199,49 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
         in_edge=np.concatenate([r2_edge, np.full(len(r1_task), -1)]).astype(np.int32), static_bytes=static,
         tensor_weight_mean=ix.tensor_weight_mean, op_names=graph.names,
         tensor_mean_scaled=ix.tensor_mean_scaled, tensor_batch_rows=ix.tensor_batch_rows,
-        task_control=np.concatenate([np.arange(m) >= m2, st["control"]]), task_hold_seconds=hold,
+        task_control=t["control"], task_hold_seconds=t["hold"],
         step_message_start=m if ns else -1, device_cpu_seconds=cpu_s, device_cpu_fraction=fraction)
+
+
+def _append_handlers(t, send_cpu, dep_src, dep_dst):
+    """Appends the HANDLER tasks of _handlers to the per-task arrays `t` (name -> [M] array, the
+    CSR pointers link_ptr and part_ptr [M+1]; "hold" may be empty; changed in place) and returns
+    the dependencies (src, dst) with theirs."""
+    hx, h_dev, h_sec, h_src, h_dst = _handlers(t["kind"], t["device"], t["src_dev"], send_cpu, dep_src, dep_dst)
+    nh = len(hx)
+    new = {"kind": np.full(nh, TASK_HANDLER, np.int8), "device": h_dev, "src_dev": np.full(nh, -1),
+           "prio": np.full(nh, int(t["prio"].max(initial=0)) + 1),  # after every other task on its lane
+           "seconds": h_sec, "charge": h_sec, "hold": h_sec, "bytes": np.zeros(nh), "samples": np.zeros(nh, np.int64),
+           "control": np.zeros(nh, bool), **{key: t[key][hx] for key in ("op", "tensor", "lo", "hi")},
+           **{key: np.full(nh, t[key][-1]) for key in ("link_ptr", "part_ptr")}}  # no links, no participants
+    for key, values in new.items():
+        if key != "hold" or len(t[key]):
+            t[key] = np.concatenate([t[key], values])
+    return np.concatenate([dep_src, h_src]).astype(np.int32), np.concatenate([dep_dst, h_dst]).astype(np.int32)
+
+
+def _handlers(kind, device, src_dev, send_cpu, dep_src, dep_dst):
+    """HANDLER tasks (placed_graph) for each transfer x with message CPU at its sending end
+    (send_cpu[M] > 0): the sender's handler on x's source lane, lasting send_cpu[x], after every
+    task x waits for and before x; and the receiver's hand-back on x's destination lane, lasting
+    0 s, after x and before every task that waits for x (the response arrives on a network
+    thread, which queues the waiting ops behind the ones the executor made ready itself).
+
+    Returns (hx[2H]: the transfer of each handler, handler k being task M + k; h_dev[2H];
+    h_seconds[2H]; the new dependencies (src, dst)). Every existing dependency stays (the
+    rewrite reads them)."""
+    m = len(kind)
+    x = np.nonzero((kind == TASK_TRANSFER) & (send_cpu > 0))[0]
+    h = len(x)
+    sender = np.full(m, -1, np.int64)
+    sender[x] = m + np.arange(h)
+    receiver = np.full(m, -1, np.int64)
+    receiver[x] = m + h + np.arange(h)
+    into, out_of = sender[dep_dst] >= 0, receiver[dep_src] >= 0
+    new_src = np.concatenate([dep_src[into], sender[x], x, receiver[dep_src[out_of]]])
+    new_dst = np.concatenate([sender[dep_dst[into]], x, receiver[x], dep_dst[out_of]])
+    return (np.concatenate([x, x]), np.concatenate([src_dev[x], device[x]]),
+            np.concatenate([send_cpu[x], np.zeros(h)]), new_src.astype(np.int64), new_dst.astype(np.int64))
 
 
 def _overheads(ctx) -> dict:
@@ -226,7 +270,8 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
     """Adds the measured costs of the runtime the profile was taken for to `seconds` (in place)
     and returns (the link-hold time of every task (empty: links are held for the whole duration),
     the message CPU added to each lane task (None: none), the message CPU of each transfer task
-    that runs beside the lanes (None: none; see inter_op_threads)).
+    that runs beside the lanes (None: none), the sending end's message CPU of each transfer task,
+    to run as its HANDLER task (None: none); see inter_op_threads).
 
     They come from the profile conditions `runtime_overheads`, written by
     benchmarks/fidelity_bench.py from micro-benchmarks on the local cluster; absent, nothing is
@@ -247,15 +292,19 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
                      message CPU is added to it;
       message_cpu_s  CPU time one gRPC message costs its two processes together (serialising,
                      the RPC, the rendezvous), taken from the executors of those processes: half
-                     on the sending device's lane (the task the message leaves after), half on
-                     the receiving device's lane (the first task it feeds there). With
+                     on the sending device's lane (a HANDLER task, see inter_op_threads), half on
+                     the receiving device's lane (added to the first task it feeds there). With
                      `cpu_cores` on the host, this is CPU the devices compete for;
       transfer_gap_s per-message gap of a burst (LogGP's g): a transfer holds its links for
                      gap + bytes / bandwidth, so the latency of back-to-back messages overlaps;
       inter_op_threads  the inter-op threads of each server task the overheads were measured
                      with (1 when absent). A TF server runs its RPC handlers (RecvTensor among
-                     them) on its inter-op pool: with one thread a task busy with an op serves no
-                     tensor, so a message's CPU is charged to the lanes as above. With 2 or more
+                     them) on its inter-op pool: with one thread a task busy with ops serves no
+                     tensor, so a message's CPU is charged to the lanes as above, the sending half
+                     as a HANDLER task after every other ready task there (the executor queues
+                     the ops it makes ready ahead of a handler the network brings in; ResNet-50's
+                     parameter server waited 220 ms for batch-norm statistics its workers had
+                     made, until they ran out of ops, benchmarks/fidelity_bench_hetero.md). With 2 or more
                      the handlers run beside the ops: the message's CPU is added to the transfer
                      instead (the hop lasts as long as measured, the lanes stay free) and counted
                      only in the CPU bound (tfplace.cpu_demand), half at each end.
@@ -265,7 +314,7 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
     are not charged here: tfplace.cpu_demand turns them into the step's CPU bound."""
     over = _overheads(ctx)
     if not over:
-        return np.zeros(0), None, None
+        return np.zeros(0), None, None, None
     handler_threads = _inter_op_threads(over)
     x = kind == TASK_TRANSFER
     latency = np.where(x, ctx.links.pair_lat[np.where(x, src_dev, 0), device], 0.0)
@@ -280,7 +329,7 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
             float(over.get("feed_input_s", 0.0)) * (len(graph.inputs) - 1) + \
             float(over.get("feed_s_per_byte", 0.0)) * feed_bytes
     message_cpu = _per_message(over, "message_cpu_s", ctx.cluster, x, src_dev, device)
-    charge = off_lane = None
+    charge = off_lane = send_cpu = None
     # the link hold of a burst's message: its measured gap already holds what the message's CPU
     # adds to a burst, on one handler thread or on the lanes alike
     hold = seconds - latency - transfer_s + float(over.get("transfer_gap_s", 0.0))
@@ -289,10 +338,11 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
             off_lane = message_cpu
             seconds += message_cpu
         else:
-            charge = _charge_message_cpu(seconds, kind, device, src_dev, dep_src, dep_dst, message_cpu)
+            charge = _charge_received_cpu(seconds, kind, device, dep_src, dep_dst, message_cpu)
+            send_cpu = 0.5 * message_cpu
     if "transfer_gap_s" not in over:
-        return np.zeros(0), charge, off_lane
-    return np.where(x, np.clip(hold, 0.0, seconds), seconds), charge, off_lane
+        return np.zeros(0), charge, off_lane, send_cpu
+    return np.where(x, np.clip(hold, 0.0, seconds), seconds), charge, off_lane, send_cpu
 
 
 def _inter_op_threads(over) -> int:
@@ -329,10 +379,10 @@ def _per_message(over, key: str, cluster, x, src_dev, device) -> np.ndarray:
     return out
 
 
-def _charge_message_cpu(seconds, kind, device, src_dev, dep_src, dep_dst, message_cpu) -> np.ndarray:
-    """Adds the CPU of each transfer's gRPC message (message_cpu[M], per task) to the lane tasks
-    next to it: half to the last lane task on the source device it depends on, half to its first
-    successor on the destination's lane (see _runtime_overheads); returns what it added [M]."""
+def _charge_received_cpu(seconds, kind, device, dep_src, dep_dst, message_cpu) -> np.ndarray:
+    """Adds the receiving half of each transfer's gRPC message CPU (message_cpu[M] both ends
+    together, per task) to the transfer's first successor on the destination's lane (none: no
+    charge there); returns what it added [M]. The sending half is the transfer's HANDLER task."""
     m = len(kind)
     lane = np.isin(kind, DEVICE_KINDS)
     src, dst = dep_src.astype(np.int64), dep_dst.astype(np.int64)
@@ -340,13 +390,9 @@ def _charge_message_cpu(seconds, kind, device, src_dev, dep_src, dep_dst, messag
     first_after = np.full(m, none)
     sel = (kind[src] == TASK_TRANSFER) & lane[dst] & (device[dst] == device[src])
     np.minimum.at(first_after, src[sel], dst[sel])
-    last_before = np.full(m, -1)
-    sel = (kind[dst] == TASK_TRANSFER) & lane[src] & (device[src] == src_dev[dst])
-    np.maximum.at(last_before, dst[sel], src[sel])
     charge = np.zeros(m)
-    after, before = first_after != none, last_before >= 0
+    after = first_after != none
     np.add.at(charge, first_after[after], 0.5 * message_cpu[after])
-    np.add.at(charge, last_before[before], 0.5 * message_cpu[before])
     seconds += charge
     return charge
 

@@ -7,9 +7,10 @@ simulated is what runs. No TensorFlow import.
 Layout (M tasks, F buffers, D devices, L links, N ops / T tensors / E data edges of the OpGraph).
 Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the global batch.
 
-  tasks       task_kind[M] int8        COMPUTE, RESPLIT, SUM, TRANSFER, COLLECTIVE (constants below)
-              task_device[M] int32     device whose compute lane runs it (COMPUTE/RESPLIT/SUM), the
-                                       destination of a TRANSFER, -1 for a COLLECTIVE
+  tasks       task_kind[M] int8        COMPUTE, RESPLIT, SUM, TRANSFER, COLLECTIVE, HANDLER
+                                       (constants below)
+              task_device[M] int32     device whose compute lane runs it (COMPUTE/RESPLIT/SUM/
+                                       HANDLER), the destination of a TRANSFER, -1 for a COLLECTIVE
               task_src_device[M] int32 source device of a TRANSFER, else -1
               task_op[M] int32         the op (COMPUTE), the producer op of task_tensor, or for
                                        a PS send-back the variable's handle op
@@ -26,7 +27,8 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
               task_bytes[M] float64    bytes produced (COMPUTE: all its outputs) or moved
                                        (TRANSFER: slice bytes; COLLECTIVE: the tensor size S)
               task_priority[M] int64   lower runs first on a device (group priority, then
-                                       topological rank); ties by task id
+                                       topological rank; a HANDLER after every other task);
+                                       ties by task id
               task_weight[M] float64   COMPUTE replicas: aggregation weight of its partial values,
                                        samples / B (used where tensor_weight_mean, else 1); 0 else
   compute     tasks [0, num_compute) are op instances, op-major: op i runs as tasks
@@ -63,7 +65,13 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
                                        (source instance, destination device) as TensorFlow's
                                        partitioner sends it (0 bytes, the link latency; the rewrite
                                        emits it as the control edge itself). Empty: none; additive
-  step        step_message_start int     tasks from here on are the step's own messages
+  handlers    HANDLER tasks (after every other task; none unless the runtime overheads ask for
+              them): the sending server's part of a TRANSFER's message CPU where its RPC handler
+              waits for an idle executor (a TF server with one inter-op thread serves a tensor
+              only when no op is ready there). Handler h of transfer x runs on x's source device
+              after every task x depends on, x depends on h, task_op / task_tensor are x's; it
+              has no buffers, and the rewrite emits nothing for it (the runtime does it)
+  step        step_message_start int     TRANSFERs from here on are the step's own messages
                                        (tfplace.lowering_assemble._step_messages; -1: none,
                                        additive field): a feed slice is a TRANSFER of an input
                                        instance's bytes from the feed device (where the global
@@ -97,10 +105,10 @@ from typing import Tuple
 
 import numpy as np
 
-TASK_COMPUTE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER, TASK_COLLECTIVE = 0, 1, 2, 3, 4
-TASK_KIND_NAMES = ("compute", "resplit", "sum", "transfer", "collective")
+TASK_COMPUTE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER, TASK_COLLECTIVE, TASK_HANDLER = 0, 1, 2, 3, 4, 5
+TASK_KIND_NAMES = ("compute", "resplit", "sum", "transfer", "collective", "handler")
 #: Kinds that run on a device's compute lane (one at a time per device).
-DEVICE_KINDS = (TASK_COMPUTE, TASK_RESPLIT, TASK_SUM)
+DEVICE_KINDS = (TASK_COMPUTE, TASK_RESPLIT, TASK_SUM, TASK_HANDLER)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -151,7 +159,7 @@ class PlacedGraph:
 
     def is_step_message(self, task: int) -> bool:
         """Whether `task` is one of the step's own messages (a feed slice or a device's "done")."""
-        return 0 <= self.step_message_start <= task
+        return 0 <= self.step_message_start <= task and int(self.task_kind[task]) == TASK_TRANSFER
 
     def is_control_message(self, task: int) -> bool:
         """Whether `task` is a TRANSFER of no data (a control edge across devices)."""
@@ -202,6 +210,13 @@ class PlacedGraph:
             object.__setattr__(self, "_succ", cached)
         return cached
 
+    def graph_dependencies(self) -> Tuple[np.ndarray, np.ndarray]:
+        """(dep_src, dep_dst) without the HANDLER tasks' dependencies: those of the graph itself,
+        which the rewrite emits (a handler's only time the runtime's own work)."""
+        handler = self.task_kind == TASK_HANDLER
+        keep = ~(handler[self.dep_src] | handler[self.dep_dst])
+        return self.dep_src[keep], self.dep_dst[keep]
+
     def task_name(self, task: int) -> str:
         """Readable name of a task, used in traces: "conv1/Conv2D/replica_1", "transfer x:0 -> gpu1"."""
         kind = int(self.task_kind[task])
@@ -214,6 +229,8 @@ class PlacedGraph:
         if kind == TASK_TRANSFER:
             return (f"transfer {base}:{int(self.task_tensor[task])} {self.device_names[self.task_src_device[task]]}"
                     f"->{self.device_names[self.task_device[task]]}")
+        if kind == TASK_HANDLER:
+            return f"handler {base}:{int(self.task_tensor[task])} on {self.device_names[self.task_device[task]]}"
         return f"{TASK_KIND_NAMES[kind]} {base}:{int(self.task_tensor[task])}"
 
 

@@ -55,7 +55,7 @@ from tfplace.cluster import Cluster, is_cpu_kind
 from tfplace.errors import InputError
 from tfplace.graph_ir import OpGraph
 from tfplace.placed_graph import (TASK_COLLECTIVE, TASK_COMPUTE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER,
-                                  PlacedGraph)
+                                  PlacedGraph, csr_from_pairs)
 from tfplace.strategy import Strategy
 
 # Step ops that must not join priority chains: the init op shares them.
@@ -407,7 +407,8 @@ class _Emitter:
         p = self.p
         readers = np.repeat(np.arange(p.num_tasks), np.diff(p.in_ptr))
         data = set(zip(p.buf_task[p.in_buf].tolist(), readers.tolist()))
-        deps = set(zip(p.dep_src.tolist(), p.dep_dst.tolist())) - data
+        dep_src, dep_dst = p.graph_dependencies()
+        deps = set(zip(dep_src.tolist(), dep_dst.tolist())) - data
         # a control message stands for the control edges through it: source -> message -> dest
         msg_src = {d: s for s, d in deps if p.is_control_message(d)}
         deps = {(msg_src.get(s, s), d) for s, d in deps if not p.is_control_message(d)}
@@ -420,8 +421,11 @@ class _Emitter:
 
     def priority_chains(self) -> None:
         p = self.p
-        succ_ptr, succ_idx, indeg = p.successors()
-        indeg = indeg.copy()
+        # the graph's own dependencies: a HANDLER's (placed_graph) would put a transfer's
+        # consumers after every lower-priority task in this order
+        dep_src, dep_dst = p.graph_dependencies()
+        succ_ptr, succ_idx = csr_from_pairs(dep_src, dep_dst, p.num_tasks)
+        indeg = np.bincount(dep_dst, minlength=p.num_tasks)
         heap = [(int(p.task_priority[t]), t) for t in np.nonzero(indeg == 0)[0].tolist()]
         heapq.heapify(heap)
         last: Dict[int, str] = {}
@@ -544,13 +548,13 @@ class _Emitter:
         waits for, so one control message per device reaches the train op; other leaves join
         with their node on their own device."""
         p, g = self.p, self.g
-        succ_ptr, _, _ = p.successors()
+        dep_src, dep_dst = p.graph_dependencies()  # a "done" leads on to its receiver's handler
         by_task = self._by_task()
         ctrl = []
-        for t in np.nonzero(np.diff(succ_ptr) == 0)[0].tolist():
+        for t in np.nonzero(np.bincount(dep_src, minlength=p.num_tasks) == 0)[0].tolist():
             if p.is_step_message(t) and p.is_control_message(t):
                 src = int(p.task_src_device[t])
-                waits = p.dep_src[p.dep_dst == t].tolist()
+                waits = dep_src[dep_dst == t].tolist()
                 name = f"tfplace/step_done_{t}"
                 self.add(rn.no_op(name, self.dev[src], [n for s in waits for (_, d), n in by_task.get(s, []) if d == src]))
                 ctrl.append(name)
