@@ -66,11 +66,12 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
                                        partitioner sends it (0 bytes, the link latency; the rewrite
                                        emits it as the control edge itself). Empty: none; additive
   handlers    HANDLER tasks (after every other task; none unless the runtime overheads ask for
-              them): the sending server's part of a TRANSFER's message CPU where its RPC handler
-              waits for an idle executor (a TF server with one inter-op thread serves a tensor
-              only when no op is ready there). Handler h of transfer x runs on x's source device
-              after every task x depends on, x depends on h, task_op / task_tensor are x's; it
-              has no buffers, and the rewrite emits nothing for it (the runtime does it)
+              them): a TF server with one inter-op thread serves a tensor, and hands a received
+              one on, only when no op is ready there. Per TRANSFER x, two: the sender's (x's
+              source device; the sending half of x's message CPU), after every task x depends on
+              and before x, and the receiver's hand-back (x's destination; 0 s), after x and
+              before every task that depends on x. task_op / task_tensor are x's; no buffers; the
+              rewrite emits nothing for them and ignores their dependencies (graph_dependencies)
   step        step_message_start int     TRANSFERs from here on are the step's own messages
                                        (tfplace.lowering_assemble._step_messages; -1: none,
                                        additive field): a feed slice is a TRANSFER of an input
