@@ -301,10 +301,12 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
                      with (1 when absent). A TF server runs its RPC handlers (RecvTensor among
                      them) on its inter-op pool: with one thread a task busy with ops serves no
                      tensor, so a message's CPU is charged to the lanes as above, the sending half
-                     as a HANDLER task after every other ready task there (the executor queues
-                     the ops it makes ready ahead of a handler the network brings in; ResNet-50's
-                     parameter server waited 220 ms for batch-norm statistics its workers had
-                     made, until they ran out of ops, benchmarks/fidelity_bench_hetero.md). With 2 or more
+                     as a HANDLER task after every other ready task there, and a 0 s hand-back
+                     HANDLER on the receiving lane before what waits for the message (the
+                     executor queues the ops it makes ready ahead of a handler or callback the
+                     network brings in; ResNet-50's parameter server waited 220 ms for
+                     batch-norm statistics its workers had made, until they ran out of ops,
+                     benchmarks/fidelity_bench_hetero.md; _handlers). With 2 or more
                      the handlers run beside the ops: the message's CPU is added to the transfer
                      instead (the hop lasts as long as measured, the lanes stay free) and counted
                      only in the CPU bound (tfplace.cpu_demand), half at each end.
