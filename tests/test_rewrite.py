@@ -68,8 +68,8 @@ def test_message_handlers_emit_nothing():
     # message): the same strategy is rewritten to the same graph with or without them.
     import dataclasses
 
-    from tfplace.lowering import lower
     from tfplace.grouping import make_grouping
+    from tfplace.lowering import lower
     from tfplace.placed_graph import TASK_HANDLER
     from tfplace.testing import uniform_profile
     for strategy in (None, Strategy(12, 4, decision({"cpu0": 6, "cpu1": [3, 3]}, "ps", "cpu2"), {})):
