@@ -202,11 +202,13 @@ class PlacedGraph:
         return np.arange(self.op_task_ptr[op], self.op_task_ptr[op + 1])
 
     def successors(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(succ_ptr[M+1], succ_idx[K], indegree[M]): the dependency lists as CSR by source."""
+        """(succ_ptr[M+1], succ_idx[K], indegree[M]): the graph's own dependency lists
+        (graph_dependencies) as CSR by source; a HANDLER task has none."""
         cached = self.__dict__.get("_succ")
         if cached is None:
-            cached = csr_from_pairs(self.dep_src, self.dep_dst, self.num_tasks)
-            indegree = np.bincount(self.dep_dst, minlength=self.num_tasks).astype(np.int32)
+            dep_src, dep_dst = self.graph_dependencies()
+            cached = csr_from_pairs(dep_src, dep_dst, self.num_tasks)
+            indegree = np.bincount(dep_dst, minlength=self.num_tasks).astype(np.int32)
             cached = (cached[0], cached[1], indegree)
             object.__setattr__(self, "_succ", cached)
         return cached

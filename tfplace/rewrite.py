@@ -55,7 +55,7 @@ from tfplace.cluster import Cluster, is_cpu_kind
 from tfplace.errors import InputError
 from tfplace.graph_ir import OpGraph
 from tfplace.placed_graph import (TASK_COLLECTIVE, TASK_COMPUTE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER,
-                                  PlacedGraph, csr_from_pairs)
+                                  PlacedGraph)
 from tfplace.strategy import Strategy
 
 # Step ops that must not join priority chains: the init op shares them.
@@ -421,11 +421,10 @@ class _Emitter:
 
     def priority_chains(self) -> None:
         p = self.p
-        # the graph's own dependencies: a HANDLER's (placed_graph) would put a transfer's
-        # consumers after every lower-priority task in this order
-        dep_src, dep_dst = p.graph_dependencies()
-        succ_ptr, succ_idx = csr_from_pairs(dep_src, dep_dst, p.num_tasks)
-        indeg = np.bincount(dep_dst, minlength=p.num_tasks)
+        # the graph's own dependencies (successors): a HANDLER's (placed_graph) would put a
+        # transfer's consumers after every lower-priority task in this order
+        succ_ptr, succ_idx, indeg = p.successors()
+        indeg = indeg.copy()
         heap = [(int(p.task_priority[t]), t) for t in np.nonzero(indeg == 0)[0].tolist()]
         heapq.heapify(heap)
         last: Dict[int, str] = {}
@@ -548,10 +547,12 @@ class _Emitter:
         waits for, so one control message per device reaches the train op; other leaves join
         with their node on their own device."""
         p, g = self.p, self.g
-        dep_src, dep_dst = p.graph_dependencies()  # a "done" leads on to its receiver's handler
+        # the graph's own dependencies: a "done" leads on to its receiver's hand-back HANDLER
+        succ_ptr, _, _ = p.successors()
+        dep_src, dep_dst = p.graph_dependencies()
         by_task = self._by_task()
         ctrl = []
-        for t in np.nonzero(np.bincount(dep_src, minlength=p.num_tasks) == 0)[0].tolist():
+        for t in np.nonzero(np.diff(succ_ptr) == 0)[0].tolist():
             if p.is_step_message(t) and p.is_control_message(t):
                 src = int(p.task_src_device[t])
                 waits = dep_src[dep_dst == t].tolist()
