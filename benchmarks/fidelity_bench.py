@@ -65,6 +65,9 @@ MAX_LATENCY_CUT = 0.9  # transfer_s may take back at most this share of the link
 BASELINES = ("single", "dp_even_allreduce", "dp_even_ps", "dp_proportional_allreduce", "dp_proportional_ps",
              "model_parallel_round_robin", "model_parallel_contiguous", "heft", "pipeline")
 MAX_GROUPS = 8
+# traced repeats per batch size of each profile, round-robin over the sizes: a slow phase of this
+# machine (seconds) then has to cover five of nine passes to move a median
+PROFILE_REPEATS = 9
 
 
 def task_cpu_seconds(pids) -> np.ndarray:
@@ -541,7 +544,7 @@ def profile_path(model: str, bundle: str, batch: int, workdir: str, hetero: bool
         sizes = sorted({b for b in (1, 2, 4, 8, 16, 24, 32, 48) if b <= batch} | {batch})
         base = [sys.executable, "-m", "tfplace.profile", "--graph", bundle, "--device", "CPU",
                 "--batch-sizes", ",".join(map(str, sizes)), "--threads", "1", "--inter-threads", "1",
-                "--repeats", "5", "--warmup", "2", "--out", out, "--quiet"]
+                "--repeats", str(PROFILE_REPEATS), "--warmup", "2", "--out", out, "--quiet"]
         if not hetero:
             subprocess.run(base, check=True, cwd=ROOT)
         else:
@@ -831,12 +834,13 @@ def main(argv=None):
              (f"3 TF server tasks on 127.0.0.1 (clusters/local_cpu_hetero.json), 1 intra-op + "
               f"{args.inter_threads} inter-op thread(s) each; task 0 alone on core 0 (kind CPU), tasks 1 and 2 on "
               "core 1 with a 0.5 CPU quota each (kind CPU_half); the client on core 1. Profiles: "
-              "`python -m tfplace.profile --threads 1 --inter-threads 1 --statistic median` per kind, pinned like "
+              f"`python -m tfplace.profile --threads 1 --inter-threads 1 --repeats {PROFILE_REPEATS} --statistic median` "
+              "per kind, pinned like "
               "its tasks, CPU_half with `--cpu-fraction 0.5` (its ops timed unlimited, times the slowdown a "
               "compute loop measures under the quota). " if args.hetero else
               f"3 TF server tasks on 127.0.0.1 (clusters/local_cpu.json), 1 intra-op + {args.inter_threads} "
               "inter-op thread(s) each, homogeneous, unpinned. Profile: "
-              "`python -m tfplace.profile --threads 1 --inter-threads 1` per model. ") +
+              f"`python -m tfplace.profile --threads 1 --inter-threads 1 --repeats {PROFILE_REPEATS}` per model. ") +
              ("Comm fit: the bundled " + BUNDLED_COMM + ". " if args.bundled_comm else
               "Comm fit: measured on the run's cluster right before each model (tfplace.comm_profiler, "
               f"up to {COMM_MAX_BYTES >> 20} MiB). ") +

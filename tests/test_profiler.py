@@ -145,6 +145,32 @@ def test_reduce_samples_and_statistics():
     assert profiler.reduce_samples([{"a": 1.0}, {"a": 1.0}, {"a": 7.0}], "mean") == {"a": 3.0}
 
 
+
+@pytest.mark.parametrize("batch_sizes,repeats,phase_start,phase_len", [
+    ((1, 2, 4, 8), 5, 15, 5),    # the last size's five repeats, were they timed size after size
+    ((1, 2, 4, 8), 9, 0, 16),    # four passes of nine from the start
+    ((2, 4), 9, 7, 8),           # four passes in the middle
+    ((8,), 5, 3, 2),             # one size: two of five
+])
+def test_measurement_order_lets_the_median_drop_a_slow_phase(batch_sizes, repeats, phase_start, phase_len):
+    """A phase of the machine slows a contiguous stretch of the timed steps 3.4x (ResNet-50's
+    conv5 kernels in one run). Round-robin, it covers fewer than half of each size's repeats
+    and every median stays the undisturbed time; size after size, the same stretch takes all
+    repeats of the sizes it falls on."""
+    order = profiler.measurement_order(batch_sizes, repeats)
+    assert sorted(order) == sorted((r, b) for r in range(repeats) for b in batch_sizes)  # each once
+
+    def medians(sequence):
+        times = {b: [] for b in batch_sizes}
+        for i, (_, b) in enumerate(sequence):
+            times[b].append(3.4 * b if phase_start <= i < phase_start + phase_len else float(b))
+        return {b: float(np.median(t)) for b, t in times.items()}
+
+    assert medians(order) == {b: float(b) for b in batch_sizes}
+    size_after_size = [(r, b) for b in batch_sizes for r in range(repeats)]
+    if len(batch_sizes) > 1:
+        assert medians(size_after_size) != {b: float(b) for b in batch_sizes}
+
 def test_synthetic_feed_respects_dtype_shape_and_range():
     rng = np.random.default_rng(0)
     feed = profiler.synthetic_feed([

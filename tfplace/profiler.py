@@ -4,14 +4,17 @@
                             ProfileOptions(device="CPU", batch_sizes=(4, 8, 16)))
     save_profile(result.profile, "profile.json")
 
-How (one graph import per device, then per per-device batch size):
+How (one graph import per device, every per-device batch size measured in it):
   1. The step is imported into a `tf.compat.v1.Session`, every node pinned to `device` (soft
      placement lets ops without a kernel there fall back to the host). Grappler and the classic
      graph optimizer are off by default, so every op of the GraphDef runs as itself and is timed
      under its own name (with them on, fused or folded ops vanish from the trace).
   2. `init_op` runs once; every input gets synthetic data of its dtype and shape: floats uniform
      in [0, 1), integers uniform in [0, max_value) (labels, token ids), booleans at random.
-  3. `warmup` untraced steps, then `repeats` steps with `RunOptions(trace_level=FULL_TRACE)`.
+  3. `warmup` untraced steps per batch size, then `repeats` steps per batch size with
+     `RunOptions(trace_level=FULL_TRACE)`, round-robin over the batch sizes
+     (`measurement_order`): a slow phase of the machine then costs each size a few repeats,
+     which the statistic drops, rather than every repeat of one size.
   4. From each step's `RunMetadata.step_stats`, an op's time is `all_end_rel` of its record (the
      kernel plus TensorFlow's per-op bookkeeping, which the simulator must also charge), in ns;
      records of one op in one step are summed (several GPU kernels, or an op that runs twice).
@@ -279,6 +282,19 @@ def reduce_samples(samples: Sequence[Mapping[str, float]], statistic: str) -> Di
     return {op: float(fn(v)) for op, v in per_op.items()}
 
 
+def measurement_order(batch_sizes: Sequence[int], repeats: int) -> List[Tuple[int, int]]:
+    """(repeat, batch size) of each timed repeat, in the order they run: round-robin over the
+    batch sizes, one repeat of each per pass.
+
+    A slow phase of a shared machine lasts seconds (ResNet-50's weight-bound conv5 kernels at
+    3.4x for all five repeats of one batch size, while the sizes timed before it were not
+    hit). Timed size after size, such a phase takes every repeat of one size and the median
+    keeps it; timed round-robin, it takes a few repeats of every size, and the median over the
+    repeats drops them as long as the phase covers fewer than half of the passes.
+    """
+    return [(r, b) for r in range(repeats) for b in batch_sizes]
+
+
 def machine_conditions() -> Dict[str, Any]:
     """Where the measurement ran: CPU model, core count, host, OS, date (UTC)."""
     cpu = platform.processor() or ""
@@ -398,33 +414,38 @@ def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, n
     pick = STATISTIC_FUNCTIONS[options.statistic]
     with tf.compat.v1.Session(graph=graph, config=_session_config(tf, options)) as sess:
         sess.run(meta["init_op"])
+        feeds = {b: synthetic_feed(meta["inputs"], b, rng, source) for b in options.batch_sizes}
         for b in options.batch_sizes:
-            feed = synthetic_feed(meta["inputs"], b, rng, source)
             for _ in range(options.warmup):
-                sess.run(fetches, feed_dict=feed)
+                sess.run(fetches, feed_dict=feeds[b])
                 if bar:
                     bar.update(b, f"batch {b} warm-up")
-            samples, walls, plain, empty = [], [], [], []
+        samples: Dict[int, List[Dict[str, float]]] = {b: [] for b in options.batch_sizes}
+        walls: Dict[int, List[float]] = {b: [] for b in options.batch_sizes}
+        plain: Dict[int, List[float]] = {b: [] for b in options.batch_sizes}
+        empty: Dict[int, List[float]] = {b: [] for b in options.batch_sizes}
+        for r, b in measurement_order(options.batch_sizes, options.repeats):
+            feed = feeds[b]
+            md = tf.compat.v1.RunMetadata()
+            t0 = time.perf_counter()
+            sess.run(fetches, feed_dict=feed, options=trace if executed else first_trace, run_metadata=md)
+            walls[b].append(time.perf_counter() - t0)
+            if not executed:
+                executed = {n.name: n.op for pg in md.partition_graphs for n in pg.node}
+            samples[b].append(op_seconds_from_step_stats(md.step_stats, known=step_ops))
             # each traced step is followed by its untraced and empty steps: a slow phase of the
             # machine hits the records and the walls they are calibrated against alike (rule 7)
-            for r in range(options.repeats):
-                md = tf.compat.v1.RunMetadata()
-                t0 = time.perf_counter()
-                sess.run(fetches, feed_dict=feed, options=trace if executed else first_trace, run_metadata=md)
-                walls.append(time.perf_counter() - t0)
-                if not executed:
-                    executed = {n.name: n.op for pg in md.partition_graphs for n in pg.node}
-                samples.append(op_seconds_from_step_stats(md.step_stats, known=step_ops))
-                for _ in range(UNTRACED_PER_TRACED):
-                    for fetch, out in ((fetches, plain), (empty_step, empty)):
-                        t0 = time.perf_counter()
-                        sess.run(fetch, feed_dict=feed)
-                        out.append(time.perf_counter() - t0)
-                if bar:
-                    bar.update(b * (1 + UNTRACED_PER_TRACED), f"batch {b} repeat {r + 1}/{options.repeats}")
-            per_batch[b] = reduce_samples(samples, options.statistic)
-            wall[b] = float(pick(walls))
-            untraced_wall[b], empty_wall[b] = float(pick(plain)), float(pick(empty))
+            for _ in range(UNTRACED_PER_TRACED):
+                for fetch, out in ((fetches, plain[b]), (empty_step, empty[b])):
+                    t0 = time.perf_counter()
+                    sess.run(fetch, feed_dict=feed)
+                    out.append(time.perf_counter() - t0)
+            if bar:
+                bar.update(b * (1 + UNTRACED_PER_TRACED), f"batch {b} repeat {r + 1}/{options.repeats}")
+        for b in options.batch_sizes:
+            per_batch[b] = reduce_samples(samples[b], options.statistic)
+            wall[b] = float(pick(walls[b]))
+            untraced_wall[b], empty_wall[b] = float(pick(plain[b])), float(pick(empty[b]))
     traced_sums = {b: sum(v.values()) for b, v in per_batch.items()}
     trace_cost: Dict[int, float] = {}
     serial_cpu = options.device.startswith("/device:CPU") and options.inter_threads == 1
