@@ -145,7 +145,6 @@ def test_reduce_samples_and_statistics():
     assert profiler.reduce_samples([{"a": 1.0}, {"a": 1.0}, {"a": 7.0}], "mean") == {"a": 3.0}
 
 
-
 @pytest.mark.parametrize("batch_sizes,repeats,phase_start,phase_len", [
     ((1, 2, 4, 8), 5, 15, 5),    # the last size's five repeats, were they timed size after size
     ((1, 2, 4, 8), 9, 0, 16),    # four passes of nine from the start
@@ -170,6 +169,7 @@ def test_measurement_order_lets_the_median_drop_a_slow_phase(batch_sizes, repeat
     size_after_size = [(r, b) for b in batch_sizes for r in range(repeats)]
     if len(batch_sizes) > 1:
         assert medians(size_after_size) != {b: float(b) for b in batch_sizes}
+
 
 def test_synthetic_feed_respects_dtype_shape_and_range():
     rng = np.random.default_rng(0)
