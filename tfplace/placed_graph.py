@@ -215,10 +215,15 @@ class PlacedGraph:
 
     def graph_dependencies(self) -> Tuple[np.ndarray, np.ndarray]:
         """(dep_src, dep_dst) without the HANDLER tasks' dependencies: those of the graph itself,
-        which the rewrite emits (a handler's only time the runtime's own work)."""
-        handler = self.task_kind == TASK_HANDLER
-        keep = ~(handler[self.dep_src] | handler[self.dep_dst])
-        return self.dep_src[keep], self.dep_dst[keep]
+        which the rewrite emits (a handler's only time the runtime's own work). Computed once
+        (successors() and the rewrite's control edges and train op all read it)."""
+        cached = self.__dict__.get("_graph_deps")
+        if cached is None:
+            handler = self.task_kind == TASK_HANDLER
+            keep = ~(handler[self.dep_src] | handler[self.dep_dst])
+            cached = (self.dep_src[keep], self.dep_dst[keep])
+            object.__setattr__(self, "_graph_deps", cached)
+        return cached
 
     def task_name(self, task: int) -> str:
         """Readable name of a task, used in traces: "conv1/Conv2D/replica_1", "transfer x:0 -> gpu1"."""
