@@ -217,3 +217,43 @@ def test_kernels_timed_under_a_quota_count_its_share_and_the_bound_divides_by_it
     assert placed.device_cpu_seconds == pytest.approx([lanes[0] + 2e-3, 0.5 * lanes[1] + 2e-3], rel=1e-12)
     bound = max(lanes[0] + 2e-3, lanes[1] + 4e-3)
     assert simulate(placed, cluster).cpu_bound_s == pytest.approx(bound, rel=1e-12)
+
+
+STEP_CPU = {"step_cpu_s": 1e-4, "master_cpu_per_worker_s": 5e-5, "worker_cpu_s": 3e-4}
+
+
+@pytest.mark.parametrize("shares, step_s, worker_s, master_ms, worker_ms", [
+    # both devices run part of the step: the V100 takes the feed (the master's task); its lane
+    # carries step_s + worker_s as wall seconds, which its demand trades for the CPU measured
+    ({"v100_0": 6, "p100_0": 2}, 4e-4, 3e-4, 0.1 + 0.05 - 0.4 - 0.3, 0.3),
+    ({"v100_0": 6, "p100_0": 2}, 0.0, 0.0, 0.1 + 0.05, 0.3),
+    # the V100 alone: no further device, nothing for the P100
+    ({"v100_0": 8}, 4e-4, 3e-4, 0.1 - 0.4, 0.0),
+])
+def test_step_fixed_costs_count_each_tasks_cpu_not_the_masters_wall(shares, step_s, worker_s, master_ms, worker_ms):
+    # reference: the per-task CPU of a step measured on the emulated heterogeneous cluster
+    # (benchmarks/fidelity_bench.py measure_overheads): ~85 us on the master, 250-300 us on each
+    # further task, while the master's lane carries step_s and worker_s of wall
+    g = fk.dp_graph(W)
+    gr = fk.grouping(g, [["x", "f", "g"], ["w", "r", "apply", "lr", "train_op"]])
+    st = Strategy(8, 2, decision(shares, "allreduce"), {})
+    curve = {"collective_cpu_s": {"2": {"bytes": [0], "seconds": [0.0]}}}
+
+    def demand(extra):
+        over = {**curve, "step_s": step_s, "worker_s": worker_s, **extra}
+        prof = dataclasses.replace(fk.dp_profile(g), conditions={**fk.dp_profile(g).conditions,
+                                                                 "runtime_overheads": over})
+        return lower(g, gr, fk.pair_cluster(), st, prof).device_cpu_seconds
+
+    got = demand(STEP_CPU) - demand({})
+    assert got == pytest.approx([master_ms * 1e-3, worker_ms * 1e-3], abs=1e-12)
+
+
+@pytest.mark.parametrize("key", sorted(STEP_CPU))
+def test_a_missing_or_negative_step_cpu_figure_is_one_error_naming_it(key):
+    for bad in ({k: v for k, v in STEP_CPU.items() if k != key}, {**STEP_CPU, key: -1e-4}):
+        if key == "worker_cpu_s" and key not in bad:
+            continue  # without worker_cpu_s the step's CPU is not modelled at all
+        with pytest.raises(InputError) as err:
+            _dp(bad)
+        assert f"runtime_overheads.{key}" in str(err.value) and "Fix:" in str(err.value)
