@@ -222,15 +222,18 @@ def test_kernels_timed_under_a_quota_count_its_share_and_the_bound_divides_by_it
 STEP_CPU = {"step_cpu_s": 1e-4, "master_cpu_per_worker_s": 5e-5, "worker_cpu_s": 3e-4}
 
 
-@pytest.mark.parametrize("shares, step_s, worker_s, master_ms, worker_ms", [
+@pytest.mark.parametrize("shares, step_s, worker_s, v100_fraction, master_ms, worker_ms", [
     # both devices run part of the step: the V100 takes the feed (the master's task); its lane
     # carries step_s + worker_s as wall seconds, which its demand trades for the CPU measured
-    ({"v100_0": 6, "p100_0": 2}, 4e-4, 3e-4, 0.1 + 0.05 - 0.4 - 0.3, 0.3),
-    ({"v100_0": 6, "p100_0": 2}, 0.0, 0.0, 0.1 + 0.05, 0.3),
+    ({"v100_0": 6, "p100_0": 2}, 4e-4, 3e-4, None, 0.1 + 0.05 - 0.4 - 0.3, 0.3),
+    ({"v100_0": 6, "p100_0": 2}, 0.0, 0.0, None, 0.1 + 0.05, 0.3),
+    # a master under a 0.5 quota: its demand held half of those wall seconds as CPU
+    ({"v100_0": 6, "p100_0": 2}, 4e-4, 3e-4, 0.5, 0.1 + 0.05 - 0.5 * (0.4 + 0.3), 0.3),
     # the V100 alone: no further device, nothing for the P100
-    ({"v100_0": 8}, 4e-4, 3e-4, 0.1 - 0.4, 0.0),
+    ({"v100_0": 8}, 4e-4, 3e-4, None, 0.1 - 0.4, 0.0),
 ])
-def test_step_fixed_costs_count_each_tasks_cpu_not_the_masters_wall(shares, step_s, worker_s, master_ms, worker_ms):
+def test_step_fixed_costs_count_each_tasks_cpu_not_the_masters_wall(shares, step_s, worker_s, v100_fraction,
+                                                                    master_ms, worker_ms):
     # reference: the per-task CPU of a step measured on the emulated heterogeneous cluster
     # (benchmarks/fidelity_bench.py measure_overheads): ~85 us on the master, 250-300 us on each
     # further task, while the master's lane carries step_s and worker_s of wall
@@ -241,8 +244,10 @@ def test_step_fixed_costs_count_each_tasks_cpu_not_the_masters_wall(shares, step
 
     def demand(extra):
         over = {**curve, "step_s": step_s, "worker_s": worker_s, **extra}
-        prof = dataclasses.replace(fk.dp_profile(g), conditions={**fk.dp_profile(g).conditions,
-                                                                 "runtime_overheads": over})
+        conditions = {**fk.dp_profile(g).conditions, "runtime_overheads": over}
+        if v100_fraction is not None:
+            conditions["by_kind"] = {"V100": {"emulation": {"cpu_fraction": v100_fraction}}}
+        prof = dataclasses.replace(fk.dp_profile(g), conditions=conditions)
         return lower(g, gr, fk.pair_cluster(), st, prof).device_cpu_seconds
 
     got = demand(STEP_CPU) - demand({})

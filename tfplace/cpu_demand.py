@@ -34,9 +34,9 @@ as a throughput bound on the step:
                      workers' work in turn, not the master's CPU alone); on every further device
                      that runs part of the step, worker_cpu_s (its RunGraph: receiving the
                      request, setting up and ending its executor). Measured on the emulated
-                     heterogeneous cluster: 250-300 us per further task, ~85 us on the master
-                     for a step of its own and ~70-90 us more per further task, where the lane
-                     carries 0.25-0.3 ms of step_s and 0.3 ms of worker_s per further task
+                     heterogeneous cluster: 263-277 us per further task, 64-67 us on the master
+                     for a step of its own and 85-98 us more per further task, where the lane
+                     carries 0.25-0.29 ms of step_s and 0.31-0.32 ms of worker_s per further task
   cpu_cores          Host.cpu_cores (hosts without it give no host bound)
 
 Measured on the emulated heterogeneous cluster (benchmarks/fidelity_bench_hetero.md): a 3-task
@@ -153,11 +153,12 @@ STEP_CPU_KEYS = ("step_cpu_s", "worker_cpu_s", "master_cpu_per_worker_s")
 
 
 def step_cpu_seconds(over: Mapping[str, Any], devices: int, master: int, used: np.ndarray,
-                     fixed_wall_s: float) -> np.ndarray:
+                     lane_fixed_cpu_s: float) -> np.ndarray:
     """step_d of the module docstring [D] (`devices` long): `master` is the device whose lane
-    carries the step's fixed wall seconds `fixed_wall_s` (the first input's), `used` the
-    devices that run part of the step. The f_d times fixed_wall_s its lane carries is taken off
-    the master's demand here, so step_d may be negative there; the demand as a whole is not."""
+    carries the step's fixed wall seconds (the first input's), `used` the devices that run part
+    of the step, `lane_fixed_cpu_s` what the demand counts for those wall seconds (f_d times
+    them). That is taken off the master's demand here, so step_d may be negative there; the
+    demand as a whole is not."""
     reader = FieldReader(over, SOURCE, "runtime_overheads")
     fix = "measure the overheads again (benchmarks/fidelity_bench.py measure_overheads)"
     step_s, worker_s, per_worker_s = (reader.get(k, float, check=lambda v: v >= 0, must="be >= 0 seconds", fix=fix)
@@ -165,7 +166,7 @@ def step_cpu_seconds(over: Mapping[str, Any], devices: int, master: int, used: n
     out = np.zeros(devices)
     out[np.asarray(used, dtype=np.int64)] = worker_s
     further = int(np.sum(np.asarray(used) != master))
-    out[master] = step_s + per_worker_s * further - fixed_wall_s
+    out[master] = step_s + per_worker_s * further - lane_fixed_cpu_s
     return out
 
 

@@ -266,9 +266,10 @@ def _cpu_demand(ctx, seconds, charge, off_lane, kind, device, src_dev, task_byte
     lane = np.isin(kind, DEVICE_KINDS)
     step_cpu = None
     if "worker_cpu_s" in over and input_task >= 0:
-        used = np.unique(device[kind == TASK_COMPUTE])
-        step_cpu = step_cpu_seconds(over, len(fraction), int(device[input_task]), used,
-                                    _step_fixed_wall(over, len(used)))
+        used, master = np.unique(device[kind == TASK_COMPUTE]), int(device[input_task])
+        # the demand counts f_d of the master's lane seconds, the fixed wall among them
+        step_cpu = step_cpu_seconds(over, len(fraction), master, used,
+                                    fraction[master] * _step_fixed_wall(over, len(used)))
     demand = device_cpu_seconds(over, lane, kind == TASK_TRANSFER, kind == TASK_COLLECTIVE, seconds,
                                 charge if charge is not None else np.zeros(len(seconds)), device, src_dev,
                                 task_bytes, part_ptr, part_dev, fraction, message_cpu=off_lane, step_cpu=step_cpu)
