@@ -183,11 +183,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     (a chain of 40*fan dependent tiny adds), beyond what the same op costs in the profiler's own
     session (local_op_seconds), whose records already hold the executor's per-op work (their
     tracing cost is removed, tfplace.profiler rule 7); worker_s: each further task
-    that runs a partition (a step that runs two tiny ops on each of the other tasks too);
-    step_cpu_s, master_cpu_per_worker_s, worker_cpu_s: what those fixed costs take of each
-    task's CPU (per-task scheduler counters over `cpu_reps` steps): task 0's CPU in the one-task
-    step, what task 0 spends more per further task in the all-task step, and the mean CPU of a
-    further task in it (its RunGraph and its two tiny ops); transfer_s: per hop of a chain of `fan` dependent tensors going back
+    that runs a partition; transfer_s: per hop of a chain of `fan` dependent tensors going back
     and forth between two tasks (a message inside a step, not the fit's best case), beyond the
     link the simulator charges a 16-byte message between those tasks (Cluster.transfer_seconds
     of `cluster`, not the p2p fit measured in the run, which the simulator does not use for
@@ -336,10 +332,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
             return [x0, v]
         return build
 
-    def per_task():
-        return task_cpu_seconds(lc.pids)
-
-    step, one_cpu = timed(one_task, cpu=True, cpu_of=per_task)
+    step, _ = timed(one_task)
     # what a step's feed costs: one more fed tensor, and the bytes of a large one (the client
     # sends the feed to task 0 through the master: the tiny CNN's 147 KB feed cost ~70 us more
     # than the 3 KB one above, its 2 tensors ~25 us more than 1)
@@ -348,8 +341,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     chain = 40 * fan  # ~1 ms of ops: the per-op difference must stand above the steps' jitter
     op = (timed(ops(chain))[0] - timed(ops(0))[0]) / chain
     local_op = local_op_seconds(chain, reps)
-    three_wall, three_cpu = timed(three_tasks, cpu=True, cpu_of=per_task)
-    worker = (three_wall - step) / 2
+    worker = (timed(three_tasks)[0] - step) / 2
     cross_wall, cross_cpu = timed(fan_out(fan, True), cpu=True)
     local_wall, local_cpu = timed(fan_out(fan, False), cpu=True)
     # a message costs the CPU of both its ends: one chain per pair of device kinds, between the
@@ -371,10 +363,6 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
            # wall beyond the link; the link's latency bounds it)
            "transfer_s": {p: transfer_beyond(*v) for p, v in by_pair.items()},
            "transfer_gap_s": max((cross_wall - local_wall) / fan, 0.0),
-           # the CPU each task spends on those fixed costs (tfplace.cpu_demand step_d)
-           "step_cpu_s": max(float(one_cpu[0]), 0.0),
-           "master_cpu_per_worker_s": max(float(three_cpu[0] - one_cpu[0]) / (len(devs) - 1), 0.0),
-           "worker_cpu_s": max(float(np.mean(three_cpu[1:])), 0.0),
            "message_cpu_s": {p: max(cpu, 0.0) for p, (_, cpu, _, _) in by_pair.items()},
            "how": "benchmarks/fidelity_bench.py measure_overheads (wall: median of %d steps; CPU: %d steps; "
                   "bursts and chains of %d)" % (reps, cpu_reps, fan)}

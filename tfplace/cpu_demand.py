@@ -8,7 +8,7 @@ simulation times a collective by the all-reduce fit on its links and charges eac
 fixed CPU (`runtime_overheads.message_cpu_s`) to the lanes; this module adds what neither holds,
 as a throughput bound on the step:
 
-  demand_d = f_d * lane_d + message_charge_d + bytes_charge_d + collective_d + step_d   (CPU seconds)
+  demand_d = f_d * lane_d + message_charge_d + bytes_charge_d + collective_d   (CPU seconds)
   bound    = max( max_d demand_d / f_d,  max_host sum_{d on host} demand_d / cpu_cores )
 
   f_d                the share of a core device d may use: the CPU quota of its kind's profile
@@ -26,17 +26,6 @@ as a throughput bound on the step:
   collective_d       per all-reduce d takes part in, runtime_overheads.collective_cpu_s
                      [group size] at its bytes: CPU seconds of one participant, piecewise linear
                      in the bytes between the measured sizes, the last slope beyond them
-  step_d             with runtime_overheads.worker_cpu_s measured, the CPU the step's fixed
-                     costs take on d (step_cpu_seconds): on the device that takes the feed (the
-                     master's task) step_cpu_s + master_cpu_per_worker_s per further device
-                     running part of the step, less f_d times the fixed wall seconds its lane
-                     carries (step_s and worker_s, which are the client's, the master's and the
-                     workers' work in turn, not the master's CPU alone); on every further device
-                     that runs part of the step, worker_cpu_s (its RunGraph: receiving the
-                     request, setting up and ending its executor). Measured on the emulated
-                     heterogeneous cluster: 263-277 us per further task, 64-67 us on the master
-                     for a step of its own and 85-98 us more per further task, where the lane
-                     carries 0.25-0.29 ms of step_s and 0.31-0.32 ms of worker_s per further task
   cpu_cores          Host.cpu_cores (hosts without it give no host bound)
 
 Measured on the emulated heterogeneous cluster (benchmarks/fidelity_bench_hetero.md): a 3-task
@@ -107,8 +96,7 @@ def device_cpu_seconds(over: Mapping[str, Any], lane: np.ndarray, transfer: np.n
                        task_seconds: np.ndarray, message_charge: np.ndarray, task_device: np.ndarray,
                        task_src_device: np.ndarray, task_bytes: np.ndarray, part_ptr: np.ndarray,
                        part_dev: np.ndarray, fraction: np.ndarray,
-                       message_cpu: Optional[np.ndarray] = None,
-                       step_cpu: Optional[np.ndarray] = None) -> np.ndarray:
+                       message_cpu: Optional[np.ndarray] = None) -> np.ndarray:
     """demand_d of the module docstring, CPU seconds per step [D].
 
     lane, transfer, collective: [M] masks of the task kinds; task_seconds [M] with the message
@@ -116,7 +104,7 @@ def device_cpu_seconds(over: Mapping[str, Any], lane: np.ndarray, transfer: np.n
     participants (CSR over tasks; only collectives have any); fraction [D]: f_d; message_cpu [M]
     (None: none): the fixed CPU of each transfer's message (both ends together) when the runtime
     runs it beside the lanes (runtime_overheads.inter_op_threads >= 2), half to each end like
-    bytes_charge_d; step_cpu [D] (None: none): step_d, step_cpu_seconds."""
+    bytes_charge_d."""
     d = len(fraction)
     on = np.nonzero(lane)[0]
     kernels = task_seconds[on] - message_charge[on]
@@ -144,30 +132,7 @@ def device_cpu_seconds(over: Mapping[str, Any], lane: np.ndarray, transfer: np.n
             cost[size == group] = curve_seconds(task_bytes[coll[size == group]], cb, cs)
         # part_dev lists the collectives' participants in task order: each pays its collective's cost
         demand += np.bincount(part_dev, weights=np.repeat(cost, size), minlength=d)
-    if step_cpu is not None:
-        demand += step_cpu
     return demand
-
-
-STEP_CPU_KEYS = ("step_cpu_s", "worker_cpu_s", "master_cpu_per_worker_s")
-
-
-def step_cpu_seconds(over: Mapping[str, Any], devices: int, master: int, used: np.ndarray,
-                     lane_fixed_cpu_s: float) -> np.ndarray:
-    """step_d of the module docstring [D] (`devices` long): `master` is the device whose lane
-    carries the step's fixed wall seconds (the first input's), `used` the devices that run part
-    of the step, `lane_fixed_cpu_s` what the demand counts for those wall seconds (f_d times
-    them). That is taken off the master's demand here, so step_d may be negative there; the
-    demand as a whole is not."""
-    reader = FieldReader(over, SOURCE, "runtime_overheads")
-    fix = "measure the overheads again (benchmarks/fidelity_bench.py measure_overheads)"
-    step_s, worker_s, per_worker_s = (reader.get(k, float, check=lambda v: v >= 0, must="be >= 0 seconds", fix=fix)
-                                      for k in STEP_CPU_KEYS)
-    out = np.zeros(devices)
-    out[np.asarray(used, dtype=np.int64)] = worker_s
-    further = int(np.sum(np.asarray(used) != master))
-    out[master] = step_s + per_worker_s * further - lane_fixed_cpu_s
-    return out
 
 
 def cpu_bound_seconds(demand_s: np.ndarray, fraction: np.ndarray, host_of: Optional[np.ndarray] = None,

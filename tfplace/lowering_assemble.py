@@ -14,7 +14,7 @@ from typing import Tuple
 
 import numpy as np
 
-from tfplace.cpu_demand import cpu_fractions, device_cpu_seconds, step_cpu_seconds
+from tfplace.cpu_demand import cpu_fractions, device_cpu_seconds
 from tfplace.errors import InputError
 from tfplace.jsonio import FieldReader
 from tfplace.lowering_graph import LK_UPD, GraphIndex
@@ -179,9 +179,8 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     if send_cpu is not None:
         dep_src, dep_dst = _append_handlers(t, send_cpu, dep_src, dep_dst)
     m_all = len(t["kind"])
-    input_task = int(op_ptr[graph.inputs[0]]) if graph.inputs else -1
     cpu_s, fraction = _cpu_demand(ctx, t["seconds"], t["charge"], off_lane, t["kind"], t["device"], t["src_dev"],
-                                  t["bytes"], t["part_ptr"], part_dev, input_task)
+                                  t["bytes"], t["part_ptr"], part_dev)
 
     return PlacedGraph(
         device_names=ctx.cluster.device_names, global_batch_size=batch, num_compute=m0, op_task_ptr=op_ptr,
@@ -251,35 +250,20 @@ def _overheads(ctx) -> dict:
     return ((getattr(prof, "conditions", None) or {}).get("runtime_overheads") or {}) if prof is not None else {}
 
 
-def _cpu_demand(ctx, seconds, charge, off_lane, kind, device, src_dev, task_bytes, part_ptr, part_dev,
-                input_task: int = -1):
+def _cpu_demand(ctx, seconds, charge, off_lane, kind, device, src_dev, task_bytes, part_ptr, part_dev):
     """(device_cpu_seconds[D], device_cpu_fraction[D]) of tfplace.cpu_demand; both empty when the
-    runtime overheads give no CPU beside the lanes: no collective, per-byte, off-lane message
-    or step CPU (the bound could not pass the lanes then). charge / off_lane: the message CPU on
-    the lanes / beside them (_runtime_overheads); input_task: the task that carries the step's
-    fixed wall costs (-1: none)."""
+    runtime overheads give no CPU beside the lanes: no collective, per-byte or off-lane message
+    CPU (the bound could not pass the lanes then). charge / off_lane: the message CPU on the
+    lanes / beside them (_runtime_overheads)."""
     over = _overheads(ctx)
-    if not (over.get("collective_cpu_s") or over.get("message_cpu_s_per_byte") or off_lane is not None
-            or "worker_cpu_s" in over):
+    if not (over.get("collective_cpu_s") or over.get("message_cpu_s_per_byte") or off_lane is not None):
         return np.zeros(0), np.zeros(0)
     fraction = cpu_fractions(ctx.profile, [d.kind for d in ctx.cluster.devices])
     lane = np.isin(kind, DEVICE_KINDS)
-    step_cpu = None
-    if "worker_cpu_s" in over and input_task >= 0:
-        used, master = np.unique(device[kind == TASK_COMPUTE]), int(device[input_task])
-        # the demand counts f_d of the master's lane seconds, the fixed wall among them
-        step_cpu = step_cpu_seconds(over, len(fraction), master, used,
-                                    fraction[master] * _step_fixed_wall(over, len(used)))
     demand = device_cpu_seconds(over, lane, kind == TASK_TRANSFER, kind == TASK_COLLECTIVE, seconds,
                                 charge if charge is not None else np.zeros(len(seconds)), device, src_dev,
-                                task_bytes, part_ptr, part_dev, fraction, message_cpu=off_lane, step_cpu=step_cpu)
+                                task_bytes, part_ptr, part_dev, fraction, message_cpu=off_lane)
     return demand, fraction
-
-
-def _step_fixed_wall(over, used: int) -> float:
-    """The step's fixed wall seconds (step_s, and worker_s per further task running a partition
-    of the `used` ones) that _runtime_overheads puts on the first input's lane."""
-    return float(over.get("step_s", 0.0)) + float(over.get("worker_s", 0.0)) * max(used - 1, 0)
 
 
 def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph, feed_bytes=0.0):
@@ -297,10 +281,6 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
       feed_input_s, feed_s_per_byte   the feed, charged there too: per fed input beyond the
                      first and per byte of all inputs at the global batch (`feed_bytes`);
       worker_s       per further task running part of the step (the master's RunGraph to it);
-                     these are wall seconds (the client's, the master's and the workers' work in
-                     turn): with step_cpu_s, worker_cpu_s and master_cpu_per_worker_s measured,
-                     the CPU bound counts the CPU each task spends on them instead
-                     (tfplace.cpu_demand step_d);
       op_s           per compute task (executor dispatch around each kernel the profile timed);
       transfer_s, collective_s   per transfer / collective on top of its link time (the
                      cluster's pair latency + bytes / bandwidth) or all-reduce fit (a message in
@@ -346,7 +326,8 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
     seconds[kind == TASK_COLLECTIVE] += float(over.get("collective_s", 0.0))
     if graph.inputs:
         used = len(np.unique(device[kind == TASK_COMPUTE]))  # tasks the master runs a partition on
-        seconds[int(op_ptr[graph.inputs[0]])] += _step_fixed_wall(over, used) + \
+        seconds[int(op_ptr[graph.inputs[0]])] += float(over.get("step_s", 0.0)) + \
+            float(over.get("worker_s", 0.0)) * max(used - 1, 0) + \
             float(over.get("feed_input_s", 0.0)) * (len(graph.inputs) - 1) + \
             float(over.get("feed_s_per_byte", 0.0)) * feed_bytes
     message_cpu = _per_message(over, "message_cpu_s", ctx.cluster, x, src_dev, device)
