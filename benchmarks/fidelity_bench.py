@@ -1,14 +1,15 @@
 """Simulator fidelity on the local CPU cluster.
 
     .venv/bin/python benchmarks/fidelity_bench.py [--models tiny_mlp,tiny_cnn,tiny_transformer,resnet50]
-        [--strategies 10] [--steps 10] [--warmup 2] [--warmup-s 0.1] [--rounds 3] [--overhead-repeats 3] [--hetero]
+        [--strategies 10] [--steps 10] [--warmup 2] [--warmup-s 0.1] [--rounds 3] [--round-s 0.5] [--hetero]
         [--no-overheads] [--out benchmarks/fidelity_bench.md] [--record run.json]
     .venv/bin/python benchmarks/fidelity_bench.py --replay run1.json run2.json ...
 
 For each model: a CPU profile measured under the workers' thread setting (intra 1, inter 1;
 `python -m tfplace.profile --threads 1`, Grappler off like the runtime), with a comm fit
 measured on the run's cluster (cluster_comm; --bundled-comm: graph_defs/profiles/
-local_comm_cpu.json) and runtime overheads measured right before it; strategies = the registry baselines
+local_comm_cpu.json) and runtime overheads, both measured a pass before each round of timed steps
+(RoundConditions: the simulator gets their medians); strategies = the registry baselines
 (make_problem + registry.generate, as compare uses them) plus random valid strategies up to
 --strategies; for each, the real iteration time (StepRunner.run_steps: warm-up, then the median
 of timed steps) on a LocalCluster of 3 tasks (clusters/local_cpu.json) and the simulated time of the
@@ -24,8 +25,8 @@ Default: homogeneous, every task with 1 intra-op thread, unpinned (3 tasks share
 --hetero: the emulated heterogeneous cluster clusters/local_cpu_hetero.json (task 0 alone on
 core 0; tasks 1 and 2 on core 1 with a 0.5 CPU quota each, tfplace.cpu_quota; needs root; the
 client, this process, on core 1 too), with one profile kind per speed measured under the same
-pinning and quota. Profiles are measured anew right before each model is timed
-(--reuse-profiles keeps those of a former run).
+pinning and quota. Profiles are measured anew, a pass before each round of timed steps like the
+comm fit and the overheads (--reuse-profiles keeps those of a former run).
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ MAX_LATENCY_CUT = 0.9  # transfer_s may take back at most this share of the link
 BASELINES = ("single", "dp_even_allreduce", "dp_even_ps", "dp_proportional_allreduce", "dp_proportional_ps",
              "model_parallel_round_robin", "model_parallel_contiguous", "heft", "pipeline")
 MAX_GROUPS = 8
-# traced repeats per batch size of each profile, round-robin over the sizes: a slow phase of this
-# machine (seconds) then has to cover five of nine passes to move a median
+# traced repeats per batch size of each model's profile, round-robin over the sizes, split over the
+# profile passes (one before each round, RoundConditions): a slow phase of this machine (seconds)
+# then has to cover more than half of them to move a median
 PROFILE_REPEATS = 9
 
 
@@ -109,6 +111,8 @@ def ms_list(seconds) -> str:
 # (the tiny MLP's data-parallel all-reduce step 8.2-9.1 ms in its first 10, 6.9-7.0 ms after;
 # its single-device step 0.52 ms, then 0.37-0.44), which 2 warm-up steps of a 0.4 ms step miss.
 WARMUP_S = 0.1
+# Timed steps per strategy and round run for at least this long (timed_round).
+ROUND_S = 0.5
 
 
 def warm_up(call, steps: int, min_s: float = WARMUP_S) -> None:
@@ -118,6 +122,17 @@ def warm_up(call, steps: int, min_s: float = WARMUP_S) -> None:
     while done < steps or time.perf_counter() - t0 < min_s:
         call()
         done += 1
+
+
+def timed_round(run_steps, steps: int, min_s: float) -> list:
+    """Wall seconds of each step of one round: `run_steps(n)` (a list of n step times) is called
+    for `steps` steps at a time until at least `min_s` seconds of steps have run. A round of 10
+    steps of a tiny model lasted 4-40 ms, and one slow burst of the machine moved its median: the
+    tiny transformer's single-device rounds in one run had medians 2.46, 5.10 and 2.74 ms."""
+    times = []
+    while not times or sum(times) < min_s:
+        times += run_steps(steps)
+    return times
 
 
 def median_call_seconds(call, steps: int, warmup: int) -> float:
@@ -441,7 +456,7 @@ def median_overheads(runs):
     for key, value in first.items():
         if key in ("raw", "how"):
             continue
-        if any(key not in r for r in runs):  # measured by the first pass only (with `raw`)
+        if len(runs) == 1 or any(key not in r for r in runs):  # one pass, or measured by the first only (`raw`)
             out[key] = value
         elif isinstance(value, dict):
             out[key] = {k: float(np.median([r[key][k] for r in runs])) for k in value}
@@ -509,10 +524,19 @@ def cluster_comm(lc=None, passes: int = 3) -> dict:
         with open(os.path.join(ROOT, BUNDLED_COMM)) as f:
             data = json.load(f)
         return {"comm": data["comm"], "conditions": {"comm": data["conditions"]["comm"]}}
-    import dataclasses
+    return comm_of_passes([comm_pass(lc) for _ in range(passes)])
+
+
+def comm_pass(lc):
+    """One pass of tfplace.comm_profiler on `lc` (a CommMeasurement), every group size up to its tasks."""
     from tfplace.comm_profiler import measure_comm
-    runs = [measure_comm(cluster=lc, max_bytes=COMM_MAX_BYTES, group_sizes=range(2, lc.num_tasks + 1))
-            for _ in range(passes)]
+    return measure_comm(cluster=lc, max_bytes=COMM_MAX_BYTES, group_sizes=range(2, lc.num_tasks + 1))
+
+
+def comm_of_passes(runs) -> dict:
+    """cluster_comm's fit from comm_pass results: each latency and bandwidth the median over them."""
+    import dataclasses
+    passes = len(runs)
 
     def median_fit(fits):
         return {key: statistics.median(dataclasses.asdict(f)[key] for f in fits)
@@ -525,15 +549,16 @@ def cluster_comm(lc=None, passes: int = 3) -> dict:
 
 
 def profile_path(model: str, bundle: str, batch: int, workdir: str, hetero: bool = False, fresh: bool = True,
-                 comm: "dict | None" = None) -> str:
+                 comm: "dict | None" = None, repeats: int = PROFILE_REPEATS, tag: str = "") -> str:
     """Measures the CPU profile of `bundle` at 1 intra/inter thread into workdir and attaches
     `comm` (cluster_comm; default the bundled fit); with `hetero`, one kind per emulated speed,
     each pinned like its tasks, a quota kind's ops scaled by the slowdown measured under its
     quota (profiler_cli --cpu-fraction). `fresh` measures
     anew even if workdir has it: this machine's speed drifts by phases (the tiny transformer's
     step took 1.85 ms at one hour and 2.7-3.3 ms at the next, same process setup), so a profile
-    is only comparable with steps timed right after it (a few seconds per model)."""
-    out = os.path.join(workdir, f"{model}_t1{'_hetero' if hetero else ''}.json")
+    is only comparable with steps timed right after it (a few seconds per model). `repeats`:
+    the profiler's --repeats; `tag` goes into the file's name (one file per pass)."""
+    out = os.path.join(workdir, f"{model}_t1{'_hetero' if hetero else ''}{tag}.json")
     if fresh and os.path.exists(out):
         os.remove(out)
     if os.path.exists(out):
@@ -544,21 +569,51 @@ def profile_path(model: str, bundle: str, batch: int, workdir: str, hetero: bool
         sizes = sorted({b for b in (1, 2, 4, 8, 16, 24, 32, 48) if b <= batch} | {batch})
         base = [sys.executable, "-m", "tfplace.profile", "--graph", bundle, "--device", "CPU",
                 "--batch-sizes", ",".join(map(str, sizes)), "--threads", "1", "--inter-threads", "1",
-                "--repeats", str(PROFILE_REPEATS), "--warmup", "2", "--out", out, "--quiet"]
+                "--repeats", str(repeats), "--warmup", "2", "--out", out, "--quiet"]
         if not hetero:
             subprocess.run(base, check=True, cwd=ROOT)
         else:
             for i, (kind, (cpus, fraction)) in enumerate(HETERO["kinds"].items()):
                 subprocess.run(base + ["--kind", kind, "--cpus", cpus, "--cpu-fraction", str(fraction),
                                        "--statistic", "median"] + (["--merge"] if i else []), check=True, cwd=ROOT)
-    with open(out) as f:
+    return attach_comm(out, comm or cluster_comm())
+
+
+def profile_repeats(passes: int) -> int:
+    """The profiler's --repeats in each of `passes` profile passes: PROFILE_REPEATS over them all."""
+    return max(1, -(-PROFILE_REPEATS // passes))
+
+
+def median_profile(paths, out: str) -> str:
+    """Writes to `out` the profile whose every op time (per op, kind and batch size) is the median
+    over the profile files `paths` (passes of profile_path on the same graph, kinds and batch
+    sizes); the rest is the first pass's, its conditions with `profile_passes` (how many) and
+    `statistic_over_passes`. Returns out."""
+    passes = []
+    for path in paths:
+        with open(path) as f:
+            passes.append(json.load(f))
+    first = passes[0]
+    ops = {}
+    for op, by_kind in first["ops"].items():
+        ops[op] = {kind: {b: float(np.median([p["ops"][op][kind][b] for p in passes])) for b in by_batch}
+                   for kind, by_batch in by_kind.items()}
+    conditions = {**first.get("conditions", {}), "profile_passes": len(passes),
+                  "statistic_over_passes": f"median of {len(passes)} passes per op, kind and batch size"}
+    with open(out, "w") as f:
+        json.dump({**first, "ops": ops, "conditions": conditions}, f)
+    return out
+
+
+def attach_comm(path: str, comm: dict) -> str:
+    """Writes `comm` (cluster_comm's form) into the profile file `path` as its comm fit; returns path."""
+    with open(path) as f:
         prof = json.load(f)
-    comm = comm or cluster_comm()
     prof["comm"] = comm["comm"]
     prof.setdefault("conditions", {})["comm"] = comm["conditions"]["comm"]
-    with open(out, "w") as f:
+    with open(path, "w") as f:
         json.dump(prof, f)
-    return out
+    return path
 
 
 def with_overheads(profile, overheads):
@@ -582,29 +637,74 @@ def handler_threads(lc) -> int:
     return min(int(t) if t else (os.cpu_count() or 1) for t in lc.inter_threads)
 
 
-def model_conditions(lc, cluster, args):
-    """(comm, runtime overheads) for the model about to be timed, measured on `lc` right before
-    it (cluster_comm, measure_overheads; overheads None with --no-overheads): one model's steps
-    ran 1.3-1.5x faster in one run than in the next on this machine, and all-reduce steps
-    measured in a fast phase were simulated at up to 1.8x with figures from a slow one."""
-    comm = cluster_comm(None if args.bundled_comm else lc)
-    overheads = None
-    if not args.no_overheads:
-        overheads = median_overheads([measure_overheads(lc, cluster, comm["comm"], raw=i == 0)
-                                      for i in range(args.overhead_repeats)])
-        overheads["inter_op_threads"] = handler_threads(lc)
-    print("  comm fit:", json.dumps(comm["comm"]), flush=True)
-    print("  runtime overheads:", json.dumps({k: v for k, v in (overheads or {}).items() if k != "raw"}), flush=True)
-    return comm, overheads
+class RoundConditions:
+    """The comm fit and the runtime overheads of one model, measured one pass at a time on `lc`
+    (comm_pass, measure_overheads) right before each round of timed steps, and given to the
+    simulator as the median over the passes (comm_of_passes, median_overheads): the machine's
+    speed moves by phases of minutes, and figures measured all at once before the steps can come
+    from another phase than most of them. The same tiny MLP setup measured step_s 0.25-0.31 ms
+    in four runs and 0.41 ms in a fifth, whose steps then ran at the others' speed and were
+    simulated 1.2-1.45x. The op profile too, PROFILE_REPEATS over the passes
+    (median_profile; with --reuse-profiles a former run's, measured once if missing): the tiny
+    transformer's single-device step ran at 2.65 ms in one round and 2.22 ms in the next, with
+    1.90-2.26 ms of CPU. With --bundled-comm the comm fit is the bundled one; with --no-overheads
+    there are no overheads (None).
+
+    model, bundle, batch: the graph profiled (profile_path)."""
+
+    def __init__(self, lc, cluster, args, model: str, bundle: str, batch: int):
+        self.lc, self.cluster, self.args = lc, cluster, args
+        self.model, self.bundle, self.batch = model, bundle, batch
+        self.comm_runs, self.overhead_runs, self.profile_runs = [], [], []
+
+    def measure(self) -> None:
+        """One more pass of each (the first also measures the overheads' `raw` figures)."""
+        args = self.args
+        if not (args.reuse_profiles and self.profile_runs):
+            k = len(self.profile_runs)
+            self.profile_runs.append(profile_path(
+                self.model, self.bundle, self.batch, args.workdir, args.hetero, fresh=not args.reuse_profiles,
+                comm=None, repeats=profile_repeats(args.rounds), tag="" if args.reuse_profiles
+                else f"_pass{k}"))
+        this_comm = None
+        if not self.args.bundled_comm:
+            self.comm_runs.append(comm_pass(self.lc))
+            this_comm = comm_of_passes(self.comm_runs[-1:])
+        if not self.args.no_overheads:
+            self.overhead_runs.append(measure_overheads(self.lc, self.cluster, (this_comm or self.comm())["comm"],
+                                                        raw=not self.overhead_runs))
+
+    def comm(self) -> dict:
+        return cluster_comm() if self.args.bundled_comm else comm_of_passes(self.comm_runs)
+
+    def profile_file(self) -> str:
+        """The profile file the simulator reads: the passes' medians with the comm fit's."""
+        out = os.path.join(self.args.workdir, f"{self.model}_t1{'_hetero' if self.args.hetero else ''}.json")
+        if self.profile_runs != [out]:
+            median_profile(self.profile_runs, out)
+        return attach_comm(out, self.comm())
+
+    def overheads(self):
+        if self.args.no_overheads:
+            return None
+        out = median_overheads(self.overhead_runs)
+        out["inter_op_threads"] = handler_threads(self.lc)
+        return out
+
+    def report(self) -> None:
+        print("  comm fit:", json.dumps(self.comm()["comm"]), flush=True)
+        print("  runtime overheads:", json.dumps({k: v for k, v in (self.overheads() or {}).items() if k != "raw"}),
+              flush=True)
 
 
-def bench_model(model, lc, cluster, args, workdir, out_rows, record=None):
+def bench_model(model, lc, cluster, args, out_rows, record=None):
     """Times and simulates the strategies of one model; with `record` (a dict), also keeps what
     a later --replay needs: the profile (with its comm fit), the overheads, each strategy and
     every timed step."""
     from tfplace.baselines import registry
     from tfplace.baselines.problem import make_problem
     from tfplace.graph_loader import load_op_graph
+    from tfplace.lowering import lower
     from tfplace.profile import load_profile
     from tfplace.rewrite import rewrite_step
     from tfplace.runtime import StepRunner, random_feed
@@ -612,10 +712,9 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, record=None):
     bundle = os.path.join(ROOT, bundle_path(model))
     graph = load_op_graph(bundle)
     batch = int(graph.reference_batch_size)
-    comm, overheads = model_conditions(lc, cluster, args)
-    base_profile = load_profile(profile_path(model, bundle, batch, workdir, args.hetero,
-                                             fresh=not args.reuse_profiles, comm=comm))
-    profile = with_overheads(base_profile, overheads)
+    conditions = RoundConditions(lc, cluster, args, model, bundle, batch)
+    conditions.measure()  # the planners see the first pass; the simulator the median of all of them
+    profile = with_overheads(load_profile(conditions.profile_file()), conditions.overheads())
     problem = make_problem(graph, cluster, profile, max_groups=MAX_GROUPS, global_batch_size=batch)
     plans = []
     for name in BASELINES:
@@ -629,55 +728,65 @@ def bench_model(model, lc, cluster, args, workdir, out_rows, record=None):
     while len(plans) < args.strategies:
         plans.append((f"random_{k}", random_strategy(rng, devs, problem.group_names, batch)))
         k += 1
-    runs = []  # (name, sim, runner, feed): every strategy's session open at once, so that rounds interleave
+    runs = []  # (name, runner, feed): every strategy's session open at once, so that rounds interleave
     try:
         for name, strategy in plans:
             try:
                 step = rewrite_step(graph, strategy, cluster, profile=profile, grouping=problem.grouping)
-                report = simulate(step.placed, cluster)
                 runner = StepRunner(lc, step, timeout_s=120)
-                runs.append((name, report, runner, random_feed(step.inputs, batch, 0)))
+                runs.append((name, runner, random_feed(step.inputs, batch, 0)))
                 runner.initialize()
             except Exception as err:
                 print(f"  {model}/{name}: FAILED {type(err).__name__}: {str(err)[:120]}", flush=True)
         times = {name: [] for name, *_ in runs}
+        round_sizes = {name: [] for name, *_ in runs}  # steps timed in each round
         cpu_s = {name: np.zeros(len(lc.pids)) for name, *_ in runs}  # servers' CPU over the timed steps
         failed = set()
         for r in range(args.rounds):
+            if r:
+                conditions.measure()
             # round-robin: a slow phase of the (shared, 2-core) machine hits every strategy alike
-            for name, sim, runner, feed in runs:
+            for name, runner, feed in runs:
                 if name in failed:
                     continue
                 try:
                     warm_up(lambda: runner.run_steps(1, feed), args.warmup, args.warmup_s)
                     before = task_cpu_seconds(lc.pids)
-                    times[name] += runner.run_steps(args.steps, feed)
+                    steps = timed_round(lambda n: runner.run_steps(n, feed), args.steps, args.round_s)
+                    times[name] += steps
+                    round_sizes[name].append(len(steps))
                     cpu_s[name] += task_cpu_seconds(lc.pids) - before
                 except Exception as err:
                     failed.add(name)
                     print(f"  {model}/{name}: FAILED {type(err).__name__}: {str(err)[:120]}", flush=True)
+        conditions.report()
+        comm, overheads = conditions.comm(), conditions.overheads()
+        base_profile = load_profile(conditions.profile_file())
+        profile = with_overheads(base_profile, overheads)
         rows = []
         strategies = dict(plans)
         if record is not None:
             record[model] = {"bundle": os.path.relpath(bundle, ROOT), "profile": base_profile.to_json(),
                              "overheads": overheads, "rows": []}
         fractions = HETERO["fractions"] if args.hetero else None
-        for name, report, _, _ in runs:
+        for name, _, _ in runs:
             if name not in failed:
                 real, fastest = statistics.median(times[name]), min(times[name])
+                # the same PlacedGraph the rewrite ran, lowered with the conditions of every round
+                report = simulate(lower(graph, problem.grouping, cluster, strategies[name], profile), cluster)
                 sim = report.iteration_time_s
                 cpu, busy = (cpu_s[name] / len(times[name])).tolist(), list(report.busy_s)
                 bound = cpu_bound_seconds(cpu, fractions)
-                rows.append((name, real, sim, fastest, round_medians(times[name], args.steps), cpu, busy, bound))
+                rows.append((name, real, sim, fastest, round_medians(times[name], round_sizes[name]), cpu, busy, bound))
                 if record is not None:
                     record[model]["rows"].append({"name": name, "strategy": strategies[name].to_json(),
-                                                  "real_s": times[name], "sim_s": sim,
+                                                  "real_s": times[name], "round_steps": round_sizes[name], "sim_s": sim,
                                                   "task_cpu_s_per_step": cpu, "sim_busy_s": busy})
                 print(f"  {model}/{name}: real {real * 1e3:.2f} ms (fastest {fastest * 1e3:.2f})  "
                       f"sim {sim * 1e3:.2f} ms; CPU/step per task {ms_list(cpu)} ms (bound "
                       f"{bound * 1e3:.2f}), sim lanes {ms_list(busy)} ms", flush=True)
     finally:
-        for _, _, runner, _ in runs:
+        for _, runner, _ in runs:
             runner.close()
     out_rows[model] = rows
     return comm, overheads
@@ -759,9 +868,11 @@ def conditions_table(conditions) -> list:
     return lines
 
 
-def round_medians(steps_s, steps_per_round: int) -> list:
-    """The median step of each round-robin round (`steps_s` in the order they ran)."""
-    return [statistics.median(steps_s[i:i + steps_per_round]) for i in range(0, len(steps_s), steps_per_round)]
+def round_medians(steps_s, round_steps) -> list:
+    """The median step of each round-robin round: `steps_s` in the order they ran, `round_steps`
+    how many of them each round timed (in order; they add up to len(steps_s))."""
+    ends = np.cumsum(round_steps)
+    return [statistics.median(steps_s[end - n:end]) for n, end in zip(round_steps, ends)]
 
 
 def round_spread(rows) -> float:
@@ -791,15 +902,15 @@ def main(argv=None):
     p.add_argument("--warmup-s", type=float, default=WARMUP_S,
                    help="untimed steps run at least this long too (seconds)")
     p.add_argument("--rounds", type=int, default=3, help="round-robin passes over the strategies (--steps timed each)")
-    p.add_argument("--overhead-repeats", type=int, default=3,
-                   help="micro-benchmark passes; the model takes each overhead's median over them")
+    p.add_argument("--round-s", type=float, default=ROUND_S,
+                   help="each round times --steps steps at a time until at least this many seconds of steps ran")
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "tfplace_fidelity"))
     p.add_argument("--reuse-profiles", action="store_true",
                    help="use the profiles a former run left in --workdir instead of measuring them again "
                         "right before each model is timed (quicker; the machine's speed may have drifted since)")
     p.add_argument("--bundled-comm", action="store_true",
                    help=f"give the simulator the bundled comm fit ({BUNDLED_COMM}) instead of one measured "
-                        "on the run's cluster right before each model")
+                        "on the run's cluster a pass before each round")
     p.add_argument("--no-overheads", action="store_true",
                    help="simulate without the measured runtime overheads (the profile alone)")
     p.add_argument("--inter-threads", type=int, default=1,
@@ -813,9 +924,11 @@ def main(argv=None):
     p.add_argument("--replay", nargs="+", default=None, metavar="RECORD",
                    help="re-simulate recorded runs with the current simulator (times nothing)")
     args = p.parse_args(argv)
-    for name in ("strategies", "steps", "rounds", "overhead_repeats", "inter_threads"):
+    for name in ("strategies", "steps", "rounds", "inter_threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.round_s < 0:
+        p.error(f"--round-s must be >= 0 seconds, got {args.round_s}")
     if args.replay:
         return replay(args.replay, args.verbose)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -828,27 +941,30 @@ def main(argv=None):
     with LocalCluster(**lc_kwargs) as lc:
         for model in args.models.split(","):
             print(f"{model}:", flush=True)
-            conditions[model] = bench_model(model, lc, cluster, args, args.workdir, results, record)
+            conditions[model] = bench_model(model, lc, cluster, args, results, record)
     lines = ["# Simulator fidelity on the local CPU cluster", "",
              "Command: `.venv/bin/python benchmarks/fidelity_bench.py " + " ".join(argv or sys.argv[1:]) + "`", "",
              (f"3 TF server tasks on 127.0.0.1 (clusters/local_cpu_hetero.json), 1 intra-op + "
               f"{args.inter_threads} inter-op thread(s) each; task 0 alone on core 0 (kind CPU), tasks 1 and 2 on "
               "core 1 with a 0.5 CPU quota each (kind CPU_half); the client on core 1. Profiles: "
-              f"`python -m tfplace.profile --threads 1 --inter-threads 1 --repeats {PROFILE_REPEATS} --statistic median` "
+              f"`python -m tfplace.profile --threads 1 --inter-threads 1 --repeats {profile_repeats(args.rounds)} --statistic median` "
               "per kind, pinned like "
               "its tasks, CPU_half with `--cpu-fraction 0.5` (its ops timed unlimited, times the slowdown a "
-              "compute loop measures under the quota). " if args.hetero else
+              "compute loop measures under the quota), a pass before each round, each op's median over the "
+              "passes. " if args.hetero else
               f"3 TF server tasks on 127.0.0.1 (clusters/local_cpu.json), 1 intra-op + {args.inter_threads} "
               "inter-op thread(s) each, homogeneous, unpinned. Profile: "
-              f"`python -m tfplace.profile --threads 1 --inter-threads 1 --repeats {PROFILE_REPEATS}` per model. ") +
+              f"`python -m tfplace.profile --threads 1 --inter-threads 1 --repeats {profile_repeats(args.rounds)}` per model, a pass before each round, each op's median "
+              "over the passes. ") +
              ("Comm fit: the bundled " + BUNDLED_COMM + ". " if args.bundled_comm else
-              "Comm fit: measured on the run's cluster right before each model (tfplace.comm_profiler, "
+              "Comm fit: measured on the run's cluster, a pass before each round (tfplace.comm_profiler, "
               f"up to {COMM_MAX_BYTES >> 20} MiB). ") +
-             f"Real = median of {args.rounds} round-robin rounds x {args.steps} timed steps (after at least {args.warmup} warm-up "
+             f"Real = median of {args.rounds} round-robin rounds x {args.steps} timed steps, or more until {args.round_s:g} s of "
+             f"steps ran (after at least {args.warmup} warm-up "
              f"steps and {args.warmup_s:g} s each). ({time.time() - t0:.0f} s)", "",
              "Runtime overheads in the model (profile conditions `runtime_overheads`): " +
              ("none (--no-overheads)" if args.no_overheads else "measured by micro-benchmarks right before each "
-              "model (median of --overhead-repeats passes; all of them in the --record file)"), "",
+              "round of timed steps (median of the --rounds passes; all of them in the --record file)"), "",
              *conditions_table(conditions), "",
              "Real = the median step (what a user sees); also against the fastest step (the undisturbed "
              "step, the statistic the profiles keep: on this shared 2-core machine identical graphs in "

@@ -2,6 +2,7 @@
 (no cluster, no TensorFlow session): the same strategies, profile and overheads give the same
 simulated times, and the error is taken against the recorded real steps."""
 
+import json
 import os
 import sys
 
@@ -62,13 +63,31 @@ def test_replay_rejects_a_file_of_another_format(tmp_path):
         fb.replay([str(path)])
 
 
-@pytest.mark.parametrize("steps, per_round, medians", [
-    ([1.0, 2.0, 3.0, 10.0, 20.0, 30.0], 3, [2.0, 20.0]),
-    ([4.0, 1.0, 2.0, 3.0], 2, [2.5, 2.5]),
-    ([5.0], 1, [5.0]),
+@pytest.mark.parametrize("steps, round_steps, medians", [
+    ([1.0, 2.0, 3.0, 10.0, 20.0, 30.0], [3, 3], [2.0, 20.0]),
+    ([4.0, 1.0, 2.0, 3.0], [2, 2], [2.5, 2.5]),
+    ([5.0], [1], [5.0]),
+    ([1.0, 2.0, 3.0, 4.0, 10.0, 20.0], [4, 2], [2.5, 15.0]),  # rounds of different lengths
 ])
-def test_round_medians_follow_the_order_the_steps_ran(steps, per_round, medians):
-    assert fb.round_medians(steps, per_round) == pytest.approx(medians)
+def test_round_medians_follow_the_order_the_steps_ran(steps, round_steps, medians):
+    assert fb.round_medians(steps, round_steps) == pytest.approx(medians)
+
+
+@pytest.mark.parametrize("step_s, steps, min_s, timed", [
+    (0.001, 10, 0.05, 50),   # 10 steps are 10 ms: five calls reach 50 ms
+    (0.1, 10, 0.05, 10),     # one call of 10 steps is already 1 s
+    (0.001, 3, 0.0, 3),      # no minimum: one call
+    (0.004, 4, 0.03, 8),     # 16 ms, then 32 ms >= 30 ms
+])
+def test_timed_round_times_whole_calls_until_the_minimum_seconds(step_s, steps, min_s, timed):
+    calls = []
+
+    def run_steps(n):
+        calls.append(n)
+        return [step_s] * n
+    out = fb.timed_round(run_steps, steps, min_s)
+    assert len(out) == timed
+    assert set(calls) == {steps}
 
 
 def test_round_spread_is_the_noise_floor_of_the_median_error():
@@ -172,3 +191,30 @@ def test_overheads_record_the_fewest_inter_op_threads_of_any_task(per_task, expe
     class Cluster:
         inter_threads = per_task
     assert fb.handler_threads(Cluster()) == expected
+
+
+@pytest.mark.parametrize("passes, medians", [
+    # op a's CPU times at batch 1 over three passes, op b's at batch 2: the median of each
+    ([{"a": 1.0, "b": 4.0}, {"a": 3.0, "b": 2.0}, {"a": 2.0, "b": 9.0}], {"a": 2.0, "b": 4.0}),
+    ([{"a": 1.0, "b": 4.0}, {"a": 3.0, "b": 2.0}], {"a": 2.0, "b": 3.0}),
+    ([{"a": 5.0, "b": 6.0}], {"a": 5.0, "b": 6.0}),
+])
+def test_median_profile_takes_each_op_time_over_the_passes(tmp_path, passes, medians):
+    paths = []
+    for i, times in enumerate(passes):
+        path = tmp_path / f"pass{i}.json"
+        write_json(path, {"format": "tfplace.profile", "conditions": {"repeats": 3, "pass": i},
+                          "ops": {"a": {"CPU": {"1": times["a"]}}, "b": {"CPU_half": {"2": times["b"]}}}})
+        paths.append(str(path))
+    out = fb.median_profile(paths, str(tmp_path / "out.json"))
+    with open(out) as f:
+        data = json.load(f)
+    assert data["ops"]["a"]["CPU"]["1"] == pytest.approx(medians["a"])
+    assert data["ops"]["b"]["CPU_half"]["2"] == pytest.approx(medians["b"])
+    assert data["conditions"]["pass"] == 0 and data["conditions"]["profile_passes"] == len(passes)
+
+
+@pytest.mark.parametrize("passes, repeats", [(1, 9), (3, 3), (2, 5), (4, 3), (20, 1)])
+def test_profile_repeats_cover_the_profile_repeats_over_the_passes(passes, repeats):
+    assert fb.profile_repeats(passes) == repeats
+    assert passes * repeats >= fb.PROFILE_REPEATS
