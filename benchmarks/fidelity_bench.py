@@ -128,7 +128,8 @@ def timed_round(run_steps, steps: int, min_s: float) -> list:
     """Wall seconds of each step of one round: `run_steps(n)` (a list of n step times) is called
     for `steps` steps at a time until at least `min_s` seconds of steps have run. A round of 10
     steps of a tiny model lasted 4-40 ms, and one slow burst of the machine moved its median: the
-    tiny transformer's single-device rounds in one run had medians 2.46, 5.10 and 2.74 ms."""
+    tiny transformer's single-device step had round medians 4.30, 3.45 and 3.37 ms in one run,
+    its HEFT placement (the same single task) 2.74, 5.10 and 2.46 ms in another."""
     times = []
     while not times or sum(times) < min_s:
         times += run_steps(steps)
@@ -638,17 +639,16 @@ def handler_threads(lc) -> int:
 
 
 class RoundConditions:
-    """The comm fit and the runtime overheads of one model, measured one pass at a time on `lc`
-    (comm_pass, measure_overheads) right before each round of timed steps, and given to the
-    simulator as the median over the passes (comm_of_passes, median_overheads): the machine's
-    speed moves by phases of minutes, and figures measured all at once before the steps can come
-    from another phase than most of them. The same tiny MLP setup measured step_s 0.25-0.31 ms
-    in four runs and 0.41 ms in a fifth, whose steps then ran at the others' speed and were
-    simulated 1.2-1.45x. The op profile too, PROFILE_REPEATS over the passes
-    (median_profile; with --reuse-profiles a former run's, measured once if missing): the tiny
-    transformer's single-device step ran at 2.65 ms in one round and 2.22 ms in the next, with
-    1.90-2.26 ms of CPU. With --bundled-comm the comm fit is the bundled one; with --no-overheads
-    there are no overheads (None).
+    """The op profile, the comm fit and the runtime overheads of one model, measured one pass at
+    a time on `lc` right before each round of timed steps (profile_path with PROFILE_REPEATS
+    spread over the passes, comm_pass, measure_overheads), and given to the simulator as the
+    medians over the passes (median_profile, comm_of_passes, median_overheads). The machine's
+    speed moves by phases of seconds to minutes, and figures measured all at once before the
+    steps can come from another phase than most of them: one run measured step_s at 0.41 ms
+    before the tiny MLP (0.25-0.31 ms in the four runs before), its steps then ran at the usual
+    speed and were simulated at up to 1.5x. With --reuse-profiles the profile is a former run's
+    (measured once if missing); with --bundled-comm the comm fit is the bundled one; with
+    --no-overheads there are no overheads (None).
 
     model, bundle, batch: the graph profiled (profile_path)."""
 
@@ -661,16 +661,15 @@ class RoundConditions:
         """One more pass of each (the first also measures the overheads' `raw` figures)."""
         args = self.args
         if not (args.reuse_profiles and self.profile_runs):
-            k = len(self.profile_runs)
-            self.profile_runs.append(profile_path(
-                self.model, self.bundle, self.batch, args.workdir, args.hetero, fresh=not args.reuse_profiles,
-                comm=None, repeats=profile_repeats(args.rounds), tag="" if args.reuse_profiles
-                else f"_pass{k}"))
+            tag = "" if args.reuse_profiles else f"_pass{len(self.profile_runs)}"
+            self.profile_runs.append(profile_path(self.model, self.bundle, self.batch, args.workdir, args.hetero,
+                                                  fresh=not args.reuse_profiles, repeats=profile_repeats(args.rounds),
+                                                  tag=tag))
         this_comm = None
-        if not self.args.bundled_comm:
+        if not args.bundled_comm:
             self.comm_runs.append(comm_pass(self.lc))
             this_comm = comm_of_passes(self.comm_runs[-1:])
-        if not self.args.no_overheads:
+        if not args.no_overheads:
             self.overhead_runs.append(measure_overheads(self.lc, self.cluster, (this_comm or self.comm())["comm"],
                                                         raw=not self.overhead_runs))
 
@@ -901,13 +900,14 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per strategy and round (at least)")
     p.add_argument("--warmup-s", type=float, default=WARMUP_S,
                    help="untimed steps run at least this long too (seconds)")
-    p.add_argument("--rounds", type=int, default=3, help="round-robin passes over the strategies (--steps timed each)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="round-robin passes over the strategies (timed_round each), a pass of the conditions before each")
     p.add_argument("--round-s", type=float, default=ROUND_S,
                    help="each round times --steps steps at a time until at least this many seconds of steps ran")
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "tfplace_fidelity"))
     p.add_argument("--reuse-profiles", action="store_true",
                    help="use the profiles a former run left in --workdir instead of measuring them again "
-                        "right before each model is timed (quicker; the machine's speed may have drifted since)")
+                        "a pass before each round (quicker; the machine's speed may have drifted since)")
     p.add_argument("--bundled-comm", action="store_true",
                    help=f"give the simulator the bundled comm fit ({BUNDLED_COMM}) instead of one measured "
                         "on the run's cluster a pass before each round")
