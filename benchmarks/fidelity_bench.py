@@ -676,13 +676,6 @@ class RoundConditions:
     def comm(self) -> dict:
         return cluster_comm() if self.args.bundled_comm else comm_of_passes(self.comm_runs)
 
-    def profile_file(self) -> str:
-        """The profile file the simulator reads: the passes' medians with the comm fit's."""
-        out = os.path.join(self.args.workdir, f"{self.model}_t1{'_hetero' if self.args.hetero else ''}.json")
-        if self.profile_runs != [out]:
-            median_profile(self.profile_runs, out)
-        return attach_comm(out, self.comm())
-
     def overheads(self):
         if self.args.no_overheads:
             return None
@@ -690,10 +683,15 @@ class RoundConditions:
         out["inter_op_threads"] = handler_threads(self.lc)
         return out
 
-    def report(self) -> None:
-        print("  comm fit:", json.dumps(self.comm()["comm"]), flush=True)
-        print("  runtime overheads:", json.dumps({k: v for k, v in (self.overheads() or {}).items() if k != "raw"}),
-              flush=True)
+    def settled(self):
+        """(comm fit, overheads, the base Profile the simulator reads) over the passes so far:
+        the profile file is the passes' medians (median_profile) with that comm fit attached."""
+        from tfplace.profile import load_profile
+        comm = self.comm()
+        out = os.path.join(self.args.workdir, f"{self.model}_t1{'_hetero' if self.args.hetero else ''}.json")
+        if self.profile_runs != [out]:
+            median_profile(self.profile_runs, out)
+        return comm, self.overheads(), load_profile(attach_comm(out, comm))
 
 
 def bench_model(model, lc, cluster, args, out_rows, record=None):
@@ -704,7 +702,6 @@ def bench_model(model, lc, cluster, args, out_rows, record=None):
     from tfplace.baselines.problem import make_problem
     from tfplace.graph_loader import load_op_graph
     from tfplace.lowering import lower
-    from tfplace.profile import load_profile
     from tfplace.rewrite import rewrite_step
     from tfplace.runtime import StepRunner, random_feed
     from tfplace.simulator import simulate
@@ -713,7 +710,8 @@ def bench_model(model, lc, cluster, args, out_rows, record=None):
     batch = int(graph.reference_batch_size)
     conditions = RoundConditions(lc, cluster, args, model, bundle, batch)
     conditions.measure()  # the planners see the first pass; the simulator the median of all of them
-    profile = with_overheads(load_profile(conditions.profile_file()), conditions.overheads())
+    _, overheads, base_profile = conditions.settled()
+    profile = with_overheads(base_profile, overheads)
     problem = make_problem(graph, cluster, profile, max_groups=MAX_GROUPS, global_batch_size=batch)
     plans = []
     for name in BASELINES:
@@ -758,9 +756,10 @@ def bench_model(model, lc, cluster, args, out_rows, record=None):
                 except Exception as err:
                     failed.add(name)
                     print(f"  {model}/{name}: FAILED {type(err).__name__}: {str(err)[:120]}", flush=True)
-        conditions.report()
-        comm, overheads = conditions.comm(), conditions.overheads()
-        base_profile = load_profile(conditions.profile_file())
+        comm, overheads, base_profile = conditions.settled()
+        print("  comm fit:", json.dumps(comm["comm"]), flush=True)
+        print("  runtime overheads:", json.dumps({k: v for k, v in (overheads or {}).items() if k != "raw"}),
+              flush=True)
         profile = with_overheads(base_profile, overheads)
         rows = []
         strategies = dict(plans)
