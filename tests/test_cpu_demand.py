@@ -217,3 +217,85 @@ def test_kernels_timed_under_a_quota_count_its_share_and_the_bound_divides_by_it
     assert placed.device_cpu_seconds == pytest.approx([lanes[0] + 2e-3, 0.5 * lanes[1] + 2e-3], rel=1e-12)
     bound = max(lanes[0] + 2e-3, lanes[1] + 4e-3)
     assert simulate(placed, cluster).cpu_bound_s == pytest.approx(bound, rel=1e-12)
+
+
+# ---- the same CPU on the lanes of CPU devices (HANDLER tasks; lowering_assemble._append_side_cpu) ----
+
+def _cpu_pair(overheads, strategy=None, fraction=0.5):
+    """fakes.dp_graph on two CPU devices, "cpu0" (kind CPU) and "cpu1" (kind CPU_half, profiled
+    under a `fraction` quota), 6 + 2 samples all-reduced (or `strategy`), f and g at 1e-4 s per
+    sample on both kinds."""
+    from tfplace.cluster import Device, Host, build_cluster
+    g = fk.dp_graph(W)
+    gr = fk.grouping(g, [["x", "f", "g"], ["w", "r", "apply", "lr", "train_op"]])
+    cluster = build_cluster("cpu_pair", [Host("h0", intra_bandwidth_bytes_per_s=1.2e10, intra_latency_s=5e-6)],
+                            [Device("cpu0", "CPU", "h0", 16 * 10**9), Device("cpu1", "CPU_half", "h0", 16 * 10**9)])
+    table = {n: {"CPU": 0.0, "CPU_half": 0.0} for n in g.names}
+    for n in ("f", "g"):
+        table[n] = {"CPU": 1e-4 * g.reference_batch_size, "CPU_half": 1e-4 * g.reference_batch_size}
+    table["apply"] = {"CPU": 1e-4, "CPU_half": 1e-4}
+    prof = fk.profile_table(g, table, linear=("f", "g"))
+    conditions = {**prof.conditions, "runtime_overheads": overheads,
+                  "by_kind": {"CPU_half": {"emulation": {"cpu_fraction": fraction}}}}
+    st = strategy or Strategy(8, 2, decision({"cpu0": 6, "cpu1": 2}, "allreduce"), {})
+    return lower(g, gr, cluster, st, dataclasses.replace(prof, conditions=conditions)), cluster
+
+
+@pytest.mark.parametrize("cpu_ms", [0.2, 1.0])
+def test_collective_cpu_runs_on_each_participants_lane_gating_nothing(cpu_ms):
+    from tfplace.placed_graph import TASK_HANDLER
+    s = cpu_ms * 1e-3
+    placed, _ = _cpu_pair({"collective_cpu_s": {"2": {"bytes": [0], "seconds": [s]}}})
+    plain, _ = _cpu_pair({"collective_cpu_s": {"2": {"bytes": [0], "seconds": [0.0]}}})
+    coll = np.nonzero(placed.task_kind == TASK_COLLECTIVE)[0]
+    handlers = np.nonzero(placed.task_kind == TASK_HANDLER)[0]
+    assert len(coll) == 1 and (plain.task_kind == TASK_HANDLER).sum() == 0  # 0 s of CPU: no handler
+    # one per participant, its CPU stretched by the device's quota like its kernels
+    assert sorted(zip(placed.task_device[handlers].tolist(), placed.task_seconds[handlers].tolist())) == \
+        [(0, pytest.approx(s, rel=1e-12)), (1, pytest.approx(s / 0.5, rel=1e-12))]
+    assert placed.task_priority[handlers].tolist() == [placed.task_priority[coll[0]]] * 2
+    # ready with the collective, gating nothing; the collective keeps its time
+    assert not np.isin(placed.dep_src, handlers).any()
+    waits = {int(h): sorted(placed.dep_src[placed.dep_dst == h].tolist()) for h in handlers}
+    assert all(w == sorted(placed.dep_src[placed.dep_dst == coll[0]].tolist()) for w in waits.values())
+    assert placed.task_seconds[coll] == pytest.approx(plain.task_seconds[np.nonzero(plain.task_kind == TASK_COLLECTIVE)[0]])
+    # the bound counts that CPU once (collective_d), not again for the handlers
+    lane = np.isin(placed.task_kind, DEVICE_KINDS) & (placed.task_kind != TASK_HANDLER)
+    lanes = np.bincount(placed.task_device[lane], weights=placed.task_seconds[lane], minlength=2)
+    assert placed.device_cpu_seconds == pytest.approx([lanes[0] + s, 0.5 * lanes[1] + s], rel=1e-12)
+
+
+@pytest.mark.parametrize("cpu_ms", [0.05, 0.2, 5.0])
+def test_collective_cpu_delays_the_lane_only_beyond_the_collective(cpu_ms):
+    # dp_graph's lanes wait idle during the all-reduce: its CPU costs the step nothing while it
+    # fits in the collective's time, and beyond that the update waits for the lane
+    s = cpu_ms * 1e-3
+    placed, cluster = _cpu_pair({"collective_cpu_s": {"2": {"bytes": [0], "seconds": [s]}}})
+    plain, _ = _cpu_pair({"collective_cpu_s": {"2": {"bytes": [0], "seconds": [0.0]}}})
+    coll_s = float(plain.task_seconds[plain.task_kind == TASK_COLLECTIVE][0])
+    got, base = simulate(placed, cluster).makespan_s, simulate(plain, cluster).makespan_s
+    # the half-speed device's handler lasts s / 0.5 from the collective's start, like the collective
+    assert got == pytest.approx(base + max(0.0, s / 0.5 - coll_s), rel=1e-9, abs=1e-12)
+
+
+def test_message_bytes_cpu_runs_on_both_ends_lanes():
+    from tfplace.placed_graph import TASK_HANDLER, TASK_TRANSFER
+    rate = 1e-8
+    st = Strategy(8, 2, None, {"x": decision({"cpu0": 8}), "w": decision({"cpu1": 8})})  # weights on cpu1
+    placed, _ = _cpu_pair({"message_cpu_s_per_byte": rate}, strategy=st)
+    handlers = np.nonzero(placed.task_kind == TASK_HANDLER)[0]
+    x = np.nonzero((placed.task_kind == TASK_TRANSFER) & (placed.task_bytes > 0))[0]
+    assert len(x) > 0 and len(handlers) == 2 * len(x)
+    fraction = np.array([1.0, 0.5])
+    want = sorted((int(d), 0.5 * rate * placed.task_bytes[t] / fraction[d])
+                  for t in x for d in (placed.task_src_device[t], placed.task_device[t]))
+    got = sorted(zip(placed.task_device[handlers].tolist(), placed.task_seconds[handlers].tolist()))
+    assert [d for d, _ in got] == [d for d, _ in want]
+    assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-12)
+
+
+def test_gpus_carry_no_side_cpu_on_their_lanes():
+    # the same overheads on the V100 / P100 pair: the bound counts the CPU, the lanes do not
+    from tfplace.placed_graph import TASK_HANDLER
+    placed, _ = _dp({"collective_cpu_s": {"2": CURVE}, "message_cpu_s_per_byte": 1e-8})
+    assert (placed.task_kind == TASK_HANDLER).sum() == 0 and placed.device_cpu_seconds.sum() > 0

@@ -1,6 +1,8 @@
 """Single-process checks of the rewrite's structure (no cluster needed)."""
 import os
 
+import pytest
+
 from tfplace.cluster import load_cluster
 from tfplace.rewrite import rewrite_step
 from tfplace.strategy import Strategy, decision, even_strategy
@@ -63,9 +65,15 @@ def test_train_op_waits_for_one_done_per_other_device():
             assert waits and all(nodes[w].device == nodes[c].device for w in waits)
 
 
-def test_message_handlers_emit_nothing():
-    # With one inter-op thread the lowering adds HANDLER tasks (the servers' own work of serving a
-    # message): the same strategy is rewritten to the same graph with or without them.
+@pytest.mark.parametrize("overheads", [
+    {"message_cpu_s": 1e-4},  # one inter-op thread: each message's sender and receiver handlers
+    # the CPU that all-reduces and message bytes cost, on the CPU devices' lanes
+    {"collective_cpu_s": {"3": {"bytes": [16], "seconds": [3e-4]}}, "message_cpu_s_per_byte": 1e-9},
+])
+def test_message_handlers_emit_nothing(overheads):
+    # The lowering adds HANDLER tasks for the runtime's own work (serving a message, an
+    # all-reduce's or a message's CPU): the same strategy is rewritten to the same graph with or
+    # without them.
     import dataclasses
 
     from tfplace.grouping import make_grouping
@@ -76,8 +84,7 @@ def test_message_handlers_emit_nothing():
         graph, cluster, plain = _step(strategy)
         strategy = strategy or even_strategy(cluster.device_names, 12, 4)
         uniform = uniform_profile(graph, cluster.kinds)
-        profile = dataclasses.replace(uniform, conditions={**uniform.conditions,
-                                                           "runtime_overheads": {"message_cpu_s": 1e-4}})
+        profile = dataclasses.replace(uniform, conditions={**uniform.conditions, "runtime_overheads": overheads})
         placed = lower(graph, make_grouping(graph, strategy.max_groups), cluster, strategy, profile)
         assert (placed.task_kind == TASK_HANDLER).sum() > 0
         handled = rewrite_step(graph, strategy, cluster, profile=profile)

@@ -28,6 +28,11 @@ as a throughput bound on the step:
                      in the bytes between the measured sizes, the last slope beyond them
   cpu_cores          Host.cpu_cores (hosts without it give no host bound)
 
+The collectives' and the message bytes' CPU (collective_d, bytes_charge_d; side_cpu_entries)
+also runs on the lanes of CPU devices, as HANDLER tasks that gate nothing
+(tfplace.lowering_assemble._append_side_cpu): the bound sees the step's total, the events see a
+lane that cannot run kernels while its task spends CPU on an all-reduce.
+
 Measured on the emulated heterogeneous cluster (benchmarks/fidelity_bench_hetero.md): a 3-task
 all-reduce chained like the rewrite's priority chains costs each task 0.24-0.40 ms of CPU at 16
 bytes and 1.5-2.4 ms at 1 MiB; a half-speed task that runs 320 of them per step (ResNet-50,
@@ -92,30 +97,17 @@ def curve_seconds(nbytes: np.ndarray, points_bytes: np.ndarray, points_s: np.nda
     return out
 
 
-def device_cpu_seconds(over: Mapping[str, Any], lane: np.ndarray, transfer: np.ndarray, collective: np.ndarray,
-                       task_seconds: np.ndarray, message_charge: np.ndarray, task_device: np.ndarray,
-                       task_src_device: np.ndarray, task_bytes: np.ndarray, part_ptr: np.ndarray,
-                       part_dev: np.ndarray, fraction: np.ndarray,
-                       message_cpu: Optional[np.ndarray] = None) -> np.ndarray:
-    """demand_d of the module docstring, CPU seconds per step [D].
+def side_cpu_entries(over: Mapping[str, Any], transfer: np.ndarray, collective: np.ndarray,
+                     task_device: np.ndarray, task_src_device: np.ndarray, task_bytes: np.ndarray,
+                     part_ptr: np.ndarray, part_dev: np.ndarray) -> tuple:
+    """The CPU the runtime spends beside the kernels, entry by entry: (task[H], device[H],
+    cpu_s[H]), sorted by task. Per collective c and participant d, collective_cpu_s at c's bytes
+    (collective_d); per transfer x, half of message_cpu_s_per_byte times x's bytes at its source
+    and half at its destination (bytes_charge_d). CPU seconds, not stretched by any quota.
 
-    lane, transfer, collective: [M] masks of the task kinds; task_seconds [M] with the message
-    charges in it, message_charge [M] those charges; part_ptr [M+1], part_dev: the collectives'
-    participants (CSR over tasks; only collectives have any); fraction [D]: f_d; message_cpu [M]
-    (None: none): the fixed CPU of each transfer's message (both ends together) when the runtime
-    runs it beside the lanes (runtime_overheads.inter_op_threads >= 2), half to each end like
-    bytes_charge_d."""
-    d = len(fraction)
-    on = np.nonzero(lane)[0]
-    kernels = task_seconds[on] - message_charge[on]
-    demand = fraction * np.bincount(task_device[on], weights=kernels, minlength=d)
-    demand += np.bincount(task_device[on], weights=message_charge[on], minlength=d)
-    per_byte = float(over.get("message_cpu_s_per_byte", 0.0))
-    if per_byte or message_cpu is not None:
-        x = np.nonzero(transfer)[0]
-        half = 0.5 * (per_byte * task_bytes[x] + (message_cpu[x] if message_cpu is not None else 0.0))
-        demand += np.bincount(task_device[x], weights=half, minlength=d)
-        demand += np.bincount(task_src_device[x], weights=half, minlength=d)
+    transfer, collective: [M] masks of the task kinds; part_ptr [M+1], part_dev: the
+    collectives' participants (CSR over tasks; only collectives have any)."""
+    tasks, devices, seconds = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
     curves = over.get("collective_cpu_s") or {}
     coll = np.nonzero(collective)[0]
     if len(coll) and curves:
@@ -131,8 +123,45 @@ def device_cpu_seconds(over: Mapping[str, Any], lane: np.ndarray, transfer: np.n
             cb, cs = check_curve(curves[key], f"runtime_overheads.collective_cpu_s.{key}")
             cost[size == group] = curve_seconds(task_bytes[coll[size == group]], cb, cs)
         # part_dev lists the collectives' participants in task order: each pays its collective's cost
-        demand += np.bincount(part_dev, weights=np.repeat(cost, size), minlength=d)
-    return demand
+        first = part_ptr[coll]
+        within = np.arange(int(size.sum())) - np.repeat(np.cumsum(size) - size, size)
+        tasks.append(np.repeat(coll, size)), devices.append(part_dev[np.repeat(first, size) + within].astype(np.int64))
+        seconds.append(np.repeat(cost, size))
+    per_byte = float(over.get("message_cpu_s_per_byte", 0.0))
+    x = np.nonzero(transfer & (task_bytes > 0))[0] if per_byte else np.zeros(0, np.int64)
+    for end in (task_src_device[x], task_device[x]):
+        tasks.append(x), devices.append(end.astype(np.int64)), seconds.append(0.5 * per_byte * task_bytes[x])
+    task, device, cpu_s = np.concatenate(tasks), np.concatenate(devices), np.concatenate(seconds)
+    order = np.argsort(task, kind="stable")
+    return task[order], device[order], cpu_s[order]
+
+
+def device_cpu_seconds(over: Mapping[str, Any], lane: np.ndarray, transfer: np.ndarray, collective: np.ndarray,
+                       task_seconds: np.ndarray, message_charge: np.ndarray, task_device: np.ndarray,
+                       task_src_device: np.ndarray, task_bytes: np.ndarray, part_ptr: np.ndarray,
+                       part_dev: np.ndarray, fraction: np.ndarray,
+                       message_cpu: Optional[np.ndarray] = None) -> np.ndarray:
+    """demand_d of the module docstring, CPU seconds per step [D].
+
+    lane, transfer, collective: [M] masks of the task kinds; task_seconds [M] with the message
+    charges in it, message_charge [M] those charges; part_ptr [M+1], part_dev: the collectives'
+    participants (CSR over tasks; only collectives have any); fraction [D]: f_d; message_cpu [M]
+    (None: none): the fixed CPU of each transfer's message (both ends together) when the runtime
+    runs it beside the lanes (runtime_overheads.inter_op_threads >= 2), half to each end like
+    bytes_charge_d. The lanes' tasks are the lowering's before it adds the side_cpu_entries as
+    HANDLER tasks (those are counted here once, as collective_d and bytes_charge_d)."""
+    d = len(fraction)
+    on = np.nonzero(lane)[0]
+    kernels = task_seconds[on] - message_charge[on]
+    demand = fraction * np.bincount(task_device[on], weights=kernels, minlength=d)
+    demand += np.bincount(task_device[on], weights=message_charge[on], minlength=d)
+    if message_cpu is not None:
+        x = np.nonzero(transfer)[0]
+        demand += np.bincount(task_device[x], weights=0.5 * message_cpu[x], minlength=d)
+        demand += np.bincount(task_src_device[x], weights=0.5 * message_cpu[x], minlength=d)
+    _, device, cpu_s = side_cpu_entries(over, transfer, collective, task_device, task_src_device, task_bytes,
+                                        part_ptr, part_dev)
+    return demand + np.bincount(device, weights=cpu_s, minlength=d)
 
 
 def cpu_bound_seconds(demand_s: np.ndarray, fraction: np.ndarray, host_of: Optional[np.ndarray] = None,

@@ -14,7 +14,8 @@ from typing import Tuple
 
 import numpy as np
 
-from tfplace.cpu_demand import cpu_fractions, device_cpu_seconds
+from tfplace.cluster import is_cpu_kind
+from tfplace.cpu_demand import cpu_fractions, device_cpu_seconds, side_cpu_entries
 from tfplace.errors import InputError
 from tfplace.jsonio import FieldReader
 from tfplace.lowering_graph import LK_UPD, GraphIndex
@@ -178,9 +179,11 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
          "control": np.concatenate([np.arange(m) >= m2, st["control"]]), "link_ptr": link_ptr, "part_ptr": part_ptr}
     if send_cpu is not None:
         dep_src, dep_dst = _append_handlers(t, send_cpu, dep_src, dep_dst)
-    m_all = len(t["kind"])
     cpu_s, fraction = _cpu_demand(ctx, t["seconds"], t["charge"], off_lane, t["kind"], t["device"], t["src_dev"],
                                   t["bytes"], t["part_ptr"], part_dev)
+    if len(fraction):  # after the demand, which counts this CPU once already
+        dep_src, dep_dst = _append_side_cpu(t, part_dev, fraction, ctx, dep_src, dep_dst)
+    m_all = len(t["kind"])
 
     return PlacedGraph(
         device_names=ctx.cluster.device_names, global_batch_size=batch, num_compute=m0, op_task_ptr=op_ptr,
@@ -205,19 +208,60 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
 
 def _append_handlers(t, send_cpu, dep_src, dep_dst):
     """Appends the HANDLER tasks of _handlers to the per-task arrays `t` (name -> [M] array, the
-    CSR pointers link_ptr and part_ptr [M+1]; "hold" may be empty; changed in place) and returns
-    the dependencies (src, dst) with theirs."""
+    CSR pointers link_ptr and part_ptr [M+1]; changed in place) and returns the dependencies
+    (src, dst) with theirs."""
     hx, h_dev, h_sec, h_src, h_dst = _handlers(t["kind"], t["device"], t["src_dev"], send_cpu, dep_src, dep_dst)
-    nh = len(hx)
-    new = {"kind": np.full(nh, TASK_HANDLER, np.int8), "device": h_dev, "src_dev": np.full(nh, -1),
-           "prio": np.full(nh, int(t["prio"].max(initial=0)) + 1),  # after every other task on its lane
-           "seconds": h_sec, "charge": h_sec, "hold": h_sec, "bytes": np.zeros(nh), "samples": np.zeros(nh, np.int64),
-           "control": np.zeros(nh, bool), **{key: t[key][hx] for key in ("op", "tensor", "lo", "hi")},
-           **{key: np.full(nh, t[key][-1]) for key in ("link_ptr", "part_ptr")}}  # no links, no participants
-    for key, values in new.items():
-        if key != "hold" or len(t[key]):
-            t[key] = np.concatenate([t[key], values])
+    _extend_with_handlers(t, hx, h_dev, h_sec, np.full(len(hx), int(t["prio"].max(initial=0)) + 1))  # after every other task on its lane
     return np.concatenate([dep_src, h_src]).astype(np.int32), np.concatenate([dep_dst, h_dst]).astype(np.int32)
+
+
+def _extend_with_handlers(t, owner, device, seconds, prio) -> None:
+    """Appends one HANDLER task per entry to `t` (in place): on `device`, lasting `seconds`, with
+    priority `prio`, naming the op and tensor of its `owner` task; no bytes, links or
+    participants. "charge" (when present) gets the seconds: a handler's time is all runtime CPU;
+    "hold" only when it is not empty (empty: links are held for the whole duration)."""
+    nh = len(owner)
+    new = {"kind": np.full(nh, TASK_HANDLER, np.int8), "device": device, "src_dev": np.full(nh, -1), "prio": prio,
+           "seconds": seconds, "charge": seconds, "hold": seconds, "bytes": np.zeros(nh),
+           "samples": np.zeros(nh, np.int64), "control": np.zeros(nh, bool),
+           **{key: t[key][owner] for key in ("op", "tensor", "lo", "hi")},
+           **{key: np.full(nh, t[key][-1]) for key in ("link_ptr", "part_ptr")}}
+    for key, values in new.items():
+        if t[key] is not None and (key != "hold" or len(t[key])):
+            t[key] = np.concatenate([t[key], values])
+
+
+def _append_side_cpu(t, part_dev, fraction, ctx, dep_src, dep_dst):
+    """Puts the CPU that collectives and message bytes cost their CPU devices
+    (tfplace.cpu_demand.side_cpu_entries) on those devices' lanes as HANDLER tasks, one per
+    (collective or transfer, CPU device): cpu_s / f_d seconds (the device's CPU fraction
+    `fraction` [D] stretches them like its kernels), ready with their collective or transfer
+    (after every task it depends on) and with its priority, and gating nothing. The collective
+    or transfer keeps its own time: measured alone, it held that CPU already. What they add is
+    that the lane cannot run kernels meanwhile: a pipeline stage whose weights are all-reduced
+    between two throttled tasks computes more slowly for it (ResNet-50's second stage, on the
+    emulated heterogeneous cluster: the step was the three tasks' CPU summed, while the lanes
+    alone let them overlap; benchmarks/fidelity_bench_hetero.md), where a data-parallel chain
+    of all-reduces, whose lanes wait idle, is as long as before. GPUs run no such CPU on their
+    lanes. Returns the dependencies (src, dst) with the new ones."""
+    over = _overheads(ctx)
+    kind = t["kind"]
+    owner, dev, cpu_s = side_cpu_entries(over, kind == TASK_TRANSFER, kind == TASK_COLLECTIVE, t["device"],
+                                         t["src_dev"], t["bytes"], t["part_ptr"], part_dev)
+    cpu_device = np.array([is_cpu_kind(d.kind) for d in ctx.cluster.devices], dtype=bool)
+    keep = cpu_device[dev] & (cpu_s > 0)
+    owner, dev, cpu_s = owner[keep], dev[keep], cpu_s[keep]
+    if not len(owner):
+        return dep_src, dep_dst
+    m = len(kind)
+    count = np.bincount(owner, minlength=m)  # handlers per owner, numbered m + ... in owner order
+    first = m + np.cumsum(count) - count
+    into = count[dep_dst] > 0  # every task an owner waits for, each of its handlers waits for
+    k = count[dep_dst[into]]
+    new_src = np.repeat(dep_src[into], k)
+    new_dst = np.repeat(first[dep_dst[into]], k) + np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
+    _extend_with_handlers(t, owner, dev, cpu_s / fraction[dev], t["prio"][owner])
+    return np.concatenate([dep_src, new_src]).astype(np.int32), np.concatenate([dep_dst, new_dst]).astype(np.int32)
 
 
 def _handlers(kind, device, src_dev, send_cpu, dep_src, dep_dst):
@@ -313,7 +357,8 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
     A collective keeps its links (and its fitted time) whole: on this runtime a CPU collective
     blocks its participants' executors, so a step's all-reduces run one after another.
     collective_cpu_s and message_cpu_s_per_byte (the CPU that collectives and message bytes cost)
-    are not charged here: tfplace.cpu_demand turns them into the step's CPU bound."""
+    are not charged here: tfplace.cpu_demand turns them into the step's CPU bound, and
+    _append_side_cpu puts them on the CPU devices' lanes beside the collectives and transfers."""
     over = _overheads(ctx)
     if not over:
         return np.zeros(0), None, None, None

@@ -27,7 +27,7 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
               task_bytes[M] float64    bytes produced (COMPUTE: all its outputs) or moved
                                        (TRANSFER: slice bytes; COLLECTIVE: the tensor size S)
               task_priority[M] int64   lower runs first on a device (group priority, then
-                                       topological rank; a HANDLER after every other task);
+                                       topological rank; see handlers);
                                        ties by task id
               task_weight[M] float64   COMPUTE replicas: aggregation weight of its partial values,
                                        samples / B (used where tensor_weight_mean, else 1); 0 else
@@ -65,13 +65,17 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
                                        (source instance, destination device) as TensorFlow's
                                        partitioner sends it (0 bytes, the link latency; the rewrite
                                        emits it as the control edge itself). Empty: none; additive
-  handlers    HANDLER tasks (after every other task; none unless the runtime overheads ask for
-              them): a TF server with one inter-op thread serves a tensor, and hands a received
-              one on, only when no op is ready there. Per TRANSFER x, two: the sender's (x's
-              source device; the sending half of x's message CPU), after every task x depends on
+  handlers    HANDLER tasks (none unless the runtime overheads ask for them). A TF server with
+              one inter-op thread serves a tensor, and hands a received one on, only when no op
+              is ready there: per TRANSFER x, two, the sender's (x's source device; the sending
+              half of x's message CPU; last by priority), after every task x depends on
               and before x, and the receiver's hand-back (x's destination; 0 s), after x and
-              before every task that depends on x. task_op / task_tensor are x's; no buffers; the
-              rewrite emits nothing for them and ignores their dependencies (graph_dependencies)
+              before every task that depends on x. Per collective or transfer on CPU devices,
+              with the runtime overheads' collective / per-byte CPU: one per CPU device it
+              occupies, that CPU over the device's CPU fraction, ready with it (after every task
+              it depends on), at its priority, before nothing. task_op / task_tensor are their
+              owner's; no buffers; the rewrite emits nothing for them and ignores their
+              dependencies (graph_dependencies)
   step        step_message_start int     TRANSFERs from here on are the step's own messages
                                        (tfplace.lowering_assemble._step_messages; -1: none,
                                        additive field): a feed slice is a TRANSFER of an input
