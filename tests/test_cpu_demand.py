@@ -258,7 +258,7 @@ def test_collective_cpu_runs_on_each_participants_lane_gating_nothing(cpu_ms):
     assert not np.isin(placed.dep_src, handlers).any()
     waits = {int(h): sorted(placed.dep_src[placed.dep_dst == h].tolist()) for h in handlers}
     assert all(w == sorted(placed.dep_src[placed.dep_dst == coll[0]].tolist()) for w in waits.values())
-    assert placed.task_seconds[coll] == pytest.approx(plain.task_seconds[np.nonzero(plain.task_kind == TASK_COLLECTIVE)[0]])
+    assert placed.task_seconds[coll] == pytest.approx(plain.task_seconds[plain.task_kind == TASK_COLLECTIVE])
     # the bound counts that CPU once (collective_d), not again for the handlers
     lane = np.isin(placed.task_kind, DEVICE_KINDS) & (placed.task_kind != TASK_HANDLER)
     lanes = np.bincount(placed.task_device[lane], weights=placed.task_seconds[lane], minlength=2)

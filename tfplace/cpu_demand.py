@@ -123,14 +123,16 @@ def side_cpu_entries(over: Mapping[str, Any], transfer: np.ndarray, collective: 
             cb, cs = check_curve(curves[key], f"runtime_overheads.collective_cpu_s.{key}")
             cost[size == group] = curve_seconds(task_bytes[coll[size == group]], cb, cs)
         # part_dev lists the collectives' participants in task order: each pays its collective's cost
-        first = part_ptr[coll]
         within = np.arange(int(size.sum())) - np.repeat(np.cumsum(size) - size, size)
-        tasks.append(np.repeat(coll, size)), devices.append(part_dev[np.repeat(first, size) + within].astype(np.int64))
+        tasks.append(np.repeat(coll, size))
+        devices.append(part_dev[np.repeat(part_ptr[coll], size) + within].astype(np.int64))
         seconds.append(np.repeat(cost, size))
     per_byte = float(over.get("message_cpu_s_per_byte", 0.0))
     x = np.nonzero(transfer & (task_bytes > 0))[0] if per_byte else np.zeros(0, np.int64)
-    for end in (task_src_device[x], task_device[x]):
-        tasks.append(x), devices.append(end.astype(np.int64)), seconds.append(0.5 * per_byte * task_bytes[x])
+    for end in (task_src_device[x], task_device[x]):  # half at each end
+        tasks.append(x)
+        devices.append(end.astype(np.int64))
+        seconds.append(0.5 * per_byte * task_bytes[x])
     task, device, cpu_s = np.concatenate(tasks), np.concatenate(devices), np.concatenate(seconds)
     order = np.argsort(task, kind="stable")
     return task[order], device[order], cpu_s[order]

@@ -211,7 +211,8 @@ def _append_handlers(t, send_cpu, dep_src, dep_dst):
     CSR pointers link_ptr and part_ptr [M+1]; changed in place) and returns the dependencies
     (src, dst) with theirs."""
     hx, h_dev, h_sec, h_src, h_dst = _handlers(t["kind"], t["device"], t["src_dev"], send_cpu, dep_src, dep_dst)
-    _extend_with_handlers(t, hx, h_dev, h_sec, np.full(len(hx), int(t["prio"].max(initial=0)) + 1))  # after every other task on its lane
+    last = np.full(len(hx), int(t["prio"].max(initial=0)) + 1)  # after every other task on its lane
+    _extend_with_handlers(t, hx, h_dev, h_sec, last)
     return np.concatenate([dep_src, h_src]).astype(np.int32), np.concatenate([dep_dst, h_dst]).astype(np.int32)
 
 
