@@ -559,7 +559,7 @@ def profile_path(model: str, bundle: str, batch: int, workdir: str, hetero: bool
     step took 1.85 ms at one hour and 2.7-3.3 ms at the next, same process setup), so a profile
     is only comparable with steps timed right after it (a few seconds per model). `repeats`:
     the profiler's --repeats; `tag` goes into the file's name (one file per pass)."""
-    out = os.path.join(workdir, f"{model}_t1{'_hetero' if hetero else ''}{tag}.json")
+    out = profile_file(model, workdir, hetero, tag)
     if fresh and os.path.exists(out):
         os.remove(out)
     if os.path.exists(out):
@@ -578,6 +578,12 @@ def profile_path(model: str, bundle: str, batch: int, workdir: str, hetero: bool
                 subprocess.run(base + ["--kind", kind, "--cpus", cpus, "--cpu-fraction", str(fraction),
                                        "--statistic", "median"] + (["--merge"] if i else []), check=True, cwd=ROOT)
     return attach_comm(out, comm or cluster_comm())
+
+
+def profile_file(model: str, workdir: str, hetero: bool, tag: str = "") -> str:
+    """Where profile_path writes `model`'s profile (`tag`: one pass's file; "" the profile the
+    simulator reads)."""
+    return os.path.join(workdir, f"{model}_t1{'_hetero' if hetero else ''}{tag}.json")
 
 
 def profile_repeats(passes: int) -> int:
@@ -688,7 +694,7 @@ class RoundConditions:
         the profile file is the passes' medians (median_profile) with that comm fit attached."""
         from tfplace.profile import load_profile
         comm = self.comm()
-        out = os.path.join(self.args.workdir, f"{self.model}_t1{'_hetero' if self.args.hetero else ''}.json")
+        out = profile_file(self.model, self.args.workdir, self.args.hetero)
         if self.profile_runs != [out]:
             median_profile(self.profile_runs, out)
         return comm, self.overheads(), load_profile(attach_comm(out, comm))
@@ -953,8 +959,8 @@ def main(argv=None):
               "passes. " if args.hetero else
               f"3 TF server tasks on 127.0.0.1 (clusters/local_cpu.json), 1 intra-op + {args.inter_threads} "
               "inter-op thread(s) each, homogeneous, unpinned. Profile: "
-              f"`python -m tfplace.profile --threads 1 --inter-threads 1 --repeats {profile_repeats(args.rounds)}` per model, a pass before each round, each op's median "
-              "over the passes. ") +
+              f"`python -m tfplace.profile --threads 1 --inter-threads 1 --repeats {profile_repeats(args.rounds)}` "
+              "per model, a pass before each round, each op's median over the passes. ") +
              ("Comm fit: the bundled " + BUNDLED_COMM + ". " if args.bundled_comm else
               "Comm fit: measured on the run's cluster, a pass before each round (tfplace.comm_profiler, "
               f"up to {COMM_MAX_BYTES >> 20} MiB). ") +

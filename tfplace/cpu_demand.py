@@ -138,20 +138,19 @@ def side_cpu_entries(over: Mapping[str, Any], transfer: np.ndarray, collective: 
     return task[order], device[order], cpu_s[order]
 
 
-def device_cpu_seconds(over: Mapping[str, Any], lane: np.ndarray, transfer: np.ndarray, collective: np.ndarray,
-                       task_seconds: np.ndarray, message_charge: np.ndarray, task_device: np.ndarray,
-                       task_src_device: np.ndarray, task_bytes: np.ndarray, part_ptr: np.ndarray,
-                       part_dev: np.ndarray, fraction: np.ndarray,
+def device_cpu_seconds(lane: np.ndarray, transfer: np.ndarray, task_seconds: np.ndarray,
+                       message_charge: np.ndarray, task_device: np.ndarray, task_src_device: np.ndarray,
+                       side_device: np.ndarray, side_cpu_s: np.ndarray, fraction: np.ndarray,
                        message_cpu: Optional[np.ndarray] = None) -> np.ndarray:
     """demand_d of the module docstring, CPU seconds per step [D].
 
-    lane, transfer, collective: [M] masks of the task kinds; task_seconds [M] with the message
-    charges in it, message_charge [M] those charges; part_ptr [M+1], part_dev: the collectives'
-    participants (CSR over tasks; only collectives have any); fraction [D]: f_d; message_cpu [M]
-    (None: none): the fixed CPU of each transfer's message (both ends together) when the runtime
-    runs it beside the lanes (runtime_overheads.inter_op_threads >= 2), half to each end like
-    bytes_charge_d. The lanes' tasks are the lowering's before it adds the side_cpu_entries as
-    HANDLER tasks (those are counted here once, as collective_d and bytes_charge_d)."""
+    lane, transfer: [M] masks of the task kinds; task_seconds [M] with the message charges in
+    it, message_charge [M] those charges; side_device, side_cpu_s [H]: side_cpu_entries'
+    devices and CPU seconds (collective_d and bytes_charge_d); fraction [D]: f_d; message_cpu
+    [M] (None: none): the fixed CPU of each transfer's message (both ends together) when the
+    runtime runs it beside the lanes (runtime_overheads.inter_op_threads >= 2), half to each end
+    like bytes_charge_d. The lanes' tasks are the lowering's before it adds the side entries as
+    HANDLER tasks (those are counted here once, through side_cpu_s)."""
     d = len(fraction)
     on = np.nonzero(lane)[0]
     kernels = task_seconds[on] - message_charge[on]
@@ -161,9 +160,7 @@ def device_cpu_seconds(over: Mapping[str, Any], lane: np.ndarray, transfer: np.n
         x = np.nonzero(transfer)[0]
         demand += np.bincount(task_device[x], weights=0.5 * message_cpu[x], minlength=d)
         demand += np.bincount(task_src_device[x], weights=0.5 * message_cpu[x], minlength=d)
-    _, device, cpu_s = side_cpu_entries(over, transfer, collective, task_device, task_src_device, task_bytes,
-                                        part_ptr, part_dev)
-    return demand + np.bincount(device, weights=cpu_s, minlength=d)
+    return demand + np.bincount(side_device, weights=side_cpu_s, minlength=d)
 
 
 def cpu_bound_seconds(demand_s: np.ndarray, fraction: np.ndarray, host_of: Optional[np.ndarray] = None,

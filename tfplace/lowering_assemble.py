@@ -179,10 +179,14 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
          "control": np.concatenate([np.arange(m) >= m2, st["control"]]), "link_ptr": link_ptr, "part_ptr": part_ptr}
     if send_cpu is not None:
         dep_src, dep_dst = _append_handlers(t, send_cpu, dep_src, dep_dst)
+    # the CPU collectives and message bytes cost, per (task, device): counted once in the
+    # demand, and put on the CPU devices' lanes after it
+    side = side_cpu_entries(_overheads(ctx), t["kind"] == TASK_TRANSFER, t["kind"] == TASK_COLLECTIVE, t["device"],
+                            t["src_dev"], t["bytes"], t["part_ptr"], part_dev)
     cpu_s, fraction = _cpu_demand(ctx, t["seconds"], t["charge"], off_lane, t["kind"], t["device"], t["src_dev"],
-                                  t["bytes"], t["part_ptr"], part_dev)
-    if len(fraction):  # after the demand, which counts this CPU once already
-        dep_src, dep_dst = _append_side_cpu(t, part_dev, fraction, ctx, dep_src, dep_dst)
+                                  side)
+    if len(fraction):
+        dep_src, dep_dst = _append_side_cpu(t, side, fraction, ctx, dep_src, dep_dst)
     m_all = len(t["kind"])
 
     return PlacedGraph(
@@ -232,9 +236,9 @@ def _extend_with_handlers(t, owner, device, seconds, prio) -> None:
             t[key] = np.concatenate([t[key], values])
 
 
-def _append_side_cpu(t, part_dev, fraction, ctx, dep_src, dep_dst):
-    """Puts the CPU that collectives and message bytes cost their CPU devices
-    (tfplace.cpu_demand.side_cpu_entries) on those devices' lanes as HANDLER tasks, one per
+def _append_side_cpu(t, side, fraction, ctx, dep_src, dep_dst):
+    """Puts the CPU that collectives and message bytes cost their CPU devices (`side`:
+    tfplace.cpu_demand.side_cpu_entries of `t`) on those devices' lanes as HANDLER tasks, one per
     (collective or transfer, CPU device): cpu_s / f_d seconds (the device's CPU fraction
     `fraction` [D] stretches them like its kernels), ready with their collective or transfer
     (after every task it depends on) and with its priority, and gating nothing. The collective
@@ -245,16 +249,13 @@ def _append_side_cpu(t, part_dev, fraction, ctx, dep_src, dep_dst):
     alone let them overlap; benchmarks/fidelity_bench_hetero.md), where a data-parallel chain
     of all-reduces, whose lanes wait idle, is as long as before. GPUs run no such CPU on their
     lanes. Returns the dependencies (src, dst) with the new ones."""
-    over = _overheads(ctx)
-    kind = t["kind"]
-    owner, dev, cpu_s = side_cpu_entries(over, kind == TASK_TRANSFER, kind == TASK_COLLECTIVE, t["device"],
-                                         t["src_dev"], t["bytes"], t["part_ptr"], part_dev)
+    owner, dev, cpu_s = side
     cpu_device = np.array([is_cpu_kind(d.kind) for d in ctx.cluster.devices], dtype=bool)
     keep = cpu_device[dev] & (cpu_s > 0)
     owner, dev, cpu_s = owner[keep], dev[keep], cpu_s[keep]
     if not len(owner):
         return dep_src, dep_dst
-    m = len(kind)
+    m = len(t["kind"])
     count = np.bincount(owner, minlength=m)  # handlers per owner, numbered m + ... in owner order
     first = m + np.cumsum(count) - count
     into = count[dep_dst] > 0  # every task an owner waits for, each of its handlers waits for
@@ -295,19 +296,19 @@ def _overheads(ctx) -> dict:
     return ((getattr(prof, "conditions", None) or {}).get("runtime_overheads") or {}) if prof is not None else {}
 
 
-def _cpu_demand(ctx, seconds, charge, off_lane, kind, device, src_dev, task_bytes, part_ptr, part_dev):
+def _cpu_demand(ctx, seconds, charge, off_lane, kind, device, src_dev, side):
     """(device_cpu_seconds[D], device_cpu_fraction[D]) of tfplace.cpu_demand; both empty when the
     runtime overheads give no CPU beside the lanes: no collective, per-byte or off-lane message
     CPU (the bound could not pass the lanes then). charge / off_lane: the message CPU on the
-    lanes / beside them (_runtime_overheads)."""
+    lanes / beside them (_runtime_overheads); side: side_cpu_entries (task, device, cpu_s)."""
     over = _overheads(ctx)
     if not (over.get("collective_cpu_s") or over.get("message_cpu_s_per_byte") or off_lane is not None):
         return np.zeros(0), np.zeros(0)
     fraction = cpu_fractions(ctx.profile, [d.kind for d in ctx.cluster.devices])
     lane = np.isin(kind, DEVICE_KINDS)
-    demand = device_cpu_seconds(over, lane, kind == TASK_TRANSFER, kind == TASK_COLLECTIVE, seconds,
+    demand = device_cpu_seconds(lane, kind == TASK_TRANSFER, seconds,
                                 charge if charge is not None else np.zeros(len(seconds)), device, src_dev,
-                                task_bytes, part_ptr, part_dev, fraction, message_cpu=off_lane)
+                                side[1], side[2], fraction, message_cpu=off_lane)
     return demand, fraction
 
 
