@@ -187,6 +187,96 @@ def local_cluster_setup(hetero: bool, inter_threads: int = 1):
 FEED_ROWS, FEED_BIG_ROWS = 48, 4096  # [rows, 16] float32 feeds: 3 KB and 256 KB
 
 
+def step_costs(lc, build, wall_steps: int = 30, cpu_steps: int = 0, inputs: int = 1, rows: int = FEED_ROWS):
+    """What one graph's step costs on `lc`, run the way StepRunner runs it (LocalCluster.run):
+    (median wall seconds of `wall_steps` steps after warm-up, or None for 0; CPU seconds per step
+    of each task [T] over `cpu_steps` further steps, from the scheduler's counters
+    (task_cpu_seconds), or None for 0). `build(x0)` returns the tensors and ops to fetch, x0 being
+    the sum of `inputs` fed [rows, 16] float32 placeholders, on task 0."""
+    import tensorflow as tf
+    from tfplace.runtime import step_session_config
+    g = tf.Graph()
+    with g.as_default():
+        xs = [tf.compat.v1.placeholder(tf.float32, [None, 16], name=f"x{i}") for i in range(inputs)]
+        with tf.device(lc.device_names[0]):
+            x0 = tf.add_n([x * 1.0 for x in xs])
+        fetch = tf.group(*build(x0))
+    feed = {x: np.zeros((rows, 16), np.float32) for x in xs}
+    with lc.session(graph=g, config=step_session_config(None, lc)) as sess:
+        def step():
+            return run_resent(lambda: lc.run(sess, fetch, feed))
+        wall = None
+        if wall_steps:
+            wall = median_call_seconds(step, wall_steps, 5)
+        else:  # CPU only: warm up as the wall timing would have
+            warm_up(step, 3)
+        used = None
+        if cpu_steps:
+            c0 = task_cpu_seconds(lc.pids)
+            for _ in range(cpu_steps):
+                step()
+            used = (task_cpu_seconds(lc.pids) - c0) / cpu_steps
+    return wall, used
+
+
+RESENT = "request was received twice"
+RESENT_TRIES = 3
+
+
+def run_resent(call, tries: int = RESENT_TRIES):
+    """`call()` (one step of a micro-benchmark: no variables, so running it again changes
+    nothing), run again when TensorFlow aborts it with "The same RunGraph (Worker) request was
+    received twice": a task keeps the ids of the requests it served and refuses one that comes
+    again. Why the request came twice was not found; on the emulated heterogeneous cluster it
+    ended three bench runs, each in measure_overheads. Other errors, and the last try's,
+    propagate."""
+    import tensorflow as tf
+    for attempt in range(tries):
+        try:
+            return call()
+        except tf.errors.AbortedError as err:
+            if RESENT not in str(err) or attempt == tries - 1:
+                raise
+            print(f"  step aborted (a RunGraph request arrived twice); running it again "
+                  f"({attempt + 1} of {tries - 1})", file=sys.stderr, flush=True)
+
+
+def seed_tensor(device: str, i: int = 0, elements: int = 4):
+    """`elements` float32 on `device` that TensorFlow cannot fold away (the classic graph
+    optimizer folds constant subgraphs even with Grappler off): a stateful random op."""
+    import tensorflow as tf
+    with tf.device(device):
+        return tf.random.uniform([elements], seed=i + 1)
+
+
+def collective_chain(devs, k: int, group: int, reduce: bool, elements: int = 4, key_base=None):
+    """A step builder (step_costs): k all-reduces of a value of 4 * elements bytes across the
+    first `group` tasks of `devs`, each task's chained to its previous one by a control edge like
+    the rewrite's priority chains (or, without `reduce`, the same chain of plain multiplies);
+    instance keys from `key_base` (one base per value shape: a key names one shape for the
+    servers' lifetime)."""
+    import tensorflow as tf
+    base_key = 2000 + 100 * (elements > 4) if key_base is None else key_base + 10 * elements.bit_length()
+
+    def build(x0):
+        outs = [x0]
+        members = devs[:group]
+        prev = {d: [] for d in members}
+        bases = {d: seed_tensor(d, elements=elements) for d in members}
+        for i in range(k):
+            for d in members:
+                with tf.device(d), tf.control_dependencies(prev[d]):
+                    v = bases[d] + float(i)
+                    y = tf.raw_ops.CollectiveReduceV2(
+                        input=v, group_size=group, group_key=20 + group,
+                        instance_key=base_key + i,
+                        ordering_token=[], merge_op="Add", final_op="Id") if reduce else v * 1.0
+                prev[d] = [y.op]
+                outs.append(y)
+        return outs
+    return build
+
+
 def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cpu_reps: int = 200,
                       raw: bool = True) -> dict:
     """Fixed costs of the local TF runtime, from micro-benchmarks independent of the models (each
@@ -219,71 +309,41 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     (`serial_collective_s`, 0.7-1.1 ms: less than inside a model's step), the burst figures
     of independent all-reduces, and what bytes cost: wall and CPU per byte of a 1 MiB message
     between tasks 1 and 2 and of a chained 1 MiB all-reduce across every task, beyond 16 bytes
-    (`message_cpu_s_per_byte`: both ends together; `collective_cpu_s_per_byte_per_task`). CPU
+    (`message_cpu_s_per_byte`: both ends together; `collective_cpu_s_per_byte_per_task`: from
+    the `collective_cpu_s` curve's points, which time those all-reduces' CPU already). CPU
     comes from the scheduler's nanosecond counters (task_cpu_seconds) throughout. With `raw`
     (the first pass) two model keys come too, for the step's CPU bound (tfplace.cpu_demand):
     `message_cpu_s_per_byte` (that per-byte message CPU, at least 0) and `collective_cpu_s`,
     per group size the CPU seconds one participant spends per all-reduce at each of
-    COLLECTIVE_CPU_BYTES (a chain of 8 like serial_collectives, beyond the same chain of plain
+    COLLECTIVE_CPU_BYTES (a chain of 8 like collective_chain's, beyond the same chain of plain
     adds, from the scheduler's counters); with `raw` False none of these are measured and `raw`
     is left out. `comm`: the comm fit the model uses (a
     profile's "comm" section, see cluster_comm), for the raw all-reduce figures; `cluster`: the
     tfplace Cluster `lc` runs (one device per task, device i on task i)."""
     import tensorflow as tf
-    from tfplace.runtime import step_session_config
     devs = lc.device_names
     kinds = [d.kind for d in cluster.devices]
 
-    def servers_cpu(count=None):
-        """CPU seconds the first `count` servers (all by default) have used so far."""
-        return float(task_cpu_seconds(lc.pids[:count]).sum())
-
-    def timed(build, cpu=False, cpu_steps=cpu_reps, wall_steps=reps, cpu_of=servers_cpu,
-              inputs=1, rows=FEED_ROWS):
-        """(median wall seconds of `wall_steps` steps or None for 0, CPU seconds per step of
-        `cpu_of` (default: all the servers', servers_cpu) or None without `cpu`); each step feeds
-        `inputs` placeholders of [rows, 16] float32 that task 0 reads."""
-        g = tf.Graph()
-        with g.as_default():
-            xs = [tf.compat.v1.placeholder(tf.float32, [None, 16], name=f"x{i}") for i in range(inputs)]
-            with tf.device(devs[0]):
-                x0 = tf.add_n([x * 1.0 for x in xs])
-            fetch = tf.group(*build(x0))
-        feed = {x: np.zeros((rows, 16), np.float32) for x in xs}
-        with lc.session(graph=g, config=step_session_config(None, lc)) as sess:
-            wall = None
-            if wall_steps:
-                wall = median_call_seconds(lambda: lc.run(sess, fetch, feed), wall_steps, 5)
-            else:  # CPU only: warm up as the wall timing would have
-                warm_up(lambda: lc.run(sess, fetch, feed), 3)
-            used = None
-            if cpu:
-                c0 = cpu_of()
-                for _ in range(cpu_steps):
-                    lc.run(sess, fetch, feed)
-                used = (cpu_of() - c0) / cpu_steps
-        return wall, used
+    def timed(build, cpu=False, cpu_steps=cpu_reps, wall_steps=reps, tasks=None, inputs=1, rows=FEED_ROWS):
+        """(median wall seconds of `wall_steps` steps or None for 0, CPU seconds per step of the
+        first `tasks` servers (all by default) together, or None without `cpu`): step_costs."""
+        wall, used = step_costs(lc, build, wall_steps, cpu_steps if cpu else 0, inputs, rows)
+        return wall, None if used is None else float(used[:tasks].sum())
 
     def one_task(x0):
         return [x0]
-
-    def seed(d, i=0, elements=4):
-        # a value TensorFlow cannot fold away (the classic graph optimizer folds constant
-        # subgraphs even with Grappler off): a stateful random op on device d
-        with tf.device(d):
-            return tf.random.uniform([elements], seed=i + 1)
 
     def three_tasks(x0):
         out = [x0]
         for d in devs[1:]:
             with tf.device(d):
-                out.append(seed(d) + 1.0)
+                out.append(seed_tensor(d) + 1.0)
         return out
 
     def fan_out(k, cross):
         def build(x0):
             outs = [x0]
-            base = seed(devs[1])
+            base = seed_tensor(devs[1])
             for i in range(k):
                 with tf.device(devs[1]):
                     v = base + float(i)
@@ -303,7 +363,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
         """k values per task, each all-reduced across the tasks (or, without `reduce`, not)."""
         def build(x0):
             outs = [x0]
-            bases = [seed(d) for d in devs]
+            bases = [seed_tensor(d) for d in devs]
             for i in range(k):
                 for d, base in zip(devs, bases):
                     with tf.device(d):
@@ -314,34 +374,9 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
             return outs
         return build
 
-    def serial_collectives(k, group, reduce, elements=4, key_base=None):
-        """k all-reduces of a value of 4 * elements bytes across the first `group` tasks, each
-        task's chained to its previous one by a control edge like the rewrite's priority chains
-        (or, without `reduce`, the same chain of plain adds); instance keys from `key_base` (one
-        base per value shape: a key names one shape for the servers' lifetime)."""
-        base_key = 2000 + 100 * (elements > 4) if key_base is None else key_base + 10 * elements.bit_length()
-
-        def build(x0):
-            outs = [x0]
-            members = devs[:group]
-            prev = {d: [] for d in members}
-            bases = {d: seed(d, elements=elements) for d in members}
-            for i in range(k):
-                for d in members:
-                    with tf.device(d), tf.control_dependencies(prev[d]):
-                        v = bases[d] + float(i)
-                        y = tf.raw_ops.CollectiveReduceV2(
-                            input=v, group_size=group, group_key=20 + group,
-                            instance_key=base_key + i,
-                            ordering_token=[], merge_op="Add", final_op="Id") if reduce else v * 1.0
-                    prev[d] = [y.op]
-                    outs.append(y)
-            return outs
-        return build
-
     def ops(k):
         def build(x0):
-            v = seed(devs[0])
+            v = seed_tensor(devs[0])
             with tf.device(devs[0]):
                 for _ in range(k):
                     v = v + 1.0
@@ -389,23 +424,24 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     n = len(devs)
     serial = {}  # group size -> wall per collective of a chained sequence, beyond the plain chain
     for group in range(2, n + 1):
-        serial[group] = (timed(serial_collectives(fan, group, True))[0]
-                         - timed(serial_collectives(fan, group, False))[0]) / fan
+        serial[group] = (timed(collective_chain(devs, fan, group, True))[0]
+                         - timed(collective_chain(devs, fan, group, False))[0]) / fan
 
     # what bytes cost: the same chains with BIG_MESSAGE_BYTES per message / all-reduce, against
     # 16 bytes (both measured the same way, so the difference is the bytes' share)
     big, k = BIG_MESSAGE_BYTES // 4, 6
     hop_big = timed(ping_pong(k, True, 1, 2, big), cpu=True, cpu_steps=40)
     hop_small = timed(ping_pong(k, True, 1, 2), cpu=True, cpu_steps=40)
-    coll_big = timed(serial_collectives(k, n, True, big), cpu=True, cpu_steps=20)
-    coll_small = timed(serial_collectives(k, n, True), cpu=True, cpu_steps=20)
+    # the all-reduce's wall only: its CPU per byte comes from the collective_cpu_s curve below
+    coll_big = timed(collective_chain(devs, k, n, True, big))[0]
+    coll_small = timed(collective_chain(devs, k, n, True))[0]
     extra_bytes = 4 * big - 16
 
     def participant_cpu(group, nbytes, k=8, steps=10):
         """CPU seconds one of the first `group` tasks spends per all-reduce of `nbytes` in a
         chain of k (beyond the same chain of plain ops), from the scheduler's counters."""
-        used = [timed(serial_collectives(k, group, reduce, nbytes // 4, key_base=3000), cpu=True,
-                      cpu_steps=steps, wall_steps=0, cpu_of=lambda: servers_cpu(group))[1]
+        used = [timed(collective_chain(devs, k, group, reduce, nbytes // 4, key_base=3000), cpu=True,
+                      cpu_steps=steps, wall_steps=0, tasks=group)[1]
                 for reduce in (True, False)]
         return max(used[0] - used[1], 0.0) / (k * group)
 
@@ -414,6 +450,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     out["collective_cpu_s"] = {str(g): {"bytes": list(COLLECTIVE_CPU_BYTES),
                                         "seconds": [participant_cpu(g, b) for b in COLLECTIVE_CPU_BYTES]}
                                for g in range(2, n + 1)}
+    curve_n = dict(zip(COLLECTIVE_CPU_BYTES, out["collective_cpu_s"][str(n)]["seconds"]))
     message_cpu_per_byte = (hop_big[1] - hop_small[1]) / (k * extra_bytes)
     out["message_cpu_s_per_byte"] = max(message_cpu_per_byte, 0.0)
 
@@ -430,12 +467,13 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
                   "burst_collective_cpu_s": (coll_cpu - plain_cpu) / fan, "collective_messages": n * 2 * (n - 1),
                   "serial_collective_s": {str(g): v for g, v in serial.items()},
                   # per byte beyond a 16-byte message: a hop between tasks 1 and 2 (CPU of both
-                  # ends together), and a chained all-reduce across every task (CPU per task)
+                  # ends together), and a chained all-reduce across every task (its CPU per
+                  # task from the collective_cpu_s curve's points at 16 bytes and 1 MiB)
                   "big_message_bytes": BIG_MESSAGE_BYTES,
                   "message_s_per_byte": (hop_big[0] - hop_small[0]) / (k * extra_bytes),
                   "message_cpu_s_per_byte": message_cpu_per_byte,
-                  "collective_s_per_byte": (coll_big[0] - coll_small[0]) / (k * extra_bytes),
-                  "collective_cpu_s_per_byte_per_task": (coll_big[1] - coll_small[1]) / (k * n * extra_bytes),
+                  "collective_s_per_byte": (coll_big - coll_small) / (k * extra_bytes),
+                  "collective_cpu_s_per_byte_per_task": (curve_n[BIG_MESSAGE_BYTES] - curve_n[16]) / extra_bytes,
                   "allreduce_fit_16_bytes_s": {g: fit16(g) for g in comm["allreduce"]}}
     return out
 
@@ -550,9 +588,10 @@ def comm_of_passes(runs) -> dict:
 
 
 def profile_path(model: str, bundle: str, batch: int, workdir: str, hetero: bool = False, fresh: bool = True,
-                 comm: "dict | None" = None, repeats: int = PROFILE_REPEATS, tag: str = "") -> str:
-    """Measures the CPU profile of `bundle` at 1 intra/inter thread into workdir and attaches
-    `comm` (cluster_comm; default the bundled fit); with `hetero`, one kind per emulated speed,
+                 repeats: int = PROFILE_REPEATS, tag: str = "") -> str:
+    """Measures the CPU profile of `bundle` at 1 intra/inter thread into workdir (without a comm
+    fit: RoundConditions.settled attaches the run's to the profile the simulator reads); with
+    `hetero`, one kind per emulated speed,
     each pinned like its tasks, a quota kind's ops scaled by the slowdown measured under its
     quota (profiler_cli --cpu-fraction). `fresh` measures
     anew even if workdir has it: this machine's speed drifts by phases (the tiny transformer's
@@ -577,7 +616,7 @@ def profile_path(model: str, bundle: str, batch: int, workdir: str, hetero: bool
             for i, (kind, (cpus, fraction)) in enumerate(HETERO["kinds"].items()):
                 subprocess.run(base + ["--kind", kind, "--cpus", cpus, "--cpu-fraction", str(fraction),
                                        "--statistic", "median"] + (["--merge"] if i else []), check=True, cwd=ROOT)
-    return attach_comm(out, comm or cluster_comm())
+    return out
 
 
 def profile_file(model: str, workdir: str, hetero: bool, tag: str = "") -> str:

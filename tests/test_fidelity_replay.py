@@ -218,3 +218,28 @@ def test_median_profile_takes_each_op_time_over_the_passes(tmp_path, passes, med
 def test_profile_repeats_cover_the_profile_repeats_over_the_passes(passes, repeats):
     assert fb.profile_repeats(passes) == repeats
     assert passes * repeats >= fb.PROFILE_REPEATS
+
+
+@pytest.mark.parametrize("messages, tries, outcome", [
+    ([], 3, "ok"),  # no abort: one call
+    (["The same RunGraph (Worker) request was received twice. graph_handle: 1"], 3, "ok"),  # sent again once
+    (["... request was received twice ..."] * 2, 3, "ok"),
+    (["... request was received twice ..."] * 3, 3, "raised"),  # the last try's abort propagates
+    (["Graph handle is not found"], 3, "raised"),  # another abort is not a resend
+])
+def test_a_micro_benchmark_step_is_run_again_only_when_its_request_came_twice(messages, tries, outcome):
+    tf = pytest.importorskip("tensorflow")
+    pending = list(messages)
+    calls = []
+
+    def step():
+        calls.append(1)
+        if pending:
+            raise tf.errors.AbortedError(None, None, pending.pop(0))
+        return "done"
+    if outcome == "ok":
+        assert fb.run_resent(step, tries) == "done" and len(calls) == len(messages) + 1
+    else:
+        with pytest.raises(tf.errors.AbortedError):
+            fb.run_resent(step, tries)
+        assert len(calls) == min(len(messages), tries)

@@ -1,0 +1,157 @@
+"""Each task's CPU for the runtime's work and for a model's step, on the local cluster.
+
+    .venv/bin/python benchmarks/task_cpu_probe.py [--hetero] [--models tiny_cnn,tiny_transformer]
+        [--steps 100] [--repeats 2]
+
+fidelity_bench's overheads give the servers' CPU summed over the tasks, and its table each task's
+CPU per step of a whole strategy. This probe splits the runtime's work by task, so that the
+simulator's per-device CPU demand (tfplace.cpu_demand) can be checked term by term. Per pass it
+prints, for each item, the wall per unit and each task's CPU per unit (the scheduler's counters,
+fidelity_bench.task_cpu_seconds), each the difference of two steps that differ only in it
+(fidelity_bench.step_costs):
+  * further tasks: a step with a tiny op on tasks 1 and 2 as well, beyond a one-task step (each
+    further task's column: its RunGraph; task 0's: what the master spends on both);
+  * an all-reduce: a chain of 12 across all three tasks (and across tasks 0-1) at 16 bytes and
+    64 KiB, beyond the same chain of plain multiplies (fidelity_bench.collective_chain);
+  * a message: a chain of 24 dependent 16-byte hops between tasks 1-2 and 0-1, beyond the same
+    chain on one task (fidelity_bench.hop_chain);
+  * an op: a chain of 1000 dependent adds of 4 floats on each task, beyond none.
+With --models, each model's whole step (rewrite_step of all samples on one device) on task 0,
+1 and 2 alone, --steps steps each: its wall and each task's CPU per step. On the emulated
+heterogeneous cluster (--hetero, fidelity_bench.HETERO) the tasks run the same kernels; what a
+throttled task spends beyond task 0 is what the quota costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+import fidelity_bench as fb
+
+COLLECTIVE_SIZES_BYTES = (16, 64 << 10)
+CHAIN_COLLECTIVES, CHAIN_HOPS, CHAIN_OPS = 12, 24, 1000
+
+
+def per_unit(lc, build, units: int, steps: int) -> tuple:
+    """(wall seconds, CPU seconds per task [T]) per unit of what `build(True)` has beyond
+    `build(False)`, `units` of it in a step (step_costs of each, `steps` steps). Every task's
+    column is divided by `units`."""
+    wall = []
+    cpu = []
+    for present in (True, False):
+        w, c = fb.step_costs(lc, build(present), wall_steps=steps, cpu_steps=steps)
+        wall.append(w)
+        cpu.append(c)
+    return (wall[0] - wall[1]) / units, (cpu[0] - cpu[1]) / units
+
+
+def further_tasks(devs):
+    def build(present: bool):
+        def step(x0):
+            return [x0] + ([fb.seed_tensor(d, i) + 1.0 for i, d in enumerate(devs[1:])] if present else [])
+        return step
+    return build
+
+
+def op_chain(devs, task: int):
+    def build(present: bool):
+        def step(x0):
+            import tensorflow as tf
+            v = fb.seed_tensor(devs[task])
+            with tf.device(devs[task]):
+                for _ in range(CHAIN_OPS if present else 0):
+                    v = v + 1.0
+            return [x0, v]
+        return step
+    return build
+
+
+def runtime_rows(lc, steps: int) -> list:
+    """(name, wall seconds per unit, CPU seconds per task per unit) of every runtime item."""
+    devs = lc.device_names
+    rows = [("a partition on tasks 1, 2 too", *per_unit(lc, further_tasks(devs), 1, steps))]
+    for nbytes in COLLECTIVE_SIZES_BYTES:
+        for group in (len(devs), 2):
+            key = 5000 + 200 * group  # collective_chain adds a term per value size
+
+            def build(present, group=group, nbytes=nbytes, key=key):
+                return fb.collective_chain(devs, CHAIN_COLLECTIVES, group, present, nbytes // 4, key_base=key)
+            rows.append((f"all-reduce, tasks 0-{group - 1}, {nbytes} B", *per_unit(lc, build, CHAIN_COLLECTIVES, steps)))
+    for a, b in ((1, 2), (0, 1)):
+        def build(present, a=a, b=b):
+            return lambda x0: [x0, fb.hop_chain(devs, a, b, CHAIN_HOPS, present)]
+        rows.append((f"message, tasks {a}-{b}, 16 B", *per_unit(lc, build, CHAIN_HOPS, steps)))
+    for task in range(len(devs)):
+        rows.append((f"op on task {task}", *per_unit(lc, op_chain(devs, task), CHAIN_OPS, steps)))
+    return rows
+
+
+def model_rows(lc, cluster, model: str, steps: int) -> list:
+    """(name, median wall seconds, CPU seconds per task [T]) per step of `model` on each task alone."""
+    from tfplace.graph_loader import load_op_graph
+    from tfplace.rewrite import rewrite_step
+    from tfplace.runtime import StepRunner, random_feed
+    from tfplace.strategy import Strategy, decision
+    graph = load_op_graph(os.path.join(fb.ROOT, fb.bundle_path(model)))
+    batch = int(graph.reference_batch_size)
+    rows = []
+    for task, device in enumerate(cluster.device_names):
+        strategy = Strategy(batch, fb.MAX_GROUPS, decision({device: batch}), {}, model)
+        step = rewrite_step(graph, strategy, cluster)
+        with initialized(StepRunner(lc, step, timeout_s=120)) as runner:
+            feed = random_feed(step.inputs, batch, 0)
+            fb.warm_up(lambda: runner.run_steps(1, feed), 5)
+            c0 = fb.task_cpu_seconds(lc.pids)
+            times = runner.run_steps(steps, feed)
+            cpu = (fb.task_cpu_seconds(lc.pids) - c0) / steps
+        rows.append((f"{model} on task {task}", float(np.median(times)), cpu))
+    return rows
+
+
+def initialized(runner):
+    """`runner` (a StepRunner, a context manager that closes it) with its variables initialised."""
+    runner.initialize()
+    return runner
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hetero", action="store_true", help="the emulated heterogeneous cluster (needs root)")
+    p.add_argument("--models", default="", help="comma-separated zoo models (fidelity_bench.MODELS) to run whole")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--repeats", type=int, default=2)
+    args = p.parse_args(argv)
+    for name in ("steps", "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    models = [m for m in args.models.split(",") if m]
+    unknown = sorted(set(models) - set(fb.MODELS))
+    if unknown:
+        p.error(f"--models: unknown {unknown}; choose from {sorted(fb.MODELS)}")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tfplace.local_cluster import LocalCluster
+    cluster, lc_kwargs = fb.local_cluster_setup(args.hetero)
+    with LocalCluster(**lc_kwargs) as lc:
+        tasks = " ".join(f"{'task ' + str(t):>8}" for t in range(lc.num_tasks))
+        for r in range(args.repeats):
+            t0 = time.perf_counter()
+            print(f"pass {r + 1}: per unit, us (wall, then each task's CPU)\n  {'':34} {'wall':>8} {tasks}",
+                  flush=True)
+            for name, wall, cpu in runtime_rows(lc, args.steps):
+                print(f"  {name:34} {wall * 1e6:8.1f} " + " ".join(f"{c * 1e6:8.1f}" for c in cpu), flush=True)
+            if models:
+                print(f"pass {r + 1}: a model's step on one task, ms\n  {'':34} {'wall':>8} {tasks}", flush=True)
+            for model in models:
+                for name, wall, cpu in model_rows(lc, cluster, model, args.steps):
+                    print(f"  {name:34} {wall * 1e3:8.2f} " + " ".join(f"{c * 1e3:8.2f}" for c in cpu), flush=True)
+            print(f"pass {r + 1}: {time.perf_counter() - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

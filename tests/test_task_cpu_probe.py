@@ -1,0 +1,46 @@
+"""benchmarks/task_cpu_probe.py: what it prints per task is that task's own CPU. A chain of ops on
+one task costs that task the most CPU; a further task's RunGraph costs that task CPU; a chain of
+all-reduces costs each participant CPU and the task left out of it nothing. Multi-process."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from tfplace.local_cluster import LocalCluster
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import fidelity_bench as fb  # noqa: E402
+import task_cpu_probe as probe  # noqa: E402
+
+pytestmark = pytest.mark.multiprocess
+pytest.importorskip("tensorflow")
+
+
+def test_each_task_is_charged_its_own_work():
+    with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[1, 1, 1]) as lc:
+        devs = lc.device_names
+        further = probe.per_unit(lc, probe.further_tasks(devs), 1, steps=20)
+        ops = {t: probe.per_unit(lc, probe.op_chain(devs, t), probe.CHAIN_OPS, steps=20) for t in (1, 2)}
+
+        def pair_chain(present):
+            return fb.collective_chain(devs, 4, 2, present, key_base=9000)
+        reduce = probe.per_unit(lc, pair_chain, 4, steps=20)
+    wall, cpu = further
+    # every further task serves its RunGraph (hundreds of microseconds here) on its own CPU
+    assert wall > 0 and cpu[1] > 1e-5 and cpu[2] > 1e-5
+    for t, (_, cpu) in ops.items():
+        assert int(np.argmax(cpu)) == t and cpu[t] > 0
+    # an all-reduce between tasks 0 and 1 costs both of them; task 2 takes no part
+    _, cpu = reduce
+    assert cpu[0] > 1e-6 and cpu[1] > 1e-6 and abs(cpu[2]) < min(cpu[0], cpu[1])
+
+
+def test_step_costs_gives_the_wall_and_each_task_cpu_or_none():
+    with LocalCluster(num_tasks=2, threads_per_task=[1, 1], inter_threads_per_task=[1, 1]) as lc:
+        wall, cpu = fb.step_costs(lc, lambda x0: [x0], wall_steps=3, cpu_steps=5)
+        none_wall, none_cpu = fb.step_costs(lc, lambda x0: [x0], wall_steps=0, cpu_steps=0)
+    assert wall > 0 and cpu.shape == (2,) and cpu[0] > 0
+    assert none_wall is None and none_cpu is None
