@@ -249,6 +249,33 @@ def seed_tensor(device: str, i: int = 0, elements: int = 4):
         return tf.random.uniform([elements], seed=i + 1)
 
 
+def every_task(devs):
+    """A step builder (step_costs): x0 and one tiny op on each further task of `devs`, so that
+    every task runs a partition of the step."""
+    import tensorflow as tf
+
+    def build(x0):
+        out = [x0]
+        for d in devs[1:]:
+            with tf.device(d):
+                out.append(seed_tensor(d) + 1.0)
+        return out
+    return build
+
+
+def add_chain(devs, k: int, task: int = 0):
+    """A step builder (step_costs): x0 and a chain of k dependent adds of 4 floats on `task`."""
+    import tensorflow as tf
+
+    def build(x0):
+        v = seed_tensor(devs[task])
+        with tf.device(devs[task]):
+            for _ in range(k):
+                v = v + 1.0
+        return [x0, v]
+    return build
+
+
 def collective_chain(devs, k: int, group: int, reduce: bool, elements: int = 4, key_base=None):
     """A step builder (step_costs): k all-reduces of a value of 4 * elements bytes across the
     first `group` tasks of `devs`, each task's chained to its previous one by a control edge like
@@ -333,13 +360,6 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     def one_task(x0):
         return [x0]
 
-    def three_tasks(x0):
-        out = [x0]
-        for d in devs[1:]:
-            with tf.device(d):
-                out.append(seed_tensor(d) + 1.0)
-        return out
-
     def fan_out(k, cross):
         def build(x0):
             outs = [x0]
@@ -374,15 +394,6 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
             return outs
         return build
 
-    def ops(k):
-        def build(x0):
-            v = seed_tensor(devs[0])
-            with tf.device(devs[0]):
-                for _ in range(k):
-                    v = v + 1.0
-            return [x0, v]
-        return build
-
     step, _ = timed(one_task)
     # what a step's feed costs: one more fed tensor, and the bytes of a large one (the client
     # sends the feed to task 0 through the master: the tiny CNN's 147 KB feed cost ~70 us more
@@ -390,9 +401,9 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     feed_input = timed(one_task, inputs=2)[0] - step
     feed_per_byte = max((timed(one_task, rows=FEED_BIG_ROWS)[0] - step) / ((FEED_BIG_ROWS - FEED_ROWS) * 64), 0.0)
     chain = 40 * fan  # ~1 ms of ops: the per-op difference must stand above the steps' jitter
-    op = (timed(ops(chain))[0] - timed(ops(0))[0]) / chain
+    op = (timed(add_chain(devs, chain))[0] - timed(add_chain(devs, 0))[0]) / chain
     local_op = local_op_seconds(chain, reps)
-    worker = (timed(three_tasks)[0] - step) / 2
+    worker = (timed(every_task(devs))[0] - step) / 2
     cross_wall, cross_cpu = timed(fan_out(fan, True), cpu=True)
     local_wall, local_cpu = timed(fan_out(fan, False), cpu=True)
     # a message costs the CPU of both its ends: one chain per pair of device kinds, between the

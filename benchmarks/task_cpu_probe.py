@@ -52,22 +52,13 @@ def per_unit(lc, build, units: int, steps: int) -> tuple:
 
 def further_tasks(devs):
     def build(present: bool):
-        def step(x0):
-            return [x0] + ([fb.seed_tensor(d, i) + 1.0 for i, d in enumerate(devs[1:])] if present else [])
-        return step
+        return fb.every_task(devs) if present else (lambda x0: [x0])
     return build
 
 
 def op_chain(devs, task: int):
     def build(present: bool):
-        def step(x0):
-            import tensorflow as tf
-            v = fb.seed_tensor(devs[task])
-            with tf.device(devs[task]):
-                for _ in range(CHAIN_OPS if present else 0):
-                    v = v + 1.0
-            return [x0, v]
-        return step
+        return fb.add_chain(devs, CHAIN_OPS if present else 0, task)
     return build
 
 
