@@ -316,7 +316,10 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     (a chain of 40*fan dependent tiny adds), beyond what the same op costs in the profiler's own
     session (local_op_seconds), whose records already hold the executor's per-op work (their
     tracing cost is removed, tfplace.profiler rule 7); worker_s: each further task
-    that runs a partition; transfer_s: per hop of a chain of `fan` dependent tensors going back
+    that runs a partition (a tiny op on each, every_task); their CPU, each task's from the
+    scheduler's counters over `cpu_reps` steps: step_cpu_s (task 0's in the one-task step),
+    master_worker_cpu_s (task 0's per further task) and worker_cpu_s (a further task's own,
+    the mean over them); transfer_s: per hop of a chain of `fan` dependent tensors going back
     and forth between two tasks (a message inside a step, not the fit's best case), beyond the
     link the simulator charges a 16-byte message between those tasks (Cluster.transfer_seconds
     of `cluster`, not the p2p fit measured in the run, which the simulator does not use for
@@ -394,7 +397,10 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
             return outs
         return build
 
-    step, _ = timed(one_task)
+    # wall and each task's CPU of a one-task step, and of a step with a partition on every task
+    step, step_cpu = step_costs(lc, one_task, reps, cpu_reps)
+    every, every_cpu = step_costs(lc, every_task(devs), reps, cpu_reps)
+    further = len(devs) - 1
     # what a step's feed costs: one more fed tensor, and the bytes of a large one (the client
     # sends the feed to task 0 through the master: the tiny CNN's 147 KB feed cost ~70 us more
     # than the 3 KB one above, its 2 tensors ~25 us more than 1)
@@ -403,7 +409,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     chain = 40 * fan  # ~1 ms of ops: the per-op difference must stand above the steps' jitter
     op = (timed(add_chain(devs, chain))[0] - timed(add_chain(devs, 0))[0]) / chain
     local_op = local_op_seconds(chain, reps)
-    worker = (timed(every_task(devs))[0] - step) / 2
+    worker = (every - step) / further
     cross_wall, cross_cpu = timed(fan_out(fan, True), cpu=True)
     local_wall, local_cpu = timed(fan_out(fan, False), cpu=True)
     # a message costs the CPU of both its ends: one chain per pair of device kinds, between the
@@ -418,6 +424,11 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
                              cluster.transfer_seconds(a, b, 16), cluster.path_latency_s(a, b))
     out = {"step_s": max(step - FEED_ROWS * 64 * feed_per_byte, 0.0), "feed_input_s": max(feed_input, 0.0),
            "feed_s_per_byte": feed_per_byte, "op_s": max(op - local_op, 0.0), "worker_s": max(worker, 0.0),
+           # the dispatch's CPU (tfplace.cpu_demand.dispatch_cpu_seconds): the master's for a
+           # one-task step and per further task, and each further task's own
+           "step_cpu_s": float(step_cpu[0]),
+           "master_worker_cpu_s": max(float(every_cpu[0] - step_cpu[0]) / further, 0.0),
+           "worker_cpu_s": max(float(np.mean(every_cpu[1:] - step_cpu[1:])), 0.0),
            # the simulator charges each message's CPU (message_cpu_s) to the lanes or to the
            # transfer (runtime_overheads.inter_op_threads) and a chain's hop already holds it: the
            # transfer is what the hop takes beyond both and beyond the link the simulator

@@ -299,3 +299,36 @@ def test_gpus_carry_no_side_cpu_on_their_lanes():
     from tfplace.placed_graph import TASK_HANDLER
     placed, _ = _dp({"collective_cpu_s": {"2": CURVE}, "message_cpu_s_per_byte": 1e-8})
     assert (placed.task_kind == TASK_HANDLER).sum() == 0 and placed.device_cpu_seconds.sum() > 0
+
+
+# ---- the step's dispatch: CPU in the demand in place of the wall the lanes carry ----
+
+@pytest.mark.parametrize("over, wall_device, used, want", [
+    # older profiles: no dispatch CPU, nothing changes
+    ({"step_s": 1e-3, "worker_s": 2e-3}, 0, [0, 1, 2], [0.0, 0.0, 0.0]),
+    # the wall (charged at device 0, fraction 1) leaves; the master gets its CPU, 2 further tasks
+    ({"step_cpu_s": 1e-4, "master_worker_cpu_s": 5e-5, "worker_cpu_s": 3e-4}, 0, [0, 1, 2],
+     [-1e-3 + 1e-4 + 2 * 5e-5, 3e-4, 3e-4]),
+    # the first input on device 1 (fraction 0.5: half its wall seconds were in the demand)
+    ({"step_cpu_s": 1e-4, "worker_cpu_s": 3e-4}, 1, [1], [1e-4, -0.5e-3 + 3e-4, 0.0]),
+    # a further device that is a GPU gets no RunGraph CPU
+    ({"worker_cpu_s": 3e-4}, 0, [0, 2, 3], [0.0, 0.0, 3e-4, 0.0]),
+])
+def test_dispatch_cpu_replaces_the_wall_with_each_tasks_cpu(over, wall_device, used, want):
+    from tfplace.cpu_demand import dispatch_cpu_seconds
+    fraction = np.array([1.0, 0.5, 0.5, 1.0])[:len(want)]
+    cpu_device = np.array([True, True, True, False])[:len(want)]
+    got = dispatch_cpu_seconds(over, 1e-3, wall_device, np.array(used), fraction, cpu_device)
+    assert got == pytest.approx(want, rel=1e-12, abs=1e-15)
+
+
+def test_dispatch_cpu_reaches_the_demand_through_the_lowering_and_leaves_the_lanes_alone():
+    coll = {"collective_cpu_s": {"2": {"bytes": [0], "seconds": [2e-4]}}, "step_s": 4e-4, "worker_s": 3e-4}
+    cpu = {"step_cpu_s": 1e-4, "master_worker_cpu_s": 6e-5, "worker_cpu_s": 2.5e-4}
+    wall_only, cluster = _cpu_pair(coll)
+    placed, _ = _cpu_pair({**coll, **cpu})
+    # the first input's first instance is on cpu0 (fraction 1), the step runs on both devices
+    assert placed.device_cpu_seconds - wall_only.device_cpu_seconds == pytest.approx(
+        [-(4e-4 + 3e-4) + 1e-4 + 6e-5, 2.5e-4], rel=1e-9)
+    assert placed.task_seconds == pytest.approx(wall_only.task_seconds, rel=1e-12)
+    assert simulate(placed, cluster).makespan_s == pytest.approx(simulate(wall_only, cluster).makespan_s, rel=1e-12)

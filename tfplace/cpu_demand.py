@@ -8,7 +8,8 @@ simulation times a collective by the all-reduce fit on its links and charges eac
 fixed CPU (`runtime_overheads.message_cpu_s`) to the lanes; this module adds what neither holds,
 as a throughput bound on the step:
 
-  demand_d = f_d * lane_d + message_charge_d + bytes_charge_d + collective_d   (CPU seconds)
+  demand_d = f_d * lane_d + message_charge_d + bytes_charge_d + collective_d + dispatch_d
+                                                                              (CPU seconds)
   bound    = max( max_d demand_d / f_d,  max_host sum_{d on host} demand_d / cpu_cores )
 
   f_d                the share of a core device d may use: the CPU quota of its kind's profile
@@ -26,6 +27,8 @@ as a throughput bound on the step:
   collective_d       per all-reduce d takes part in, runtime_overheads.collective_cpu_s
                      [group size] at its bytes: CPU seconds of one participant, piecewise linear
                      in the bytes between the measured sizes, the last slope beyond them
+  dispatch_d         the step's dispatch as CPU in place of the wall the lanes carry for it
+                     (dispatch_cpu_seconds: the master's CPU, and each further task's RunGraph)
   cpu_cores          Host.cpu_cores (hosts without it give no host bound)
 
 The collectives' and the message bytes' CPU (collective_d, bytes_charge_d; side_cpu_entries)
@@ -136,6 +139,34 @@ def side_cpu_entries(over: Mapping[str, Any], transfer: np.ndarray, collective: 
     task, device, cpu_s = np.concatenate(tasks), np.concatenate(devices), np.concatenate(seconds)
     order = np.argsort(task, kind="stable")
     return task[order], device[order], cpu_s[order]
+
+
+def dispatch_cpu_seconds(over: Mapping[str, Any], wall_s: float, wall_device: int, used: np.ndarray,
+                         fraction: np.ndarray, cpu_device: np.ndarray) -> np.ndarray:
+    """What the step's dispatch changes in the demand [D] (CPU seconds, added to demand_d).
+
+    The lanes carry the dispatch as wall seconds on the device of the first input
+    (`wall_device`, `wall_s`: runtime_overheads.step_s and worker_s per further task, see
+    lowering_assemble._runtime_overheads): nothing starts before it. As CPU it is smaller and
+    spread over the tasks (benchmarks/task_cpu_probe.py: the master spends 0.15-0.18 ms for a
+    step on three tasks, each further task 0.25-0.31 ms on its RunGraph, where the wall charge
+    is 0.9-1.0 ms):
+      step_cpu_s           the master's CPU for a one-task step: with it, the wall charge leaves
+                           the demand and the master (device 0's task) gets this
+      master_worker_cpu_s  the master's CPU per further task (with step_cpu_s)
+      worker_cpu_s         each further task's own CPU for its part of the step, on every CPU
+                           device in `used` [U] (the devices that run a partition) but device 0
+    Absent keys change nothing (older profiles). cpu_device [D]: which devices are CPUs (a GPU's
+    demand is its kernels, not its host's RunGraph)."""
+    out = np.zeros(len(fraction))
+    further = [int(d) for d in np.asarray(used).tolist() if d != 0]
+    if "step_cpu_s" in over:
+        out[wall_device] -= fraction[wall_device] * wall_s
+        out[0] += float(over["step_cpu_s"]) + float(over.get("master_worker_cpu_s", 0.0)) * len(further)
+    for d in further:
+        if cpu_device[d]:
+            out[d] += float(over.get("worker_cpu_s", 0.0))
+    return out
 
 
 def device_cpu_seconds(lane: np.ndarray, transfer: np.ndarray, task_seconds: np.ndarray,

@@ -15,7 +15,7 @@ from typing import Tuple
 import numpy as np
 
 from tfplace.cluster import is_cpu_kind
-from tfplace.cpu_demand import cpu_fractions, device_cpu_seconds, side_cpu_entries
+from tfplace.cpu_demand import cpu_fractions, device_cpu_seconds, dispatch_cpu_seconds, side_cpu_entries
 from tfplace.errors import InputError
 from tfplace.jsonio import FieldReader
 from tfplace.lowering_graph import LK_UPD, GraphIndex
@@ -184,7 +184,7 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     side = side_cpu_entries(_overheads(ctx), t["kind"] == TASK_TRANSFER, t["kind"] == TASK_COLLECTIVE, t["device"],
                             t["src_dev"], t["bytes"], t["part_ptr"], part_dev)
     cpu_s, fraction = _cpu_demand(ctx, t["seconds"], t["charge"], off_lane, t["kind"], t["device"], t["src_dev"],
-                                  side)
+                                  side, _dispatch(_overheads(ctx), t["kind"], t["device"], op_ptr, graph))
     if len(fraction):
         dep_src, dep_dst = _append_side_cpu(t, side, fraction, ctx, dep_src, dep_dst)
     m_all = len(t["kind"])
@@ -296,11 +296,13 @@ def _overheads(ctx) -> dict:
     return ((getattr(prof, "conditions", None) or {}).get("runtime_overheads") or {}) if prof is not None else {}
 
 
-def _cpu_demand(ctx, seconds, charge, off_lane, kind, device, src_dev, side):
+def _cpu_demand(ctx, seconds, charge, off_lane, kind, device, src_dev, side, dispatch):
     """(device_cpu_seconds[D], device_cpu_fraction[D]) of tfplace.cpu_demand; both empty when the
     runtime overheads give no CPU beside the lanes: no collective, per-byte or off-lane message
     CPU (the bound could not pass the lanes then). charge / off_lane: the message CPU on the
-    lanes / beside them (_runtime_overheads); side: side_cpu_entries (task, device, cpu_s)."""
+    lanes / beside them (_runtime_overheads); side: side_cpu_entries (task, device, cpu_s);
+    dispatch: _dispatch's (task, wall seconds, devices used), the dispatch's CPU in place of its
+    wall (cpu_demand.dispatch_cpu_seconds)."""
     over = _overheads(ctx)
     if not (over.get("collective_cpu_s") or over.get("message_cpu_s_per_byte") or off_lane is not None):
         return np.zeros(0), np.zeros(0)
@@ -309,6 +311,10 @@ def _cpu_demand(ctx, seconds, charge, off_lane, kind, device, src_dev, side):
     demand = device_cpu_seconds(lane, kind == TASK_TRANSFER, seconds,
                                 charge if charge is not None else np.zeros(len(seconds)), device, src_dev,
                                 side[1], side[2], fraction, message_cpu=off_lane)
+    first, wall_s, used = dispatch
+    if first >= 0:
+        cpu_device = np.array([is_cpu_kind(d.kind) for d in ctx.cluster.devices], dtype=bool)
+        demand = demand + dispatch_cpu_seconds(over, wall_s, int(device[first]), used, fraction, cpu_device)
     return demand, fraction
 
 
@@ -371,11 +377,9 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
     transfer_s = _per_message(over, "transfer_s", ctx.cluster, x, src_dev, device)
     seconds[x] = np.maximum(seconds[x] + transfer_s[x], 0.0)  # transfer_s < 0: see the docstring
     seconds[kind == TASK_COLLECTIVE] += float(over.get("collective_s", 0.0))
-    if graph.inputs:
-        used = len(np.unique(device[kind == TASK_COMPUTE]))  # tasks the master runs a partition on
-        seconds[int(op_ptr[graph.inputs[0]])] += float(over.get("step_s", 0.0)) + \
-            float(over.get("worker_s", 0.0)) * max(used - 1, 0) + \
-            float(over.get("feed_input_s", 0.0)) * (len(graph.inputs) - 1) + \
+    first, dispatch_s, _ = _dispatch(over, kind, device, op_ptr, graph)
+    if first >= 0:
+        seconds[first] += dispatch_s + float(over.get("feed_input_s", 0.0)) * (len(graph.inputs) - 1) + \
             float(over.get("feed_s_per_byte", 0.0)) * feed_bytes
     message_cpu = _per_message(over, "message_cpu_s", ctx.cluster, x, src_dev, device)
     charge = off_lane = send_cpu = None
@@ -392,6 +396,17 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
     if "transfer_gap_s" not in over:
         return np.zeros(0), charge, off_lane, send_cpu
     return np.where(x, np.clip(hold, 0.0, seconds), seconds), charge, off_lane, send_cpu
+
+
+def _dispatch(over, kind, device, op_ptr, graph) -> tuple:
+    """(the task the step's dispatch is charged to: the first input's first instance, -1 for a
+    graph without inputs; its wall seconds: step_s and worker_s per further device; the devices
+    that run a partition of the step [U], the master's RunGraph goes to each)."""
+    used = np.unique(device[kind == TASK_COMPUTE])
+    if not graph.inputs:
+        return -1, 0.0, used
+    wall = float(over.get("step_s", 0.0)) + float(over.get("worker_s", 0.0)) * max(len(used) - 1, 0)
+    return int(op_ptr[graph.inputs[0]]), wall, used
 
 
 def _inter_op_threads(over) -> int:
