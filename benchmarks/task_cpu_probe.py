@@ -1,7 +1,7 @@
 """Each task's CPU for the runtime's work and for a model's step, on the local cluster.
 
     .venv/bin/python benchmarks/task_cpu_probe.py [--hetero] [--models tiny_cnn,tiny_transformer]
-        [--steps 100] [--repeats 2]
+        [--record RECORD.json --strategies tiny_cnn:dp_even_allreduce] [--steps 100] [--repeats 2]
 
 fidelity_bench's overheads give the servers' CPU summed over the tasks, and its table each task's
 CPU per step of a whole strategy. This probe splits the runtime's work by task, so that the
@@ -16,6 +16,9 @@ fidelity_bench.task_cpu_seconds), each the difference of two steps that differ o
   * a message: a chain of 24 dependent 16-byte hops between tasks 1-2 and 0-1, beyond the same
     chain on one task (fidelity_bench.hop_chain);
   * an op: a chain of 1000 dependent adds of 4 floats on each task, beyond none.
+With --record and --strategies, each named strategy of a fidelity_bench --record file, its step
+as it is and with every all-reduce an Identity (without_collectives): the difference is what its
+all-reduces cost each task in a real step, against the collective_cpu_s curve.
 With --models, each model's whole step (rewrite_step of all samples on one device) on task 0,
 1 and 2 alone, --steps steps each: its wall and each task's CPU per step. On the emulated
 heterogeneous cluster (--hetero, fidelity_bench.HETERO) the tasks run the same kernels; what a
@@ -104,6 +107,71 @@ def model_rows(lc, cluster, model: str, steps: int) -> list:
     return rows
 
 
+def without_collectives(graph_def):
+    """(a copy of `graph_def` with every CollectiveReduceV2 an Identity of its input, its other
+    inputs and its control inputs as control inputs; how many were replaced on each device,
+    {device name: count}). The step then does all its other work: what it loses is what its
+    all-reduces cost (the gradients are no longer summed; only the timing is kept)."""
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    count = {}
+    for node in out.node:
+        if node.op != "CollectiveReduceV2":
+            continue
+        dtype = type(node.attr["T"])()
+        dtype.CopyFrom(node.attr["T"])
+        # the key and size inputs become control inputs: they carry the ordering of the
+        # rewrite's priority chains (TensorFlow drops a control input those inputs imply)
+        data = [i for i in node.input if not i.startswith("^")]
+        kept = [data[0]] + ["^" + i.split(":")[0] for i in data[1:]] + [i for i in node.input if i.startswith("^")]
+        node.ClearField("attr")
+        node.attr["T"].CopyFrom(dtype)
+        node.op = "Identity"
+        del node.input[:]
+        node.input.extend(kept)
+        count[node.device] = count.get(node.device, 0) + 1
+    return out, count
+
+
+def recorded_rows(lc, cluster, record_path: str, pairs, steps: int) -> list:
+    """(name, median wall seconds, CPU seconds per task [T], all-reduces per task [T]) of each
+    (model, strategy) in `pairs` from a fidelity_bench --record file, its step as it is and
+    without its all-reduces (without_collectives), `steps` steps each after warm-up."""
+    import dataclasses
+    from tfplace.baselines.problem import make_problem
+    from tfplace.graph_loader import load_op_graph
+    from tfplace.jsonio import FieldReader
+    from tfplace.profile import profile_from_reader
+    from tfplace.rewrite import rewrite_step
+    from tfplace.runtime import StepRunner, random_feed
+    from tfplace.strategy import strategy_from_reader
+    record = FieldReader.from_file(record_path, expected_format=fb.RECORD_FORMAT).data
+    rows = []
+    for model, name in pairs:
+        entry = FieldReader(record["models"], record_path, "models").get(model, dict)
+        by_name = {r["name"]: r for r in entry["rows"]}
+        if name not in by_name:
+            raise SystemExit(f"{record_path}: models.{model} has no strategy {name!r} (has {sorted(by_name)})")
+        graph = load_op_graph(os.path.join(fb.ROOT, entry["bundle"]))
+        profile = fb.with_overheads(profile_from_reader(FieldReader(entry["profile"], record_path, "profile")),
+                                    entry.get("overheads"))
+        batch = int(graph.reference_batch_size)
+        grouping = make_problem(graph, cluster, profile, max_groups=fb.MAX_GROUPS, global_batch_size=batch).grouping
+        strategy = strategy_from_reader(FieldReader(by_name[name]["strategy"], record_path, "strategy"))
+        step = rewrite_step(graph, strategy, cluster, profile=profile, grouping=grouping)
+        plain, on = without_collectives(step.graph_def)
+        count = np.array([on.get(d, 0) for d in lc.device_names])
+        for label, variant in (("as it is", step), ("without all-reduces", dataclasses.replace(step, graph_def=plain))):
+            with initialized(StepRunner(lc, variant, timeout_s=120)) as runner:
+                feed = random_feed(variant.inputs, batch, 0)
+                fb.warm_up(lambda: runner.run_steps(1, feed), 5)
+                c0 = fb.task_cpu_seconds(lc.pids)
+                times = runner.run_steps(steps, feed)
+                cpu = (fb.task_cpu_seconds(lc.pids) - c0) / steps
+            rows.append((f"{model}/{name} {label}", float(np.median(times)), cpu, count))
+    return rows
+
+
 def initialized(runner):
     """`runner` (a StepRunner, a context manager that closes it) with its variables initialised."""
     runner.initialize()
@@ -114,6 +182,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hetero", action="store_true", help="the emulated heterogeneous cluster (needs root)")
     p.add_argument("--models", default="", help="comma-separated zoo models (fidelity_bench.MODELS) to run whole")
+    p.add_argument("--record", default="", help="a fidelity_bench --record file, for --strategies")
+    p.add_argument("--strategies", default="",
+                   help="comma-separated model:strategy of --record, each run as it is and without its all-reduces")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--repeats", type=int, default=2)
     args = p.parse_args(argv)
@@ -124,6 +195,11 @@ def main(argv=None) -> int:
     unknown = sorted(set(models) - set(fb.MODELS))
     if unknown:
         p.error(f"--models: unknown {unknown}; choose from {sorted(fb.MODELS)}")
+    pairs = [tuple(x.split(":", 1)) for x in args.strategies.split(",") if x]
+    if pairs and not args.record:
+        p.error("--strategies needs --record (a fidelity_bench --record file)")
+    if any(len(x) != 2 for x in pairs):
+        p.error("--strategies: each entry is model:strategy, e.g. tiny_cnn:dp_even_allreduce")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from tfplace.local_cluster import LocalCluster
     cluster, lc_kwargs = fb.local_cluster_setup(args.hetero)
@@ -140,6 +216,17 @@ def main(argv=None) -> int:
             for model in models:
                 for name, wall, cpu in model_rows(lc, cluster, model, args.steps):
                     print(f"  {name:34} {wall * 1e3:8.2f} " + " ".join(f"{c * 1e3:8.2f}" for c in cpu), flush=True)
+            if pairs:
+                print(f"pass {r + 1}: a recorded strategy's step, ms\n  {'':52} {'wall':>8} {tasks}", flush=True)
+                rows = recorded_rows(lc, cluster, args.record, pairs, args.steps)
+                for name, wall, cpu, _ in rows:
+                    print(f"  {name:52} {wall * 1e3:8.2f} " + " ".join(f"{c * 1e3:8.2f}" for c in cpu), flush=True)
+                for (name, wall, cpu, count), (_, wall0, cpu0, _) in zip(rows[::2], rows[1::2]):
+                    per = np.maximum(count, 1)  # each task's all-reduces per step
+                    label = name.rsplit(" as it is", 1)[0]
+                    print(f"  {label}: per all-reduce {(wall - wall0) / per.max() * 1e3:.3f} ms "
+                          "wall, CPU per participant " + " ".join(f"{c * 1e3:.3f}" for c in (cpu - cpu0) / per)
+                          + " ms", flush=True)
             print(f"pass {r + 1}: {time.perf_counter() - t0:.0f} s", flush=True)
     return 0
 

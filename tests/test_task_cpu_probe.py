@@ -44,3 +44,45 @@ def test_step_costs_gives_the_wall_and_each_task_cpu_or_none():
         none_wall, none_cpu = fb.step_costs(lc, lambda x0: [x0], wall_steps=0, cpu_steps=0)
     assert wall > 0 and cpu.shape == (2,) and cpu[0] > 0
     assert none_wall is None and none_cpu is None
+
+
+def test_without_collectives_makes_each_all_reduce_an_identity_and_keeps_the_rest():
+    import tensorflow as tf
+    g = tf.Graph()
+    with g.as_default():
+        with tf.device("/job:worker/task:1/device:CPU:0"):
+            x = tf.constant([1.0, 2.0], name="x")
+            gate = tf.no_op(name="gate")
+            with tf.control_dependencies([gate]):
+                y = tf.raw_ops.CollectiveReduceV2(input=x, group_size=2, group_key=1, instance_key=7, ordering_token=[],
+                                                  merge_op="Add", final_op="Id", name="reduce")
+            tf.identity(y * 2.0, name="out")
+    before = g.as_graph_def()
+    plain, count = probe.without_collectives(before)
+    assert count == {"/job:worker/task:1/device:CPU:0": 1}
+    node = {n.name: n for n in plain.node}["reduce"]
+    original = {n.name: n for n in before.node}["reduce"]
+    assert node.op == "Identity" and node.input[0] == "x"
+    # the all-reduce's other inputs order it still, and through them the control edge from gate
+    assert list(node.input[1:]) == ["^" + i.split(":")[0] for i in original.input[1:]]
+    preds = {n.name: [i.lstrip("^").split(":")[0] for i in n.input] for n in plain.node}
+    seen, todo = set(), ["reduce"]
+    while todo:
+        for p in preds[todo.pop()]:
+            if p not in seen:
+                seen.add(p)
+                todo.append(p)
+    assert "gate" in seen
+    assert set(node.attr) == {"T"} and node.attr["T"].type == tf.float32.as_datatype_enum
+    assert node.device == "/job:worker/task:1/device:CPU:0"
+    # the input is left as it was; every other node unchanged
+    assert {n.name: n.op for n in before.node}["reduce"] == "CollectiveReduceV2"
+    assert [n for n in plain.node if n.name != "reduce"] == [n for n in before.node if n.name != "reduce"]
+    local = type(plain)()
+    local.CopyFrom(plain)
+    for n in local.node:  # run it in this process: no worker task here
+        n.device = ""
+    with tf.Graph().as_default():
+        tf.graph_util.import_graph_def(local, name="")
+        with tf.compat.v1.Session() as sess:
+            assert sess.run("out:0").tolist() == [2.0, 4.0]
