@@ -89,22 +89,28 @@ def model_rows(lc, cluster, model: str, steps: int) -> list:
     """(name, median wall seconds, CPU seconds per task [T]) per step of `model` on each task alone."""
     from tfplace.graph_loader import load_op_graph
     from tfplace.rewrite import rewrite_step
-    from tfplace.runtime import StepRunner, random_feed
     from tfplace.strategy import Strategy, decision
     graph = load_op_graph(os.path.join(fb.ROOT, fb.bundle_path(model)))
     batch = int(graph.reference_batch_size)
     rows = []
     for task, device in enumerate(cluster.device_names):
         strategy = Strategy(batch, fb.MAX_GROUPS, decision({device: batch}), {}, model)
-        step = rewrite_step(graph, strategy, cluster)
-        with initialized(StepRunner(lc, step, timeout_s=120)) as runner:
-            feed = random_feed(step.inputs, batch, 0)
-            fb.warm_up(lambda: runner.run_steps(1, feed), 5)
-            c0 = fb.task_cpu_seconds(lc.pids)
-            times = runner.run_steps(steps, feed)
-            cpu = (fb.task_cpu_seconds(lc.pids) - c0) / steps
-        rows.append((f"{model} on task {task}", float(np.median(times)), cpu))
+        wall, cpu = rewritten_step_costs(lc, rewrite_step(graph, strategy, cluster), batch, steps)
+        rows.append((f"{model} on task {task}", wall, cpu))
     return rows
+
+
+def rewritten_step_costs(lc, step, batch: int, steps: int) -> tuple:
+    """(median wall seconds, CPU seconds per task [T]) of `steps` steps of a RewrittenStep on `lc`
+    (its variables initialised, a random feed of `batch` samples), after 5 warm-up steps."""
+    from tfplace.runtime import StepRunner, random_feed
+    with initialized(StepRunner(lc, step, timeout_s=120)) as runner:
+        feed = random_feed(step.inputs, batch, 0)
+        fb.warm_up(lambda: runner.run_steps(1, feed), 5)
+        c0 = fb.task_cpu_seconds(lc.pids)
+        times = runner.run_steps(steps, feed)
+        cpu = (fb.task_cpu_seconds(lc.pids) - c0) / steps
+    return float(np.median(times)), cpu
 
 
 def without_collectives(graph_def):
@@ -143,7 +149,6 @@ def recorded_rows(lc, cluster, record_path: str, pairs, steps: int) -> list:
     from tfplace.jsonio import FieldReader
     from tfplace.profile import profile_from_reader
     from tfplace.rewrite import rewrite_step
-    from tfplace.runtime import StepRunner, random_feed
     from tfplace.strategy import strategy_from_reader
     record = FieldReader.from_file(record_path, expected_format=fb.RECORD_FORMAT).data
     rows = []
@@ -162,13 +167,8 @@ def recorded_rows(lc, cluster, record_path: str, pairs, steps: int) -> list:
         plain, on = without_collectives(step.graph_def)
         count = np.array([on.get(d, 0) for d in lc.device_names])
         for label, variant in (("as it is", step), ("without all-reduces", dataclasses.replace(step, graph_def=plain))):
-            with initialized(StepRunner(lc, variant, timeout_s=120)) as runner:
-                feed = random_feed(variant.inputs, batch, 0)
-                fb.warm_up(lambda: runner.run_steps(1, feed), 5)
-                c0 = fb.task_cpu_seconds(lc.pids)
-                times = runner.run_steps(steps, feed)
-                cpu = (fb.task_cpu_seconds(lc.pids) - c0) / steps
-            rows.append((f"{model}/{name} {label}", float(np.median(times)), cpu, count))
+            wall, cpu = rewritten_step_costs(lc, variant, batch, steps)
+            rows.append((f"{model}/{name} {label}", wall, cpu, count))
     return rows
 
 
