@@ -313,6 +313,8 @@ def test_gpus_carry_no_side_cpu_on_their_lanes():
     ({"step_cpu_s": 1e-4, "worker_cpu_s": 3e-4}, 1, [1], [1e-4, -0.5e-3 + 3e-4, 0.0]),
     # a further device that is a GPU gets no RunGraph CPU
     ({"worker_cpu_s": 3e-4}, 0, [0, 2, 3], [0.0, 0.0, 3e-4, 0.0]),
+    # the first input on the GPU: its wall leaves the GPU's demand, the CPU master is device 0
+    ({"step_cpu_s": 1e-4, "master_worker_cpu_s": 5e-5}, 3, [0, 3], [1e-4 + 5e-5, 0.0, 0.0, -1e-3]),
 ])
 def test_dispatch_cpu_replaces_the_wall_with_each_tasks_cpu(over, wall_device, used, want):
     from tfplace.cpu_demand import dispatch_cpu_seconds
@@ -320,6 +322,13 @@ def test_dispatch_cpu_replaces_the_wall_with_each_tasks_cpu(over, wall_device, u
     cpu_device = np.array([True, True, True, False])[:len(want)]
     got = dispatch_cpu_seconds(over, 1e-3, wall_device, np.array(used), fraction, cpu_device)
     assert got == pytest.approx(want, rel=1e-12, abs=1e-15)
+
+
+def test_dispatch_cpu_gives_a_gpu_as_device_0_no_master_work():
+    from tfplace.cpu_demand import dispatch_cpu_seconds
+    got = dispatch_cpu_seconds({"step_cpu_s": 1e-4, "worker_cpu_s": 3e-4}, 1e-3, 0, np.array([0, 1]),
+                               np.ones(2), np.array([False, True]))
+    assert got == pytest.approx([-1e-3, 3e-4], rel=1e-12)
 
 
 def test_dispatch_cpu_reaches_the_demand_through_the_lowering_and_leaves_the_lanes_alone():

@@ -157,12 +157,13 @@ def dispatch_cpu_seconds(over: Mapping[str, Any], wall_s: float, wall_device: in
       worker_cpu_s         each further task's own CPU for its part of the step, on every CPU
                            device in `used` [U] (the devices that run a partition) but device 0
     Absent keys change nothing (older profiles). cpu_device [D]: which devices are CPUs (a GPU's
-    demand is its kernels, not its host's RunGraph)."""
+    demand is its kernels, not its host's RunGraph or master work)."""
     out = np.zeros(len(fraction))
     further = [int(d) for d in np.asarray(used).tolist() if d != 0]
     if "step_cpu_s" in over:
         out[wall_device] -= fraction[wall_device] * wall_s
-        out[0] += float(over["step_cpu_s"]) + float(over.get("master_worker_cpu_s", 0.0)) * len(further)
+        if cpu_device[0]:
+            out[0] += float(over["step_cpu_s"]) + float(over.get("master_worker_cpu_s", 0.0)) * len(further)
     for d in further:
         if cpu_device[d]:
             out[d] += float(over.get("worker_cpu_s", 0.0))

@@ -333,6 +333,8 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
       feed_input_s, feed_s_per_byte   the feed, charged there too: per fed input beyond the
                      first and per byte of all inputs at the global batch (`feed_bytes`);
       worker_s       per further task running part of the step (the master's RunGraph to it);
+                     as CPU (step_cpu_s, master_worker_cpu_s, worker_cpu_s) they are not charged
+                     here: tfplace.cpu_demand.dispatch_cpu_seconds puts them in the demand;
       op_s           per compute task (executor dispatch around each kernel the profile timed);
       transfer_s, collective_s   per transfer / collective on top of its link time (the
                      cluster's pair latency + bytes / bandwidth) or all-reduce fit (a message in
