@@ -4,7 +4,6 @@ simulated times, and the error is taken against the recorded real steps."""
 
 import json
 import os
-import sys
 
 import pytest
 
@@ -16,9 +15,9 @@ from tfplace.simulator import simulate
 from tfplace.strategy import even_strategy
 from tfplace.testing import uniform_profile
 
+import fidelity_bench as fb
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import fidelity_bench as fb  # noqa: E402
 
 
 @pytest.mark.parametrize("ratio, expected, overheads_in", [

@@ -1,16 +1,11 @@
 """benchmarks/message_probe.py: the hop cost it prints is the cross-task chain less the same chain
 on one task, so it is a message's cost, positive, and grows with the bytes moved. Multi-process."""
 
-import os
-import sys
-
 import pytest
 
 from tfplace.local_cluster import LocalCluster
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import message_probe as probe  # noqa: E402
+import message_probe as probe
 
 pytestmark = pytest.mark.multiprocess
 pytest.importorskip("tensorflow")

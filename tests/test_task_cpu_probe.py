@@ -2,18 +2,13 @@
 one task costs that task the most CPU; a further task's RunGraph costs that task CPU; a chain of
 all-reduces costs each participant CPU and the task left out of it nothing. Multi-process."""
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
 from tfplace.local_cluster import LocalCluster
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import fidelity_bench as fb  # noqa: E402
-import task_cpu_probe as probe  # noqa: E402
+import fidelity_bench as fb
+import task_cpu_probe as probe
 
 pytestmark = pytest.mark.multiprocess
 pytest.importorskip("tensorflow")

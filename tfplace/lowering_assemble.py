@@ -168,8 +168,10 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     dep_src, dep_dst = dep_src.astype(np.int32), dep_dst.astype(np.int32)
     fed = np.asarray(graph.inputs, dtype=np.int64)
     feed_bytes = float(np.sum(ix.op_out_ps_bytes[fed] * batch + ix.op_out_full_bytes[fed]))
+    over = _overheads(ctx)
+    dispatch = _dispatch(over, kind, device, op_ptr, graph)  # the lanes' wall charge and the demand's CPU
     hold, charge, off_lane, send_cpu = _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx,
-                                                          op_ptr, graph, feed_bytes)
+                                                          dispatch, len(graph.inputs), feed_bytes)
     t = {"kind": kind, "device": device, "src_dev": src_dev, "op": task_op, "prio": task_prio,
          "seconds": seconds, "charge": charge, "hold": hold, "bytes": task_bytes,
          "tensor": np.concatenate([np.full(m0, -1), tt_t, np.full(nx + nc + ns, -1)]),
@@ -181,10 +183,10 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
         dep_src, dep_dst = _append_handlers(t, send_cpu, dep_src, dep_dst)
     # the CPU collectives and message bytes cost, per (task, device): counted once in the
     # demand, and put on the CPU devices' lanes after it
-    side = side_cpu_entries(_overheads(ctx), t["kind"] == TASK_TRANSFER, t["kind"] == TASK_COLLECTIVE, t["device"],
+    side = side_cpu_entries(over, t["kind"] == TASK_TRANSFER, t["kind"] == TASK_COLLECTIVE, t["device"],
                             t["src_dev"], t["bytes"], t["part_ptr"], part_dev)
     cpu_s, fraction = _cpu_demand(ctx, t["seconds"], t["charge"], off_lane, t["kind"], t["device"], t["src_dev"],
-                                  side, _dispatch(_overheads(ctx), t["kind"], t["device"], op_ptr, graph))
+                                  side, dispatch)
     if len(fraction):
         dep_src, dep_dst = _append_side_cpu(t, side, fraction, ctx, dep_src, dep_dst)
     m_all = len(t["kind"])
@@ -250,8 +252,7 @@ def _append_side_cpu(t, side, fraction, ctx, dep_src, dep_dst):
     of all-reduces, whose lanes wait idle, is as long as before. GPUs run no such CPU on their
     lanes. Returns the dependencies (src, dst) with the new ones."""
     owner, dev, cpu_s = side
-    cpu_device = np.array([is_cpu_kind(d.kind) for d in ctx.cluster.devices], dtype=bool)
-    keep = cpu_device[dev] & (cpu_s > 0)
+    keep = _cpu_devices(ctx)[dev] & (cpu_s > 0)
     owner, dev, cpu_s = owner[keep], dev[keep], cpu_s[keep]
     if not len(owner):
         return dep_src, dep_dst
@@ -313,17 +314,23 @@ def _cpu_demand(ctx, seconds, charge, off_lane, kind, device, src_dev, side, dis
                                 side[1], side[2], fraction, message_cpu=off_lane)
     first, wall_s, used = dispatch
     if first >= 0:
-        cpu_device = np.array([is_cpu_kind(d.kind) for d in ctx.cluster.devices], dtype=bool)
-        demand = demand + dispatch_cpu_seconds(over, wall_s, int(device[first]), used, fraction, cpu_device)
+        demand = demand + dispatch_cpu_seconds(over, wall_s, int(device[first]), used, fraction, _cpu_devices(ctx))
     return demand, fraction
 
 
-def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op_ptr, graph, feed_bytes=0.0):
+def _cpu_devices(ctx) -> np.ndarray:
+    """[D] bool: which of the cluster's devices are CPUs (tfplace.cluster.is_cpu_kind)."""
+    return np.array([is_cpu_kind(d.kind) for d in ctx.cluster.devices], dtype=bool)
+
+
+def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, dispatch, num_inputs, feed_bytes=0.0):
     """Adds the measured costs of the runtime the profile was taken for to `seconds` (in place)
     and returns (the link-hold time of every task (empty: links are held for the whole duration),
     the message CPU added to each lane task (None: none), the message CPU of each transfer task
     that runs beside the lanes (None: none), the sending end's message CPU of each transfer task,
-    to run as its HANDLER task (None: none); see inter_op_threads).
+    to run as its HANDLER task (None: none); see inter_op_threads). `dispatch`: _dispatch's
+    (task, wall seconds, devices used) for step_s and worker_s; `num_inputs`: the graph's fed
+    inputs.
 
     They come from the profile conditions `runtime_overheads`, written by
     benchmarks/fidelity_bench.py from micro-benchmarks on the local cluster; absent, nothing is
@@ -379,9 +386,9 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, op
     transfer_s = _per_message(over, "transfer_s", ctx.cluster, x, src_dev, device)
     seconds[x] = np.maximum(seconds[x] + transfer_s[x], 0.0)  # transfer_s < 0: see the docstring
     seconds[kind == TASK_COLLECTIVE] += float(over.get("collective_s", 0.0))
-    first, dispatch_s, _ = _dispatch(over, kind, device, op_ptr, graph)
+    first, dispatch_s, _ = dispatch
     if first >= 0:
-        seconds[first] += dispatch_s + float(over.get("feed_input_s", 0.0)) * (len(graph.inputs) - 1) + \
+        seconds[first] += dispatch_s + float(over.get("feed_input_s", 0.0)) * (num_inputs - 1) + \
             float(over.get("feed_s_per_byte", 0.0)) * feed_bytes
     message_cpu = _per_message(over, "message_cpu_s", ctx.cluster, x, src_dev, device)
     charge = off_lane = send_cpu = None
