@@ -144,6 +144,54 @@ def test_rewritten_step_equals_single_device(local_cluster, model, optimizer):
     print(f"equivalence: {model}/{optimizer}: {len(strategies)} strategies equal (<= {TOL})")
 
 
+def received_per_task(lc, step, batch):
+    """{task: cross-task _Recv ops} of the partition graphs TensorFlow runs for one step."""
+    import collections
+    import tensorflow as tf
+    from tensorflow.python.framework import device as tf_device
+    counts = collections.Counter()
+    with StepRunner(lc, step, timeout_s=120) as runner:
+        runner.initialize()
+        meta = tf.compat.v1.RunMetadata()
+        lc.run(runner.session, step.train_op, feed_dict=dict(random_feed(step.inputs, batch, 0)),
+               options=tf.compat.v1.RunOptions(output_partition_graphs=True), run_metadata=meta, timeout_s=120)
+    for partition in meta.partition_graphs:
+        for node in partition.node:
+            if node.op == "_Recv" and not node.attr["client_terminated"].b:
+                src = tf_device.DeviceSpec.from_string(node.attr["send_device"].s.decode()).task
+                dst = tf_device.DeviceSpec.from_string(node.attr["recv_device"].s.decode()).task
+                if src != dst:
+                    counts[dst] += 1
+    return dict(counts)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("model", ["mlp", "attention"])
+def test_lowering_sends_the_messages_the_real_step_sends(local_cluster, model):
+    """The simulator times the messages the step really sends: per receiving task, the
+    PlacedGraph's TRANSFER tasks equal the cross-task _Recv ops of the partition graphs. A
+    model-parallel step's learning rate is read on every task and crosses none (TensorFlow
+    replicates small constants: tfplace.lowering_graph CLS_SMALL_CONST)."""
+    from tfplace.placed_graph import TASK_TRANSFER
+    from tfplace.strategy import Strategy, decision
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    graph = model_graph(model, "sgd")
+    grouping = make_grouping(graph, GROUPS)
+    devs = list(cluster.device_names)
+    one_each = {g: decision({devs[i % len(devs)]: BATCH}) for i, g in enumerate(grouping.group_names)}
+    strategies = [Strategy(BATCH, GROUPS, decision({devs[0]: BATCH}), one_each),
+                  even_strategy(devs, BATCH, GROUPS), even_strategy(devs, BATCH, GROUPS, "ps", "cpu1"),
+                  random_strategy(np.random.default_rng(7), devs, grouping.group_names, BATCH)]
+    for i, s in enumerate(strategies):
+        step = rewrite_step(graph, s, cluster, grouping=grouping)
+        p = step.placed
+        sent = {}
+        for t in np.nonzero(p.task_kind == TASK_TRANSFER)[0]:
+            task = cluster.devices[int(p.task_device[t])].task
+            sent[task] = sent.get(task, 0) + 1
+        assert sent == received_per_task(local_cluster, step, BATCH), f"strategy {i}: {s.to_json()}"
+
+
 # ---- the zoo's tiny transformer: activations flattened to [N*L, d] ----
 # Its batch axes hold L = 8 rows per sample, so a slice of samples [lo, hi) moved between groups
 # of different layouts is rows [lo*L, hi*L) (PlacedGraph.tensor_batch_rows); slicing by sample

@@ -533,3 +533,38 @@ def test_priority_key_is_group_then_micro_batch_then_rank():
     # a2 of micro-batch 0 outranks a1 of micro-batch 1 on the same device
     assert placed.task_priority[second[0]] < placed.task_priority[first[1]]
     assert placed.task_priority[first[0]] < placed.task_priority[second[0]]
+
+
+def _const_transfers(const_bytes=4, consumers=("a", "b"), control=False, cluster_file="local_cpu.json"):
+    """Transfers of the constant `lr` when `a` (with x) runs on the first device and `b` on the
+    second, `lr` (a Const of const_bytes) beside `a` and read by `consumers`."""
+    import os
+    from tfplace.cluster import load_cluster
+    ops = [("x", "Placeholder", 8000, True, True), ("lr", "Const", const_bytes, False, False),
+           ("a", "Op", 8000, True, True), ("b", "Op", 8000, True, True), ("sink", "NoOp", None, False, False)]
+    edges = [("x", "a"), ("a", "b")] + [("lr", c) for c in consumers]
+    g = fk.op_graph(ops, edges, control=[("lr", "sink")] if control else [])
+    cluster = load_cluster(os.path.join(os.path.dirname(__file__), "..", "clusters", cluster_file)) \
+        if cluster_file else fk.pair_cluster()
+    first, second = cluster.device_names[:2]
+    gr = fk.grouping(g, [["x", "lr", "a"], ["b"], ["sink"]])
+    prof = fk.profile_table(g, {n: {k: 1e-4 for k in cluster.kinds} for n in g.names})
+    st = Strategy(8, 3, decision({first: 8}), {"b": decision({second: 8})})
+    placed = lower(g, gr, cluster, st, prof)
+    lr = g.index("lr")
+    return sum(int(placed.task_op[t]) == lr for t in _tasks(placed, TASK_TRANSFER))
+
+
+@pytest.mark.parametrize("kwargs, transfers", [
+    # TensorFlow's ReplicateConstantsPass (checked on the local cluster's partition graphs: the
+    # learning rate of a model-parallel step crossed no task) copies a Const of at most 16
+    # elements onto each successor's task when they are on two or more tasks
+    ({}, 0),
+    ({"const_bytes": 64}, 0),                     # 16 float32: still small
+    ({"const_bytes": 68}, 1),                     # 17 elements: sent
+    ({"consumers": ("b",)}, 1),                   # one successor, on one other task: sent
+    ({"control": True}, 1),                       # a control successor: not replicated
+    ({"cluster_file": ""}, 1),                    # GPUs: only constants on a CPU are replicated
+])
+def test_small_constants_are_replicated_not_sent(kwargs, transfers):
+    assert _const_transfers(**kwargs) == transfers

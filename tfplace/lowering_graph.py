@@ -25,6 +25,10 @@ Tensor classes (tensor_cls[T] int8):
            batch statistic, a shape). Into an UPDATE consumer it is aggregated (weighted sum);
            into a REPLICA consumer it is passed replica-locally.
   FULL     no batch axis, produced by a MIRROR/UPDATE op: every copy is equal.
+  SMALL_CONST  a FULL tensor of a Const op with at most SMALL_CONST_ELEMENTS elements and no
+           control successors: TensorFlow's ReplicateConstantsPass copies such a constant onto
+           the task of each of its successors when they are on two or more tasks, so those
+           consumers read a copy of their own and no message crosses (tfplace.lowering_patterns).
 
 Tensor signatures: tensors whose (class, producer group and lkind, consumer groups, lkinds and
 partial modes) agree get the same signature id, so the strategy-dependent work (choosing the
@@ -42,7 +46,9 @@ from tfplace.graph_ir import OpGraph
 
 ROLE_REPLICA, ROLE_MIRROR, ROLE_UPDATE = 0, 1, 2
 LK_REP, LK_HOLD, LK_UPD, LK_BOTH = 0, 1, 2, 3
-CLS_BATCHED, CLS_PARTIAL, CLS_FULL = 0, 1, 2
+CLS_BATCHED, CLS_PARTIAL, CLS_FULL, CLS_SMALL_CONST = 0, 1, 2, 3
+SMALL_CONST_ELEMENTS = 16  # TensorFlow's ReplicateConstantsPass replicates constants up to this size
+_CONST_OP_TYPES = frozenset({"Const", "HostConst"})
 # Partial mode of a consumer slot: 0 not a partial, 1 replica-local, 2 aggregated.
 PM_NONE, PM_LOCAL, PM_AGG = 0, 1, 2
 # Outputs that alias the resident variable (counted once as static memory, not as a buffer).
@@ -172,6 +178,7 @@ class GraphIndex:
         cls = np.full(graph.num_tensors, CLS_FULL, dtype=np.int8)
         cls[self.role[prod] == ROLE_REPLICA] = CLS_PARTIAL
         cls[batched] = CLS_BATCHED
+        cls[(cls == CLS_FULL) & self._small_constants(graph)] = CLS_SMALL_CONST
         self.tensor_cls = cls
         nbytes = graph.tensor_bytes.astype(np.float64)
         self.tensor_ps_bytes = np.where(batched, nbytes / graph.reference_batch_size, 0.0)
@@ -194,6 +201,18 @@ class GraphIndex:
         # size is rescaled by s_producer / s_consumer (PlacedGraph.tensor_mean_scaled).
         self.tensor_mean_scaled = backward[prod] & batched & mean_loss & (graph.loss_tensor >= 0)
         self.tensor_batch_rows = self._batch_rows(graph)
+
+    @staticmethod
+    def _small_constants(graph: OpGraph) -> np.ndarray:
+        """bool[T]: outputs of Const ops with known shapes of at most SMALL_CONST_ELEMENTS
+        elements whose op has no control successors (CLS_SMALL_CONST)."""
+        controls = set(graph.control_src.tolist())
+        out = np.zeros(graph.num_tensors, dtype=bool)
+        for t, op in enumerate(graph.tensor_op.tolist()):
+            shape = graph.tensor_shape[t]
+            out[t] = (graph.op_types[op] in _CONST_OP_TYPES and op not in controls
+                      and all(x >= 0 for x in shape) and int(np.prod(shape, dtype=np.int64)) <= SMALL_CONST_ELEMENTS)
+        return out
 
     @staticmethod
     def _batch_rows(graph: OpGraph) -> np.ndarray:

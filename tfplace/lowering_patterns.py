@@ -23,6 +23,9 @@ Rules:
     of memory traffic). A mirrored producer (range [0, B)) serves each device from its own copy,
     else a copy on the same host, else the first.
   * full: each consumer device reads its own copy or receives one (same host first).
+  * small constant (CLS_SMALL_CONST): as full, but where a source instance on a CPU device is
+    read on two or more TF tasks, TensorFlow copies it onto each of those tasks
+    (ReplicateConstantsPass), so a CPU consumer reads it without a transfer.
   * partial, replica-local: a consumer replica reads the overlapping producer replica on its
     device, else the first overlapping one.
   * partial, aggregated: micro-batches on one device are summed there first (SUM); all-reduce
@@ -39,7 +42,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from tfplace.lowering_costs import LinkCosts
-from tfplace.lowering_graph import CLS_BATCHED, CLS_FULL
+from tfplace.lowering_graph import CLS_BATCHED, CLS_FULL, CLS_SMALL_CONST
 from tfplace.lowering_layouts import GrowArray
 from tfplace.placed_graph import TASK_COLLECTIVE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER
 
@@ -128,6 +131,20 @@ class _Builder:
         sources = [-(k + 1) for k in range(len(self.prod))]
         return [self.to_device(self.nearest(sources, self.dev_of, d), d, 0, 1, 0, self.batch) for d, *_ in entries]
 
+    def small_const(self, slots: Sequence[Sequence[Entry]]) -> List[List[int]]:
+        """`full` for every slot at once: a source instance on a CPU device whose readers are
+        on two or more TF tasks reaches its CPU readers without a transfer (the module doc)."""
+        links = self.links
+        sources = [-(k + 1) for k in range(len(self.prod))]
+        picks = [[self.nearest(sources, self.dev_of, d) for d, *_ in entries] for entries in slots]
+        tasks_of: Dict[int, set] = {}
+        for entries, refs in zip(slots, picks):
+            for (d, *_), r in zip(entries, refs):
+                tasks_of.setdefault(r, set()).add(links.task[d])
+        return [[r if links.is_cpu[d] and links.is_cpu[self.dev_of(r)] and len(tasks_of[r]) > 1
+                 else self.to_device(r, d, 0, 1, 0, self.batch) for (d, *_), r in zip(entries, refs)]
+                for entries, refs in zip(slots, picks)]
+
     def local(self, entries: Sequence[Entry]) -> List[int]:
         out = []
         for d, _, lo, hi in entries:
@@ -183,6 +200,9 @@ def build_pattern(cls: int, prod: Sequence[Entry], slots: Sequence[Tuple[Sequenc
     _TASK_FIELDS order; inputs: (task, ref) pairs; buffers: (task, device, nsamp, full)) and
     the outputs, one list of refs per slot."""
     b = _Builder(prod, links, batch)
+    if cls == CLS_SMALL_CONST:
+        outs = b.small_const([entries for entries, _ in slots])
+        return b.tasks, b.inputs, b.bufs, outs
     outs: List[List[int]] = []
     for entries, mode in slots:
         if cls == CLS_BATCHED:
