@@ -14,7 +14,6 @@ from typing import Tuple
 
 import numpy as np
 
-from tfplace.cluster import is_cpu_kind
 from tfplace.cpu_demand import cpu_fractions, device_cpu_seconds, dispatch_cpu_seconds, side_cpu_entries
 from tfplace.errors import InputError
 from tfplace.jsonio import FieldReader
@@ -319,8 +318,8 @@ def _cpu_demand(ctx, seconds, charge, off_lane, kind, device, src_dev, side, dis
 
 
 def _cpu_devices(ctx) -> np.ndarray:
-    """[D] bool: which of the cluster's devices are CPUs (tfplace.cluster.is_cpu_kind)."""
-    return np.array([is_cpu_kind(d.kind) for d in ctx.cluster.devices], dtype=bool)
+    """[D] bool: which of the cluster's devices are CPUs (LinkCosts.is_cpu)."""
+    return np.asarray(ctx.links.is_cpu, dtype=bool)
 
 
 def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, dispatch, num_inputs, feed_bytes=0.0):
