@@ -21,7 +21,7 @@ import pytest
 
 from tfplace.cluster import load_cluster
 from tfplace.graph_loader import load_op_graph
-from tfplace.grouping import make_grouping
+from tfplace.grouping import Grouping, make_grouping
 from tfplace.rewrite import rewrite_step
 from tfplace.runtime import StepRunner, random_feed, reference_run
 from tfplace.strategy import even_strategy
@@ -171,7 +171,9 @@ def test_lowering_sends_the_messages_the_real_step_sends(local_cluster, model):
     """The simulator times the messages the step really sends: per receiving task, the
     PlacedGraph's TRANSFER tasks equal the cross-task _Recv ops of the partition graphs. A
     model-parallel step's learning rate is read on every task and crosses none (TensorFlow
-    replicates small constants: tfplace.lowering_graph CLS_SMALL_CONST)."""
+    replicates small constants: tfplace.lowering_graph CLS_SMALL_CONST). Feeds reach the master
+    (task 0) first: an input group that starts on task 1 costs each input a whole-batch hop there,
+    and its instances on other tasks are read where they run, not where they were cut."""
     from tfplace.placed_graph import TASK_TRANSFER
     from tfplace.strategy import Strategy, decision
     cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
@@ -182,8 +184,16 @@ def test_lowering_sends_the_messages_the_real_step_sends(local_cluster, model):
     strategies = [Strategy(BATCH, GROUPS, decision({devs[0]: BATCH}), one_each),
                   even_strategy(devs, BATCH, GROUPS), even_strategy(devs, BATCH, GROUPS, "ps", "cpu1"),
                   random_strategy(np.random.default_rng(7), devs, grouping.group_names, BATCH)]
-    for i, s in enumerate(strategies):
-        step = rewrite_step(graph, s, cluster, grouping=grouping)
+    split = decision({devs[1]: 5, devs[2]: 4, devs[0]: 3})  # fed on cpu1
+    cases = [(s, grouping) for s in strategies + [Strategy(BATCH, GROUPS, split, {})]]
+    # the inputs alone in a group split over cpu1, cpu2, cpu0; the rest on one device, which
+    # reads every input slice (one of them where it was cut, the others where they run)
+    alone = Grouping(np.where(np.isin(np.arange(graph.num_ops), graph.inputs), len(grouping.group_names),
+                              grouping.op_group).astype(np.int32), grouping.group_names + ("fed_inputs",),
+                     np.append(grouping.group_batch_splittable, True))
+    cases += [(Strategy(BATCH, GROUPS, decision({d: BATCH}), {"fed_inputs": split}), alone) for d in devs]
+    for i, (s, g) in enumerate(cases):
+        step = rewrite_step(graph, s, cluster, grouping=g)
         p = step.placed
         sent = {}
         for t in np.nonzero(p.task_kind == TASK_TRANSFER)[0]:

@@ -159,6 +159,33 @@ def test_step_messages(shares, sync, feeds, dones):
     assert (placed.task_device[np.diff(succ_ptr) == 0] == feed_dev).all()
 
 
+@pytest.mark.parametrize("shares,hops", [
+    ({"v100_1": 4, "v100_0": 4}, []),                    # fed on task 0: the feed is there already
+    ({"v100_2": 4, "v100_0": 4}, [(0, 2, 0, 8, 8000.0)]),  # fed on task 1: the whole batch hops
+    ({"v100_3": 8}, [(0, 3, 0, 8, 8000.0)]),
+])
+def test_feeds_reach_the_master_task_first(shares, hops):
+    # TensorFlow delivers every feed to the session's master, task 0 (the partition graphs show
+    # `_recv_<input>_0` on task 0 sent to the feed device's task: tests/test_equivalence.py
+    # test_lowering_sends_the_messages_the_real_step_sends). Where the feed device is on another
+    # task, each input first travels whole from task 0's first device, before that input's
+    # instances there and the slices cut for the other devices.
+    cluster = fk.quad_cluster()   # tasks: 0 = v100_0, v100_1; 1 = v100_2, v100_3
+    g, placed = _dp(shares, cluster=cluster)
+    step = [t for t in range(placed.num_tasks) if placed.is_step_message(t) and not placed.is_control_message(t)]
+    hop = [t for t in step if int(placed.task_hi[t] - placed.task_lo[t]) == 8 and placed.task_bytes[t] == 8000.0]
+    assert [(int(placed.task_src_device[t]), int(placed.task_device[t]), int(placed.task_lo[t]),
+             int(placed.task_hi[t]), float(placed.task_bytes[t])) for t in hop] == hops
+    x_tasks = placed.tasks_of_op(g.index("x")).tolist()
+    for t in hop:
+        assert placed.dep_src[placed.dep_dst == t].tolist() == []       # the feed itself
+        assert placed.task_seconds[t] == pytest.approx(cluster.transfer_seconds(0, int(placed.task_device[t]), 8000))
+        waits = set(placed.dep_dst[placed.dep_src == t].tolist())
+        here = {u for u in x_tasks if placed.task_device[u] == placed.task_device[t]}
+        slices = set(step) - set(hop)
+        assert waits == here | slices and here
+
+
 def test_slot_variables_live_only_where_updates_run():
     # A momentum slot `m` updated together with `w`: mirrored w on both devices, m on the PS only.
     g = fk.op_graph(

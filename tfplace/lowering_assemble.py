@@ -139,8 +139,10 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     # ---- the step's own messages: feed slices out of the feed device, one "done" per device ---
     dep_src = np.concatenate([buf_task[read_buf], c_src, sb_dep_src]).astype(np.int64)
     dep_dst = np.concatenate([read_task, c_dst, sb_dep_dst]).astype(np.int64)
+    fed = np.asarray(graph.inputs, dtype=np.int64)
+    fed_bytes = ix.op_out_ps_bytes[fed] * batch + ix.op_out_full_bytes[fed]  # [I] each input's global batch
     st = _step_messages(graph, op_ptr, (inst_op, inst_dev, inst_bytes, inst_samp, lay_lo[ent], lay_hi[ent]),
-                        kind, device, dep_src, dep_dst, links, batch)
+                        kind, device, dep_src, dep_dst, links, batch, fed_bytes)
     ns = len(st["src"])
     if ns:
         kind = np.concatenate([kind, np.full(ns, TASK_TRANSFER, np.int8)])
@@ -165,11 +167,10 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     seconds = np.concatenate([inst_sec, tt_sec, sb_sec, cm_sec, st["seconds"]])
     task_bytes = np.concatenate([inst_bytes, tt_bytes, sb_bytes, np.zeros(nc), st["bytes"]])
     dep_src, dep_dst = dep_src.astype(np.int32), dep_dst.astype(np.int32)
-    fed = np.asarray(graph.inputs, dtype=np.int64)
-    feed_bytes = float(np.sum(ix.op_out_ps_bytes[fed] * batch + ix.op_out_full_bytes[fed]))
+    feed_bytes = float(np.sum(fed_bytes))
     over = _overheads(ctx)
     dispatch = _dispatch(over, kind, device, op_ptr, graph)  # the lanes' wall charge and the demand's CPU
-    hold, charge, off_lane, send_cpu = _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx,
+    hold, charge, off_lane, send_cpu = _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, over,
                                                           dispatch, len(graph.inputs), feed_bytes)
     t = {"kind": kind, "device": device, "src_dev": src_dev, "op": task_op, "prio": task_prio,
          "seconds": seconds, "charge": charge, "hold": hold, "bytes": task_bytes,
@@ -184,7 +185,7 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     # demand, and put on the CPU devices' lanes after it
     side = side_cpu_entries(over, t["kind"] == TASK_TRANSFER, t["kind"] == TASK_COLLECTIVE, t["device"],
                             t["src_dev"], t["bytes"], t["part_ptr"], part_dev)
-    cpu_s, fraction = _cpu_demand(ctx, t["seconds"], t["charge"], off_lane, t["kind"], t["device"], t["src_dev"],
+    cpu_s, fraction = _cpu_demand(ctx, over, t["seconds"], t["charge"], off_lane, t["kind"], t["device"], t["src_dev"],
                                   side, dispatch)
     if len(fraction):
         dep_src, dep_dst = _append_side_cpu(t, side, fraction, ctx, dep_src, dep_dst)
@@ -296,14 +297,13 @@ def _overheads(ctx) -> dict:
     return ((getattr(prof, "conditions", None) or {}).get("runtime_overheads") or {}) if prof is not None else {}
 
 
-def _cpu_demand(ctx, seconds, charge, off_lane, kind, device, src_dev, side, dispatch):
+def _cpu_demand(ctx, over, seconds, charge, off_lane, kind, device, src_dev, side, dispatch):
     """(device_cpu_seconds[D], device_cpu_fraction[D]) of tfplace.cpu_demand; both empty when the
     runtime overheads give no CPU beside the lanes: no collective, per-byte or off-lane message
-    CPU (the bound could not pass the lanes then). charge / off_lane: the message CPU on the
+    CPU (the bound could not pass the lanes then). over: _overheads(ctx); charge / off_lane: the message CPU on the
     lanes / beside them (_runtime_overheads); side: side_cpu_entries (task, device, cpu_s);
     dispatch: _dispatch's (task, wall seconds, devices used), the dispatch's CPU in place of its
     wall (cpu_demand.dispatch_cpu_seconds)."""
-    over = _overheads(ctx)
     if not (over.get("collective_cpu_s") or over.get("message_cpu_s_per_byte") or off_lane is not None):
         return np.zeros(0), np.zeros(0)
     fraction = cpu_fractions(ctx.profile, [d.kind for d in ctx.cluster.devices])
@@ -322,14 +322,15 @@ def _cpu_devices(ctx) -> np.ndarray:
     return np.asarray(ctx.links.is_cpu, dtype=bool)
 
 
-def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, dispatch, num_inputs, feed_bytes=0.0):
+def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, over, dispatch, num_inputs,
+                       feed_bytes=0.0):
     """Adds the measured costs of the runtime the profile was taken for to `seconds` (in place)
     and returns (the link-hold time of every task (empty: links are held for the whole duration),
     the message CPU added to each lane task (None: none), the message CPU of each transfer task
     that runs beside the lanes (None: none), the sending end's message CPU of each transfer task,
-    to run as its HANDLER task (None: none); see inter_op_threads). `dispatch`: _dispatch's
-    (task, wall seconds, devices used) for step_s and worker_s; `num_inputs`: the graph's fed
-    inputs.
+    to run as its HANDLER task (None: none); see inter_op_threads). `over`: _overheads(ctx);
+    `dispatch`: _dispatch's (task, wall seconds, devices used) for step_s and worker_s;
+    `num_inputs`: the graph's fed inputs.
 
     They come from the profile conditions `runtime_overheads`, written by
     benchmarks/fidelity_bench.py from micro-benchmarks on the local cluster; absent, nothing is
@@ -375,7 +376,6 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, di
     collective_cpu_s and message_cpu_s_per_byte (the CPU that collectives and message bytes cost)
     are not charged here: tfplace.cpu_demand turns them into the step's CPU bound, and
     _append_side_cpu puts them on the CPU devices' lanes beside the collectives and transfers."""
-    over = _overheads(ctx)
     if not over:
         return np.zeros(0), None, None, None
     handler_threads = _inter_op_threads(over)
@@ -567,19 +567,23 @@ def _control_pairs(ix: GraphIndex, op_lay, cnt, op_ptr):
     return op_ptr[s[e]] + ks, op_ptr[d[e]] + kd
 
 
-def _step_messages(graph, op_ptr, instances, kind, device, dep_src, dep_dst, links, batch: int) -> dict:
+def _step_messages(graph, op_ptr, instances, kind, device, dep_src, dep_dst, links, batch: int,
+                   fed_bytes: np.ndarray) -> dict:
     """The messages of the step itself, which the runtime sends besides the graph's own tensors.
 
     The global batch is fed on the *feed device* (the first input's first instance), where each
     replica's slice is cut (the rewrite's "inputs"): an input instance on another device receives
     its slice as a message of its bytes, after the feed has arrived (the first input's first
-    instance, which carries the step's dispatch cost) and before it runs. The step ends when the
-    train op on the feed device has run after every task: every other device that ends with
-    tasks nothing else waits for sends it one empty "done" message, after all of them (the
-    rewrite gathers them under one NoOp there, the message's source).
+    instance, which carries the step's dispatch cost) and before it runs. The session's master
+    is task 0, and TensorFlow delivers every feed to the master's CPU: where the feed device is
+    on another task, each input first travels whole (`fed_bytes[i]`, the global batch) from task
+    0's first device to the feed device, before that input's instances there and its slices
+    leave. The step ends when the train op on the feed device has run after every task: every
+    other device that ends with tasks nothing else waits for sends it one empty "done" message,
+    after all of them (the rewrite gathers them under one NoOp there, the message's source).
 
     instances: (op, device, bytes, samples, lo, hi) per COMPUTE instance; kind/device and the
-    dependencies of the M tasks so far. Returns per new task (feed slices first, then "done"
+    dependencies of the M tasks so far. Returns per new task (feed hops, feed slices, then "done"
     messages, task ids M, M+1, ...): src, dst, op, bytes, seconds, samples, lo, hi, control, and
     their dependencies dep_src/dep_dst. Empty when the graph has no input."""
     inst_op, inst_dev, inst_bytes, inst_samp, inst_lo, inst_hi = instances
@@ -588,27 +592,41 @@ def _step_messages(graph, op_ptr, instances, kind, device, dep_src, dep_dst, lin
     empty.update(bytes=np.zeros(0), seconds=np.zeros(0), control=np.zeros(0, bool))
     if not graph.inputs:
         return empty
-    first = int(op_ptr[graph.inputs[0]])
+    inputs = np.asarray(graph.inputs, dtype=np.int64)
+    first = int(op_ptr[inputs[0]])
     feed = int(inst_dev[first])
-    fx = np.nonzero(np.isin(inst_op, np.asarray(graph.inputs)) & (inst_dev != feed))[0]
+    task = np.asarray(links.task)
+    master = int(np.nonzero(task == 0)[0][0])
+    nh = len(inputs) if task[feed] != 0 else 0
+    is_input = np.isin(inst_op, inputs)
+    fx = np.nonzero(is_input & (inst_dev != feed))[0]
     nf = len(fx)
     has_succ = np.zeros(m, bool)
     has_succ[dep_src] = True
     leaves = np.nonzero(~has_succ & (device >= 0) & (device != feed))[0]
     done_dev, leaf_done = np.unique(device[leaves], return_inverse=True)
     nd = len(done_dev)
-    src = np.concatenate([np.full(nf, feed), done_dev]).astype(np.int64)
-    dst = np.concatenate([inst_dev[fx], np.full(nd, feed)]).astype(np.int64)
-    nbytes = np.concatenate([inst_bytes[fx], np.zeros(nd)])
-    feed_ids, done_ids = m + np.arange(nf), m + nf + np.arange(nd)
-    return {"src": src, "dst": dst, "op": np.concatenate([inst_op[fx], np.full(nd, graph.sink)]).astype(np.int64),
+    src = np.concatenate([np.full(nh, master), np.full(nf, feed), done_dev]).astype(np.int64)
+    dst = np.concatenate([np.full(nh, feed), inst_dev[fx], np.full(nd, feed)]).astype(np.int64)
+    nbytes = np.concatenate([np.asarray(fed_bytes, dtype=np.float64)[:nh], inst_bytes[fx], np.zeros(nd)])
+    hop_ids = m + np.arange(nh)
+    feed_ids, done_ids = m + nh + np.arange(nf), m + nh + nf + np.arange(nd)
+    # an input's hop precedes its instances on the feed device and its slices to the others
+    hop_src = hop_dst = np.zeros(0, np.int64)
+    if nh:
+        hop_of = {int(op): int(h) for op, h in zip(inputs, hop_ids)}
+        waits = np.concatenate([np.nonzero(is_input & (inst_dev == feed))[0], fx])
+        hop_src = np.array([hop_of[int(op)] for op in inst_op[waits]], dtype=np.int64)
+        hop_dst = np.concatenate([waits[:len(waits) - nf], feed_ids]).astype(np.int64)
+    return {"src": src, "dst": dst,
+            "op": np.concatenate([inputs[:nh], inst_op[fx], np.full(nd, graph.sink)]).astype(np.int64),
             "bytes": nbytes, "seconds": links.pair_lat[src, dst] + nbytes / links.pair_bw[src, dst],
-            "samples": np.concatenate([inst_samp[fx], np.zeros(nd, np.int64)]),
-            "lo": np.concatenate([inst_lo[fx], np.zeros(nd, np.int64)]),
-            "hi": np.concatenate([inst_hi[fx], np.full(nd, batch)]),
-            "control": np.concatenate([np.zeros(nf, bool), np.ones(nd, bool)]),
-            "dep_src": np.concatenate([np.full(nf, first), feed_ids, leaves]).astype(np.int64),
-            "dep_dst": np.concatenate([feed_ids, fx, done_ids[leaf_done]]).astype(np.int64)}
+            "samples": np.concatenate([np.full(nh, batch), inst_samp[fx], np.zeros(nd, np.int64)]),
+            "lo": np.concatenate([np.zeros(nh, np.int64), inst_lo[fx], np.zeros(nd, np.int64)]),
+            "hi": np.concatenate([np.full(nh, batch), inst_hi[fx], np.full(nd, batch)]),
+            "control": np.concatenate([np.zeros(nh + nf, bool), np.ones(nd, bool)]),
+            "dep_src": np.concatenate([hop_src, np.full(nf, first), feed_ids, leaves]).astype(np.int64),
+            "dep_dst": np.concatenate([hop_dst, feed_ids, fx, done_ids[leaf_done]]).astype(np.int64)}
 
 
 def _control_messages(c_src, c_dst, inst_dev, num_devices: int, first_task: int):

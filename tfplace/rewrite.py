@@ -13,7 +13,8 @@ Every decision comes from `tfplace.lowering.lower`; this module only translates 
   inputs     the original placeholders stay, under their names, on the *feed device* (the device
              of the first input's first replica); the runtime feeds the global batch and replica
              k is a StridedSlice [lo, hi) of it on the feed device, so only the slice travels (the
-             lowering's feed-slice TRANSFER, which emits nothing of its own).
+             lowering's feed-slice TRANSFER, which emits nothing of its own); an instance on
+             another device is an Identity there of that slice, read by all of its readers.
   TRANSFER   an Identity on the destination device (gRPC Send/Recv); a batched slice of a larger
              buffer is cut (StridedSlice) on the source device first. Resource handles are never
              copied: the reader refers to the handle directly.
@@ -269,8 +270,14 @@ class _Emitter:
                 self.add(feed)
             t0 = int(np.nonzero(g.tensor_op == op)[0][0])
             axis, k = int(g.tensor_batch_axis[t0]), int(self.rows[t0])
-            self.add(*rn.batch_slice(name, self.feed_dev, g.names[op] + ":0", max(axis, 0), lo * k, hi * k,
+            # the slice is cut on the feed device; an instance elsewhere is an Identity on its own
+            # device (the lowering's feed-slice message), so its readers on other devices get it
+            # from there, as the PlacedGraph says, not from the feed device
+            cut = name if self.dev[d] == self.feed_dev else name + "/feed_slice"
+            self.add(*rn.batch_slice(cut, self.feed_dev, g.names[op] + ":0", max(axis, 0), lo * k, hi * k,
                                      g.tensor_dtype[t0]))
+            if cut != name:
+                self.add(rn.identity(name, self.dev[d], cut + ":0", g.tensor_dtype[t0]))
             return
         r0, r1 = int(p.in_ptr[t]), int(p.in_ptr[t + 1])
         order = np.argsort(g.edge_dst_port[p.in_edge[r0:r1]], kind="stable")
