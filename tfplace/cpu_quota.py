@@ -122,6 +122,13 @@ class CpuQuota:
         with open(os.path.join(self.path, name), "w") as f:
             f.write(value)
 
+    def throttled_periods(self) -> int:
+        """How many CFS periods the kernel has throttled this cgroup's members in so far (its
+        `cpu.stat` nr_throttled, in cgroup v1 and v2): > 0 shows the limit took effect."""
+        with open(os.path.join(self.path, "cpu.stat")) as f:
+            fields = dict(line.split() for line in f if line.strip())
+        return int(fields["nr_throttled"])
+
     def join(self, pid: int) -> None:
         """Moves process `pid` (all its threads) into the cgroup."""
         with open(self._procs_file, "w") as f:
