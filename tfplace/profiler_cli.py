@@ -89,6 +89,8 @@ def _run(args) -> int:
     from tfplace.profile import Profile, load_profile, save_profile
 
     started = time.monotonic()
+    from tfplace.allocator import steady_allocator
+    allocator = steady_allocator()  # as the server tasks run (tfplace.worker, tfplace.allocator)
     emulation = _limit_self(args)  # before TensorFlow starts threads: they inherit the pinning
     progress = None if args.quiet else (lambda total: profiler.ProgressBar(total, "profile"))
     result: Optional[Profile] = None
@@ -133,6 +135,8 @@ def _run(args) -> int:
         result = _with_conditions(result, comm=comm.conditions)
     if emulation:
         result = _with_conditions(result, emulation=emulation)
+    if allocator and not args.comm_only:
+        result = _with_conditions(result, allocator=allocator)
     if args.merge and not args.comm_only and os.path.exists(args.out):
         result = profiler.merge_profiles(load_profile(args.out), result)
     final = profiler.rounded(result, args.digits)

@@ -11,7 +11,8 @@ SIGKILLed launcher never leaves servers behind; the launcher still terminates it
 on a normal shutdown.
 
 Thread limits (`--intra-threads`, `--inter-threads`) apply to every op this task runs; they are
-how a local cluster emulates devices of different speeds on one machine.
+how a local cluster emulates devices of different speeds on one machine. Its malloc keeps freed
+memory, as the profiler's does (tfplace.allocator).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def _parent_alive(pid: int) -> bool:
 def main(argv=None) -> int:
     args, spec = _parse(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tfplace.allocator import steady_allocator
+    steady_allocator()  # as the profiler measures: freed tensors stay in the heap (tfplace.allocator)
     import tensorflow as tf  # deferred: argument errors come back without loading TF
 
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=args.intra_threads,
