@@ -6,11 +6,12 @@
 TensorFlow's CPU tensors come from malloc. glibc's malloc hands memory back to the kernel on
 free (trimming the heap top, unmapping a large chunk) under thresholds it moves as the process
 runs, so whether a step's tensors land on pages the process still holds depends on the order
-of its first frees. On this project's 2-core VM, 5 of 32 fresh processes running ResNet-50's
-single-device step (b8, 32x32, one thread pinned to a core) settled into taking 2,300-53,000
-minor page faults per step, for as long as they ran, and took 5-40% longer than the others of
-their batch (e.g. 164 against 136-147 ms); the rest took 0-1. With the settings below, 0 of 28
-did (`benchmarks/process_spread.py --model resnet50 --allocator default|steady`: 2 of 10 and
+of its first frees. On this project's 2-core VM, 4 of 32 fresh processes running ResNet-50's
+single-device step (b8, 32x32, one thread pinned to a core) with glibc's defaults settled into
+taking 2,300-21,000 minor page faults per step, for as long as they ran, and took 5-20% longer
+than the others of their batch (e.g. 164 against 137 ms); the rest took 0-1. One of 6 more, started
+with settings glibc only partly took, took 53,000 and 40% longer. With all three settings below, 0 of
+28 did (`benchmarks/process_spread.py --model resnet50 --allocator default|steady`: 2 of 10 and
 0 of 10, medians spread 1.137 and 1.087 max / min). A profiler process and a server process that
 differ in that way differ in speed by as much.
 
