@@ -266,8 +266,7 @@ def test_cpu_quota_makes_a_slow_task():
     # stretched less and unevenly: a ~4 ms step 1.13x in one run and 1.74x in the next, a ~14 ms
     # one 1.46x once in CI. The step here computes for ~50 ms (1.92-2.08x in three runs), so those
     # edges weigh less. The kernel's own count of throttled periods shows the limit took effect
-    # whatever the timing.
-    # Without the quota the ratio is ~1 and nothing is throttled.
+    # whatever the timing. Without the quota the ratio is ~1 and nothing is throttled.
     cpu = [os.cpu_count() - 1]
     with LocalCluster(num_tasks=2, threads_per_task=[1, 1], inter_threads_per_task=[1, 1],
                       cpus_per_task=[cpu, cpu], cpu_fraction_per_task=[None, 0.5]) as lc:

@@ -206,6 +206,11 @@ def test_cli_writes_a_profile_with_derived_kinds(tmp_path, capsys):
     assert "measured" in capsys.readouterr().out
     raw = json.loads(out.read_text())
     assert raw["conditions"]["by_kind"]["CPU"]["repeats"] == 1
+    # measured with malloc set as the servers run (tfplace.allocator), and the profile says so
+    import platform
+    from tfplace import allocator
+    if platform.libc_ver()[0] == "glibc":
+        assert raw["conditions"]["allocator"]["mmap_threshold_bytes"] == allocator.MMAP_THRESHOLD_BYTES
 
 
 def test_scaled_kind_multiplies_one_kind_only():

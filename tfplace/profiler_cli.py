@@ -86,10 +86,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _run(args) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from tfplace import profiler
+    from tfplace.allocator import steady_allocator
     from tfplace.profile import Profile, load_profile, save_profile
 
     started = time.monotonic()
-    from tfplace.allocator import steady_allocator
     allocator = steady_allocator()  # as the server tasks run (tfplace.worker, tfplace.allocator)
     emulation = _limit_self(args)  # before TensorFlow starts threads: they inherit the pinning
     progress = None if args.quiet else (lambda total: profiler.ProgressBar(total, "profile"))
