@@ -207,10 +207,9 @@ def test_cli_writes_a_profile_with_derived_kinds(tmp_path, capsys):
     raw = json.loads(out.read_text())
     assert raw["conditions"]["by_kind"]["CPU"]["repeats"] == 1
     # measured with malloc set as the servers run (tfplace.allocator), and the profile says so
-    import platform
-    from tfplace import allocator
-    if platform.libc_ver()[0] == "glibc":
-        assert raw["conditions"]["allocator"]["mmap_threshold_bytes"] == allocator.MMAP_THRESHOLD_BYTES
+    # (every setting where the C library is glibc; no entry where it sets none)
+    from tfplace.allocator import steady_allocator
+    assert raw["conditions"].get("allocator", {}) == steady_allocator()
 
 
 def test_scaled_kind_multiplies_one_kind_only():

@@ -160,8 +160,7 @@ class LinkCosts:
         host_index = {h.name: k for k, h in enumerate(cluster.hosts)}
         self.ring_key = [(host_index[x.host], i) for i, x in enumerate(cluster.devices)]
         self.host = [host_index[x.host] for x in cluster.devices]
-        # the TF task of each device (one per host where the cluster names none)
-        self.task = [h if x.task is None else x.task for x, h in zip(cluster.devices, self.host)]
+        self.task = [x.task for x in cluster.devices]  # TF task of each device (build_cluster fills it in)
         self.is_cpu = [is_cpu_kind(x.kind) for x in cluster.devices]
         fits = profile.comm.allreduce if (profile is not None and profile.comm is not None) else {}
         self.fits = {int(k): (float(v.latency_s), float(v.bandwidth_bytes_per_s)) for k, v in fits.items()}
