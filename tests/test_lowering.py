@@ -595,3 +595,93 @@ def _const_transfers(const_bytes=4, consumers=("a", "b"), control=False, cluster
 ])
 def test_small_constants_are_replicated_not_sent(kwargs, transfers):
     assert _const_transfers(**kwargs) == transfers
+
+
+def _weighting_cases():
+    """(name, strategy factory) over the tiny MLP on three CPUs: even and uneven DP with
+    all-reduce and PS, one device (no weights), and random strategies (uneven shares, PS,
+    micro-batches on one device)."""
+    devs = ["cpu0", "cpu1", "cpu2"]
+    cases = [("single", lambda groups: Strategy(12, 4, decision({"cpu0": 12}), {})),
+             ("dp_even_allreduce", lambda groups: Strategy(12, 4, decision({d: 4 for d in devs}), {})),
+             ("dp_uneven_ps", lambda groups: Strategy(12, 4, decision({"cpu0": 6, "cpu1": [3, 3]}, "ps", "cpu2"), {})),
+             ("micro_batches_one_device", lambda groups: Strategy(12, 4, decision({"cpu1": [4, 4, 4]}), {}))]
+    for seed in range(4):
+        cases.append((f"random_{seed}", lambda groups, seed=seed: testing.random_strategy(
+            np.random.default_rng(seed), groups, devs, 12, micro_batch_probability=0.4)))
+    return cases
+
+
+@pytest.mark.parametrize("name,make", _weighting_cases(), ids=[c[0] for c in _weighting_cases()])
+def test_weighting_cost_follows_the_rewrites_multiplies(name, make):
+    """The lowering charges one aggregation-weight multiply per (buffer, device) where the
+    rewrite emits one (`tfplace/weighted_<buffer>_d<device>`, a Mul by samples / batch): the
+    same pairs, the same weights, each on its device. Each costs a launch plus the partial
+    read and written at the device's memory bandwidth (ResNet-50 b8 data-parallel on three
+    CPU tasks: its 25.6 M gradients' weighting took 7.4 ms per task)."""
+    import os
+
+    from tfplace.cluster import load_cluster
+    from tfplace.grouping import make_grouping
+    from tfplace.lowering_assemble import weighted_reads
+    from tfplace.placed_graph import TASK_COMPUTE
+    from tfplace.rewrite import rewrite_step
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cluster = load_cluster(os.path.join(root, "clusters", "local_cpu.json"))
+    graph = testing.tiny_graph("mlp", 12, "momentum")
+    grouping = make_grouping(graph, 4)
+    step = rewrite_step(graph, make(grouping.group_names), cluster, grouping=grouping)
+    p = step.placed
+    nodes = {n.name: n for n in step.graph_def.node}
+    emitted = {}
+    for n in nodes.values():
+        if n.op == "Mul" and n.name.startswith("tfplace/weighted_"):
+            b, d = n.name[len("tfplace/weighted_"):].split("_d")
+            weight = nodes[n.name + "/weight"].attr["value"].tensor.float_val[0]
+            emitted[(int(b), int(d))] = (weight, n.device)
+    read_task = np.repeat(np.arange(p.num_tasks), np.diff(p.in_ptr))
+    buf, dev, weight, charged = weighted_reads(
+        p.task_kind, p.task_device, p.task_samples, read_task, p.in_buf.astype(np.int64), p.buf_task.astype(np.int64),
+        p.buf_tensor.astype(np.int64), p.buf_device, step_graph_batch_axis(graph, p), p.tensor_weight_mean,
+        p.global_batch_size)
+    modelled = {(int(b), int(d)): float(w) for b, d, w in zip(buf, dev, weight)}
+    assert set(modelled) == set(emitted)
+    for key, (w, device) in emitted.items():
+        assert modelled[key] == pytest.approx(w, rel=1e-6)
+        assert device == cluster.devices[key[1]].tf_device
+    assert (p.task_device[charged] == dev).all()  # charged on the device that multiplies
+    if name == "single":
+        assert not emitted
+    if name == "dp_even_allreduce":  # every device weights its own gradients, after the gradient op
+        assert set(dev.tolist()) == {0, 1, 2} and (p.task_kind[charged] == TASK_COMPUTE).all()
+    if name == "dp_uneven_ps":  # cpu0's partials are weighted where they are summed, on the PS
+        assert set(dev.tolist()) == {1, 2}  # cpu1 first sums its own two micro-batches
+
+
+def step_graph_batch_axis(graph, placed):
+    """tensor_batch_axis of the graph `placed` was lowered from (the lowering may add metadata
+    clones after the original tensors; none of them are partials)."""
+    axis = np.full(int(placed.tensor_weight_mean.shape[0]), -1, dtype=np.int64)
+    axis[:len(graph.tensor_batch_axis)] = graph.tensor_batch_axis
+    return axis
+
+
+@pytest.mark.parametrize("kind,fraction,expected", [
+    ("CPU", None, "cpu"),             # the datasheet entry
+    ("CPU_half", None, "cpu"),        # a CPU kind without a quota in its profile: a whole core
+    ("CPU_half", 0.5, "cpu_half"),    # under a 0.5 quota a copy takes twice the wall
+    ("XPU_9000", None, "default"),    # a kind nothing knows: the default
+])
+def test_memory_bandwidth_of_cpu_kinds_follows_their_quota(kind, fraction, expected):
+    from types import SimpleNamespace
+
+    from tfplace.device_model import device_spec
+    from tfplace.lowering_costs import memory_bandwidth
+    cpu = device_spec("CPU").memory_bandwidth_bytes_per_s * device_spec("CPU").memory_efficiency
+    cluster = SimpleNamespace(devices=[SimpleNamespace(kind=kind)])  # all memory_bandwidth reads
+    conditions = {"by_kind": {kind: {"emulation": {"cpu_fraction": fraction}}}} if fraction else {}
+    profile = SimpleNamespace(conditions=conditions)
+    got = memory_bandwidth(cluster, None, 2e11, profile)[0]
+    want = {"cpu": cpu, "cpu_half": 0.5 * cpu, "default": 2e11}[expected]
+    assert got == pytest.approx(want)
+    assert memory_bandwidth(cluster, {kind: 1e9}, 2e11, profile)[0] == 1e9  # a given table wins

@@ -23,6 +23,7 @@ INTRA_BW, LAT = 1.2e10, 5e-6          # pair_cluster links (bytes/s, s)
 W = 1_200_000                         # dp_graph weight / gradient bytes
 P100_BW = (device_spec("P100").memory_bandwidth_bytes_per_s   # a copy on the P100 (datasheet
            * device_spec("P100").memory_efficiency)           # peak x streaming efficiency)
+V100_BW = device_spec("V100").memory_bandwidth_bytes_per_s * device_spec("V100").memory_efficiency
 
 
 def _dp_setup(sync="allreduce", ps=None, shares=None):
@@ -60,18 +61,22 @@ def _hand_cases():
     #    2(n-1)/n * W / 12e9 + 2(n-1) * 5 µs = 0.11 ms; then apply (0.1 ms) on each holder. The
     #    P100's 2 samples of x (2000 bytes) come from the feed device, the V100, first (5.2 µs:
     #    hidden, the P100 is the faster to finish anyway); the step ends when the P100's "done"
-    #    reaches the V100 (5 µs).
+    #    reaches the V100 (5 µs). Before the all-reduce each device multiplies its partial by its
+    #    aggregation weight (6/8, 2/8; tfplace.rewrite "weights"): 5 µs launch + W read and W
+    #    written at its memory bandwidth, on the V100 after its 1.2 ms.
     g, gr, st = _dp_setup()
     cases.append(("dp_unequal_allreduce", g, gr, fk.dp_profile(g), st,
-                  1.2e-3 + W / INTRA_BW + 2 * LAT + 1e-4 + LAT))
+                  1.2e-3 + 5e-6 + 2 * W / V100_BW + W / INTRA_BW + 2 * LAT + 1e-4 + LAT))
     # 4. Same with a PS on the P100: the V100's partial goes over (5 µs + W / 12e9), the P100
     #    sums two partials (5 µs launch + 3 * W / P100 bandwidth), applies (0.1 ms) and sends w
     #    back to the V100 (5 µs + W / 12e9); the control edge apply -> train_op's V100 mirror and
     #    the P100's "done" are empty messages on the same link, queued behind it (5 µs each).
+    #    Before the sum the P100 weights the V100's partial (5 µs + W read and written at its
+    #    bandwidth; its own partial's weighting runs right after its g, long before).
     g, gr, st = _dp_setup("ps", "p100_0")
     xfer = LAT + W / INTRA_BW
     cases.append(("dp_unequal_ps", g, gr, fk.dp_profile(g), st,
-                  1.2e-3 + xfer + 5e-6 + 3 * W / P100_BW + 1e-4 + xfer + LAT + LAT))
+                  1.2e-3 + xfer + 5e-6 + 2 * W / P100_BW + 5e-6 + 3 * W / P100_BW + 1e-4 + xfer + LAT + LAT))
     return cases
 
 
@@ -257,10 +262,12 @@ def test_utilisation_summary():
     g, gr, st = _dp_setup()
     cluster = fk.pair_cluster()
     report = simulate(lower(g, gr, cluster, st, fk.dp_profile(g)), cluster)
-    # V100: f + g + apply = 1.3 ms busy of 1.415 ms (hand case 3); P100: 0.9 ms.
-    assert report.busy_s == pytest.approx((1.3e-3, 0.9e-3))
+    # V100: f + g + the weighting of its partial + apply (hand case 3); P100: 0.9 ms + its weighting
+    weighting = 5e-6 + 2 * W / np.array([V100_BW, P100_BW])
+    assert report.busy_s == pytest.approx(np.array([1.3e-3, 0.9e-3]) + weighting)
     assert report.compute_s == pytest.approx(report.busy_s)
-    assert report.utilisation[0] == pytest.approx(1.3 / 1.415)
+    step_s = 1.2e-3 + weighting[0] + W / INTRA_BW + 2 * LAT + 1e-4 + LAT
+    assert report.utilisation[0] == pytest.approx((1.3e-3 + weighting[0]) / step_s)
     # each of 2 ranks sends 2(n-1)/n * W, and the P100's 2 samples of x (2000 bytes) are fed to it
     assert report.comm_bytes == pytest.approx(2 * W + 2000)
     assert "v100_0" in report.summary()

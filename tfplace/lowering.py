@@ -25,7 +25,9 @@ What a strategy means, task by task (PlacedGraph documents the arrays):
   * memory: every copy of a variable is resident; optimizer slots only where updates run.
 
 Auxiliary tasks (re-split, sum) cost `aux_launch_s + traffic * bytes / memory bandwidth` on
-their device, never 0. Pure: no files, no globals, no TensorFlow.
+their device, never 0. So does each multiply of a partial by its aggregation weight that the
+rewrite emits (traffic 2: read and written; lowering_assemble.weighted_reads), charged to the
+op that made the partial on that device, else to the aggregating task. Pure: no files, no globals, no TensorFlow.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ class Lowerer:
         self.compute = ComputeCosts(graph, cluster, profile, self.options.missing_op_s)
         self.links = LinkCosts(cluster, profile, self.options.device_ports)
         self.mem_bw = memory_bandwidth(cluster, self.options.memory_bandwidth_bytes_per_s,
-                                       self.options.default_memory_bandwidth_bytes_per_s)
+                                       self.options.default_memory_bandwidth_bytes_per_s, profile)
         self._sig_static = self.index.sig_keys
         self._group_names = set(self.index.group_names)
         self._tables: Dict[int, Tuple[LayoutTable, PatternStore]] = {}

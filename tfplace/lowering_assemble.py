@@ -165,6 +165,15 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     static = np.bincount(v_dev, weights=ix.var_bytes[v_idx], minlength=links.num_devices)
 
     seconds = np.concatenate([inst_sec, tt_sec, sb_sec, cm_sec, st["seconds"]])
+    samples = np.concatenate([inst_samp, A["nsamp"][row], np.zeros(nx + nc, np.int64), st["samples"]])
+    buf_tensor = np.concatenate([ib_t, tb_t])
+    buf_device = np.concatenate([inst_dev[ib_task], A["tb_dev"][brow]])
+    buf_bytes = np.concatenate([ib_bytes, tb_bytes])
+    w_buf, w_dev, _, w_task = weighted_reads(kind, device, samples, read_task, read_buf, buf_task, buf_tensor,
+                                             buf_device, graph.tensor_batch_axis, ix.tensor_weight_mean, batch)
+    # the rewrite's aggregation-weight multiply (rewrite_nodes.scaled): reads and writes the partial
+    seconds += np.bincount(w_task, weights=ctx.options.aux_launch_s + 2.0 * buf_bytes[w_buf] / ctx.mem_bw[w_dev],
+                           minlength=len(seconds))
     task_bytes = np.concatenate([inst_bytes, tt_bytes, sb_bytes, np.zeros(nc), st["bytes"]])
     dep_src, dep_dst = dep_src.astype(np.int32), dep_dst.astype(np.int32)
     feed_bytes = float(np.sum(fed_bytes))
@@ -175,7 +184,7 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     t = {"kind": kind, "device": device, "src_dev": src_dev, "op": task_op, "prio": task_prio,
          "seconds": seconds, "charge": charge, "hold": hold, "bytes": task_bytes,
          "tensor": np.concatenate([np.full(m0, -1), tt_t, np.full(nx + nc + ns, -1)]),
-         "samples": np.concatenate([inst_samp, A["nsamp"][row], np.zeros(nx + nc, np.int64), st["samples"]]),
+         "samples": samples,
          "lo": np.concatenate([lay_lo[ent], A["lo"][row], np.zeros(nx + nc, np.int64), st["lo"]]),
          "hi": np.concatenate([lay_hi[ent], A["hi"][row], np.full(nx + nc, batch), st["hi"]]),
          "control": np.concatenate([np.arange(m) >= m2, st["control"]]), "link_ptr": link_ptr, "part_ptr": part_ptr}
@@ -201,8 +210,8 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
         dep_src=dep_src, dep_dst=dep_dst,
         link_ptr=t["link_ptr"], link_idx=link_idx, link_names=links.link_names,
         link_bandwidth_bytes_per_s=links.link_bw, part_ptr=t["part_ptr"], part_dev=part_dev,
-        buf_task=buf_task.astype(np.int32), buf_device=np.concatenate([inst_dev[ib_task], A["tb_dev"][brow]]).astype(np.int32),
-        buf_bytes=np.concatenate([ib_bytes, tb_bytes]), buf_tensor=np.concatenate([ib_t, tb_t]).astype(np.int32),
+        buf_task=buf_task.astype(np.int32), buf_device=buf_device.astype(np.int32),
+        buf_bytes=buf_bytes, buf_tensor=buf_tensor.astype(np.int32),
         out_ptr=exclusive_cumsum(np.bincount(buf_task, minlength=m_all)),
         in_ptr=exclusive_cumsum(np.bincount(read_task, minlength=m_all)), in_buf=read_buf.astype(np.int32),
         in_edge=np.concatenate([r2_edge, np.full(len(r1_task), -1)]).astype(np.int32), static_bytes=static,
@@ -210,6 +219,48 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
         tensor_mean_scaled=ix.tensor_mean_scaled, tensor_batch_rows=ix.tensor_batch_rows,
         task_control=t["control"], task_hold_seconds=t["hold"],
         step_message_start=m if ns else -1, device_cpu_seconds=cpu_s, device_cpu_fraction=fraction)
+
+
+def weighted_reads(kind, device, samples, read_task, read_buf, buf_task, buf_tensor, buf_device, tensor_batch_axis,
+                   tensor_weight_mean, batch: int) -> tuple:
+    """Where the rewrite multiplies a replica's partial value by its aggregation weight
+    (tfplace.rewrite, "weights"): (buffer[W], device[W], weight[W], charged task[W]), one entry
+    per (buffer, device) as the rewrite emits one Mul per pair.
+
+    A read is weighted when its task aggregates (a SUM, a COLLECTIVE, or an update instance: a
+    COMPUTE with no samples) and the buffer, followed back through TRANSFERs to its origin, is a
+    raw partial: made by a COMPUTE instance with samples, of a tensor without a batch axis that
+    is mean-weighted (tensor_weight_mean), with weight samples / batch != 1. The Mul runs on the
+    aggregating device (a COLLECTIVE's: the participant whose buffer it is). Its cost is charged
+    to the task that made the buffer when that is a COMPUTE on the same device (the gradient
+    op, before a collective), else to the aggregating task.
+
+    kind, device, samples [M]: the tasks; read_task, read_buf [R]: every data read; buf_task,
+    buf_tensor, buf_device [B]: the buffers; tensor_batch_axis, tensor_weight_mean [T]."""
+    m = len(kind)
+    first_in = np.full(m, -1, dtype=np.int64)  # a transfer's input buffer (its first read)
+    x = kind[read_task] == TASK_TRANSFER
+    first_in[read_task[x][::-1]] = read_buf[x][::-1]
+    origin = np.asarray(read_buf, dtype=np.int64).copy()
+    for _ in range(m):
+        up = buf_task[origin]
+        step = (kind[up] == TASK_TRANSFER) & (first_in[up] >= 0)
+        if not step.any():
+            break
+        origin[step] = first_in[up[step]]
+    src, tensor = buf_task[origin], buf_tensor[origin]
+    weight = np.where(kind[src] == TASK_COMPUTE, samples[src] / batch, 1.0)
+    raw = (kind[src] == TASK_COMPUTE) & (samples[src] > 0) & (tensor_batch_axis[tensor] < 0) & tensor_weight_mean[tensor]
+    ck = kind[read_task]
+    aggregates = (ck == TASK_SUM) | (ck == TASK_COLLECTIVE) | ((ck == TASK_COMPUTE) & (samples[read_task] == 0))
+    sel = np.nonzero(aggregates & raw & (weight != 1.0))[0]
+    dev = np.where(ck[sel] == TASK_COLLECTIVE, buf_device[read_buf[sel]], device[read_task[sel]]).astype(np.int64)
+    _, first = np.unique(read_buf[sel].astype(np.int64) * (int(device.max(initial=0)) + 1) + dev, return_index=True)
+    sel, dev = sel[first], dev[first]
+    buf = read_buf[sel].astype(np.int64)
+    maker = buf_task[buf]
+    charged = np.where((kind[maker] == TASK_COMPUTE) & (device[maker] == dev), maker, read_task[sel])
+    return buf, dev, weight[sel], charged.astype(np.int64)
 
 
 def _append_handlers(t, send_cpu, dep_src, dep_dst):

@@ -17,6 +17,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from tfplace.cluster import Cluster, is_cpu_kind
+from tfplace.cpu_demand import cpu_fractions
 from tfplace.device_model import device_spec
 from tfplace.errors import InputError
 from tfplace.graph_ir import OpGraph
@@ -205,12 +206,16 @@ class LinkCosts:
         return out
 
 
-def memory_bandwidth(cluster: Cluster, table: Optional[Mapping[str, float]], default: float) -> np.ndarray:
+def memory_bandwidth(cluster: Cluster, table: Optional[Mapping[str, float]], default: float,
+                     profile: Optional[Profile] = None) -> np.ndarray:
     """Bytes/s a copy kernel reaches in each device's memory.
 
     table None: the device model's datasheet table (tfplace.device_model: peak bandwidth times
-    its streaming efficiency); kinds it does not know get `default`. A given table maps kind ->
-    bytes/s, with `default` for the kinds it lacks."""
+    its streaming efficiency). A CPU kind the table does not know ("CPU_<label>", a CPU of
+    another speed, e.g. a local-cluster task under a CPU quota) gets the CPU's figure times the
+    share of a core its profile kind may use (tfplace.cpu_demand.cpu_fractions; 1 without one):
+    a copy under a 0.5 quota takes twice the wall, as its kernels do. Other unknown kinds get
+    `default`. A given table maps kind -> bytes/s, with `default` for the kinds it lacks."""
     out = []
     for d in cluster.devices:
         if table is not None:
@@ -220,5 +225,10 @@ def memory_bandwidth(cluster: Cluster, table: Optional[Mapping[str, float]], def
             spec = device_spec(d.kind)
             out.append(spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency)
         except InputError:
-            out.append(float(default))
+            if not is_cpu_kind(d.kind):
+                out.append(float(default))
+                continue
+            spec = device_spec("CPU")
+            share = float(cpu_fractions(profile, [d.kind])[0])
+            out.append(spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency * share)
     return np.array(out)
