@@ -1,6 +1,7 @@
 """Simulator tests: hand-computed step times, physical invariants, fast == reference, memory,
 OOM, stragglers and the trace. Graphs and clusters come from sim_fakes (hand-built, no TF)."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -359,7 +360,6 @@ def _hold_and_slots(rng, placed, num_devices):
 
 @pytest.mark.parametrize("seed", range(8))
 def test_fast_loop_matches_reference_with_link_hold_and_core_slots(seed):
-    import dataclasses
     rng = np.random.default_rng(100 + seed)
     placed, cluster = _random_placed(rng, seed)
     hold, slots = _hold_and_slots(rng, placed, cluster.num_devices)
@@ -420,7 +420,6 @@ def test_local_cpu_cluster_declares_its_shared_cores():
 def _two_sends(overheads):
     # a, b on the V100 (1 ms each), both read by c on the P100: two transfers on one link, the
     # second ready 1 ms after the first; the link latency (2 ms) is longer than that gap.
-    import dataclasses
     ops = [("x", "Placeholder", 8000, True, True), ("a", "Op", 8000, True, True), ("b", "Op", 8000, True, True),
            ("c", "Op", 8000, True, True)]
     g = fk.op_graph(ops, [("x", "a"), ("x", "b"), ("a", "c"), ("b", "c")])
@@ -434,7 +433,6 @@ def _two_sends(overheads):
 
 def _two_inputs_one_device(overheads):
     # inputs x (8000 bytes at batch 8) and y (400 bytes) read by a on the V100 (1 ms)
-    import dataclasses
     ops = [("x", "Placeholder", 8000, True, True), ("y", "Placeholder", 400, True, True),
            ("a", "Op", 8000, True, True)]
     g = fk.op_graph(ops, [("x", "a"), ("y", "a")])
@@ -455,6 +453,28 @@ def _two_inputs_one_device(overheads):
 ])
 def test_step_and_feed_costs_come_once_per_step(overheads, added_s):
     assert _two_inputs_one_device(overheads) == pytest.approx(1e-3 + added_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("worker_ms", [0.0, 0.5, 6.0])
+def test_a_further_device_starts_when_its_rungraph_arrives(worker_ms):
+    """The master sends every RunGraph at once: the feed device's lane carries step_s, and each
+    further device's lane starts worker_s (per further task) after the step begins, in
+    parallel with it (the fork-join graph: x, a, b, d on the V100, c on the P100)."""
+    from tfplace.placed_graph import TASK_HANDLER
+    g, gr, pr, st = _fork_join()
+    pr = dataclasses.replace(pr, conditions={**pr.conditions,
+                                             "runtime_overheads": {"step_s": 2e-4, "worker_s": worker_ms * 1e-3}})
+    cluster = fk.pair_cluster()
+    placed = lower(g, gr, cluster, st, pr)
+    sched = schedule(placed, np.ones(2))
+    c = placed.tasks_of_op(g.index("c"))[0]
+    x = placed.tasks_of_op(g.index("x"))[0]
+    assert sched.start[x] == 0.0 and sched.finish[x] == pytest.approx(2e-4)  # step_s only
+    hop = LAT + 8000 / INTRA_BW
+    # c waits for a's output (step_s + a + the hop) and for its RunGraph (worker_s)
+    assert sched.start[c] == pytest.approx(max(2e-4 + 1e-3 + hop, worker_ms * 1e-3), rel=1e-9)
+    waits = np.nonzero((placed.task_kind == TASK_HANDLER) & (placed.task_device == 1))[0]
+    assert len(waits) == (1 if worker_ms else 0)
 
 
 @pytest.mark.parametrize("gap_s", [None, 0.0, 1e-4, 5e-3])

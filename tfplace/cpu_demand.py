@@ -145,9 +145,10 @@ def dispatch_cpu_seconds(over: Mapping[str, Any], wall_s: float, wall_device: in
                          fraction: np.ndarray, cpu_device: np.ndarray) -> np.ndarray:
     """What the step's dispatch changes in the demand [D] (CPU seconds, added to demand_d).
 
-    The lanes carry the dispatch as wall seconds on the device of the first input
-    (`wall_device`, `wall_s`: runtime_overheads.step_s and worker_s per further task, see
-    lowering_assemble._runtime_overheads): nothing starts before it. As CPU it is smaller and
+    The lanes carry the dispatch as wall seconds: step_s on the device of the first input
+    (`wall_device`, `wall_s`, see lowering_assemble._runtime_overheads), and each further
+    device's wait for its RunGraph (lowering_assemble._append_worker_dispatch, not in the
+    demand): nothing starts before them. As CPU it is smaller and
     spread over the tasks (benchmarks/task_cpu_probe.py: the master spends 0.15-0.18 ms for a
     step on three tasks, each further task 0.25-0.31 ms on its RunGraph, where the wall charge
     is 0.9-1.0 ms):

@@ -198,6 +198,7 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
                                   side, dispatch)
     if len(fraction):
         dep_src, dep_dst = _append_side_cpu(t, side, fraction, ctx, dep_src, dep_dst)
+    dep_src, dep_dst = _append_worker_dispatch(t, over, dispatch, dep_src, dep_dst)
     m_all = len(t["kind"])
 
     return PlacedGraph(
@@ -353,8 +354,8 @@ def _cpu_demand(ctx, over, seconds, charge, off_lane, kind, device, src_dev, sid
     runtime overheads give no CPU beside the lanes: no collective, per-byte or off-lane message
     CPU (the bound could not pass the lanes then). over: _overheads(ctx); charge / off_lane: the message CPU on the
     lanes / beside them (_runtime_overheads); side: side_cpu_entries (task, device, cpu_s);
-    dispatch: _dispatch's (task, wall seconds, devices used), the dispatch's CPU in place of its
-    wall (cpu_demand.dispatch_cpu_seconds)."""
+    dispatch: _dispatch's (task, wall seconds, devices used, further devices' wait), the
+    dispatch's CPU in place of its wall on the first input's device (cpu_demand.dispatch_cpu_seconds)."""
     if not (over.get("collective_cpu_s") or over.get("message_cpu_s_per_byte") or off_lane is not None):
         return np.zeros(0), np.zeros(0)
     fraction = cpu_fractions(ctx.profile, [d.kind for d in ctx.cluster.devices])
@@ -362,7 +363,7 @@ def _cpu_demand(ctx, over, seconds, charge, off_lane, kind, device, src_dev, sid
     demand = device_cpu_seconds(lane, kind == TASK_TRANSFER, seconds,
                                 charge if charge is not None else np.zeros(len(seconds)), device, src_dev,
                                 side[1], side[2], fraction, message_cpu=off_lane)
-    first, wall_s, used = dispatch
+    first, wall_s, used, _ = dispatch
     if first >= 0:
         demand = demand + dispatch_cpu_seconds(over, wall_s, int(device[first]), used, fraction, _cpu_devices(ctx))
     return demand, fraction
@@ -380,7 +381,7 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, ov
     the message CPU added to each lane task (None: none), the message CPU of each transfer task
     that runs beside the lanes (None: none), the sending end's message CPU of each transfer task,
     to run as its HANDLER task (None: none); see inter_op_threads). `over`: _overheads(ctx);
-    `dispatch`: _dispatch's (task, wall seconds, devices used) for step_s and worker_s;
+    `dispatch`: _dispatch's (task, wall seconds, devices used, further devices' wait) for step_s;
     `num_inputs`: the graph's fed inputs.
 
     They come from the profile conditions `runtime_overheads`, written by
@@ -390,9 +391,12 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, ov
                      to the first input's first instance: nothing starts before the feed arrives;
       feed_input_s, feed_s_per_byte   the feed, charged there too: per fed input beyond the
                      first and per byte of all inputs at the global batch (`feed_bytes`);
-      worker_s       per further task running part of the step (the master's RunGraph to it);
-                     as CPU (step_cpu_s, master_worker_cpu_s, worker_cpu_s) they are not charged
-                     here: tfplace.cpu_demand.dispatch_cpu_seconds puts them in the demand;
+      worker_s       per further task running part of the step (the master's RunGraph to it):
+                     not charged here; each further device's lane waits worker_s times the
+                     further tasks before it starts (_append_worker_dispatch: the master sends
+                     them all at once, and the micro-benchmark timed them together). As CPU
+                     (step_cpu_s, master_worker_cpu_s, worker_cpu_s) the dispatch is
+                     tfplace.cpu_demand.dispatch_cpu_seconds's, in the demand;
       op_s           per compute task (executor dispatch around each kernel the profile timed);
       transfer_s, collective_s   per transfer / collective on top of its link time (the
                      cluster's pair latency + bytes / bandwidth) or all-reduce fit (a message in
@@ -436,7 +440,7 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, ov
     transfer_s = _per_message(over, "transfer_s", ctx.cluster, x, src_dev, device)
     seconds[x] = np.maximum(seconds[x] + transfer_s[x], 0.0)  # transfer_s < 0: see the docstring
     seconds[kind == TASK_COLLECTIVE] += float(over.get("collective_s", 0.0))
-    first, dispatch_s, _ = dispatch
+    first, dispatch_s, _, _ = dispatch
     if first >= 0:
         seconds[first] += dispatch_s + float(over.get("feed_input_s", 0.0)) * (num_inputs - 1) + \
             float(over.get("feed_s_per_byte", 0.0)) * feed_bytes
@@ -459,13 +463,39 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, ov
 
 def _dispatch(over, kind, device, op_ptr, graph) -> tuple:
     """(the task the step's dispatch is charged to: the first input's first instance, -1 for a
-    graph without inputs; its wall seconds: step_s and worker_s per further device; the devices
-    that run a partition of the step [U], the master's RunGraph goes to each)."""
+    graph without inputs; its wall seconds: step_s; the devices that run a partition of the
+    step [U], the master's RunGraph goes to each; each further device's wait for it)."""
     used = np.unique(device[kind == TASK_COMPUTE])
     if not graph.inputs:
-        return -1, 0.0, used
-    wall = float(over.get("step_s", 0.0)) + float(over.get("worker_s", 0.0)) * max(len(used) - 1, 0)
-    return int(op_ptr[graph.inputs[0]]), wall, used
+        return -1, 0.0, used, 0.0
+    further = max(len(used) - 1, 0)
+    return int(op_ptr[graph.inputs[0]]), float(over.get("step_s", 0.0)), used, \
+        float(over.get("worker_s", 0.0)) * further
+
+
+def _append_worker_dispatch(t, over, dispatch, dep_src, dep_dst):
+    """A further device's partition starts when the master's RunGraph has reached it: one
+    HANDLER task first on each device of the step but the first input's, lasting the dispatch's
+    wait, before every lane task there. The master sends every RunGraph at once, so each
+    further device waits what the micro-benchmark measured for all of them together
+    (worker_s per further task, benchmarks/fidelity_bench.py measure_overheads)."""
+    first, _, used, wait_s = dispatch
+    if first < 0 or wait_s <= 0:
+        return dep_src, dep_dst
+    home = int(t["device"][first])
+    devs = np.array([d for d in np.asarray(used).tolist() if d != home], dtype=np.int64)
+    if not len(devs):
+        return dep_src, dep_dst
+    m = len(t["kind"])
+    lane = np.nonzero(np.isin(t["kind"], DEVICE_KINDS))[0]
+    owner = np.array([lane[t["device"][lane] == d][0] for d in devs], dtype=np.int64)
+    _extend_with_handlers(t, owner, devs.astype(t["device"].dtype), np.full(len(devs), wait_s),
+                          np.full(len(devs), int(t["prio"].min(initial=0)) - 1))
+    gate = np.full(int(t["device"].max()) + 1, -1, np.int64)  # device -> its dispatch task
+    gate[devs] = m + np.arange(len(devs))
+    on = lane[gate[t["device"][lane]] >= 0]
+    return (np.concatenate([dep_src, gate[t["device"][on]]]).astype(np.int32),
+            np.concatenate([dep_dst, on]).astype(np.int32))
 
 
 def _inter_op_threads(over) -> int:
