@@ -27,7 +27,8 @@ What a strategy means, task by task (PlacedGraph documents the arrays):
 Auxiliary tasks (re-split, sum) cost `aux_launch_s + traffic * bytes / memory bandwidth` on
 their device, never 0. So does each multiply of a partial by its aggregation weight that the
 rewrite emits (traffic 2: read and written; lowering_assemble.weighted_reads), charged to the
-op that made the partial on that device, else to the aggregating task. Pure: no files, no globals, no TensorFlow.
+op that made the partial on that device, else to the aggregating task.
+Pure: no files, no globals, no TensorFlow.
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
                                   side, dispatch)
     if len(fraction):
         dep_src, dep_dst = _append_side_cpu(t, side, fraction, ctx, dep_src, dep_dst)
-    dep_src, dep_dst = _append_worker_dispatch(t, over, dispatch, dep_src, dep_dst)
+    dep_src, dep_dst = _append_worker_dispatch(t, dispatch, dep_src, dep_dst)
     m_all = len(t["kind"])
 
     return PlacedGraph(
@@ -473,12 +473,13 @@ def _dispatch(over, kind, device, op_ptr, graph) -> tuple:
         float(over.get("worker_s", 0.0)) * further
 
 
-def _append_worker_dispatch(t, over, dispatch, dep_src, dep_dst):
+def _append_worker_dispatch(t, dispatch, dep_src, dep_dst):
     """A further device's partition starts when the master's RunGraph has reached it: one
     HANDLER task first on each device of the step but the first input's, lasting the dispatch's
     wait, before every lane task there. The master sends every RunGraph at once, so each
     further device waits what the micro-benchmark measured for all of them together
-    (worker_s per further task, benchmarks/fidelity_bench.py measure_overheads)."""
+    (worker_s per further task, benchmarks/fidelity_bench.py measure_overheads). `t` as
+    _append_handlers's (changed in place); returns the dependencies with the new ones."""
     first, _, used, wait_s = dispatch
     if first < 0 or wait_s <= 0:
         return dep_src, dep_dst
