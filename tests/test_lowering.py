@@ -623,7 +623,8 @@ def test_weighting_cost_follows_the_rewrites_multiplies(name, make):
 
     from tfplace.cluster import load_cluster
     from tfplace.grouping import make_grouping
-    from tfplace.lowering_assemble import weighted_reads
+    from tfplace.lowering_assemble import placed_weighted_reads
+    from tfplace.lowering_meta import split_metadata
     from tfplace.placed_graph import TASK_COMPUTE
     from tfplace.rewrite import rewrite_step
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -639,11 +640,8 @@ def test_weighting_cost_follows_the_rewrites_multiplies(name, make):
             b, d = n.name[len("tfplace/weighted_"):].split("_d")
             weight = nodes[n.name + "/weight"].attr["value"].tensor.float_val[0]
             emitted[(int(b), int(d))] = (weight, n.device)
-    read_task = np.repeat(np.arange(p.num_tasks), np.diff(p.in_ptr))
-    buf, dev, weight, charged = weighted_reads(
-        p.task_kind, p.task_device, p.task_samples, read_task, p.in_buf.astype(np.int64), p.buf_task.astype(np.int64),
-        p.buf_tensor.astype(np.int64), p.buf_device, step_graph_batch_axis(graph, p), p.tensor_weight_mean,
-        p.global_batch_size)
+    lowered = split_metadata(graph, grouping.op_group)[0]  # the graph p was lowered from
+    buf, dev, weight, charged = placed_weighted_reads(p, lowered.tensor_batch_axis)
     modelled = {(int(b), int(d)): float(w) for b, d, w in zip(buf, dev, weight)}
     assert set(modelled) == set(emitted)
     for key, (w, device) in emitted.items():
@@ -656,14 +654,6 @@ def test_weighting_cost_follows_the_rewrites_multiplies(name, make):
         assert set(dev.tolist()) == {0, 1, 2} and (p.task_kind[charged] == TASK_COMPUTE).all()
     if name == "dp_uneven_ps":  # cpu0's partials are weighted where they are summed, on the PS
         assert set(dev.tolist()) == {1, 2}  # cpu1 first sums its own two micro-batches
-
-
-def step_graph_batch_axis(graph, placed):
-    """tensor_batch_axis of the graph `placed` was lowered from (the lowering may add metadata
-    clones after the original tensors; none of them are partials)."""
-    axis = np.full(int(placed.tensor_weight_mean.shape[0]), -1, dtype=np.int64)
-    axis[:len(graph.tensor_batch_axis)] = graph.tensor_batch_axis
-    return axis
 
 
 @pytest.mark.parametrize("kind,fraction,expected", [

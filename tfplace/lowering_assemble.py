@@ -264,6 +264,16 @@ def weighted_reads(kind, device, samples, read_task, read_buf, buf_task, buf_ten
     return buf, dev, weight[sel], charged.astype(np.int64)
 
 
+def placed_weighted_reads(placed, tensor_batch_axis) -> tuple:
+    """weighted_reads of a PlacedGraph lowered from a graph with `tensor_batch_axis` [T] (the
+    lowered graph's, metadata clones included): what the rewrite multiplies, and where."""
+    p = placed
+    read_task = np.repeat(np.arange(p.num_tasks), np.diff(p.in_ptr))
+    return weighted_reads(p.task_kind, p.task_device, p.task_samples, read_task, p.in_buf.astype(np.int64),
+                          p.buf_task.astype(np.int64), p.buf_tensor.astype(np.int64), p.buf_device,
+                          tensor_batch_axis, p.tensor_weight_mean, p.global_batch_size)
+
+
 def _append_handlers(t, send_cpu, dep_src, dep_dst):
     """Appends the HANDLER tasks of _handlers to the per-task arrays `t` (name -> [M] array, the
     CSR pointers link_ptr and part_ptr [M+1]; changed in place) and returns the dependencies

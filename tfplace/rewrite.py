@@ -55,6 +55,7 @@ from tfplace import rewrite_nodes as rn
 from tfplace.cluster import Cluster, is_cpu_kind
 from tfplace.errors import InputError
 from tfplace.graph_ir import OpGraph
+from tfplace.lowering_assemble import placed_weighted_reads
 from tfplace.placed_graph import (TASK_COLLECTIVE, TASK_COMPUTE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER,
                                   PlacedGraph)
 from tfplace.strategy import Strategy
@@ -151,7 +152,10 @@ class _Emitter:
         self.extra_ctrl: Dict[str, List[str]] = {}
         self.task_node: Dict[Tuple[int, int], str] = {}  # (task, device) -> node (chains, control)
         self._buf_names: Dict[int, str] = {}
-        self._weighted: Dict[Tuple[str, int], str] = {}
+        self._weighted: Dict[Tuple[int, int], str] = {}
+        # the aggregation weights, (buffer, device) -> weight: the same reads the lowering costs
+        w_buf, w_dev, w_val, _ = placed_weighted_reads(placed, graph.tensor_batch_axis)
+        self._weights = {(int(b), int(d)): float(w) for b, d, w in zip(w_buf, w_dev, w_val)}
         p = placed
         self.buf_tensor_dtype = lambda b: graph.tensor_dtype[p.buf_tensor[b]]
         self.loss_mean = placed.tensor_mean_scaled  # decided by the lowering
@@ -200,23 +204,16 @@ class _Emitter:
 
     def weighted(self, b: int, d: int) -> str:
         """Buffer b as an aggregation input on device d: a raw replica partial (possibly after
-        transfers) is scaled by its task weight where the tensor is mean-weighted."""
-        p, g = self.p, self.g
-        o = b
-        while p.task_kind[p.buf_task[o]] == TASK_TRANSFER:
-            o = int(p.in_buf[p.in_ptr[p.buf_task[o]]])
-        src = int(p.buf_task[o])
-        tensor = int(p.buf_tensor[o])
-        raw = p.task_kind[src] == TASK_COMPUTE and p.task_samples[src] > 0 and g.tensor_batch_axis[tensor] < 0
-        w = float(p.task_weight[src]) if raw and p.tensor_weight_mean[tensor] else 1.0
-        if w == 1.0:
+        transfers) is scaled by its task weight where the tensor is mean-weighted
+        (lowering_assemble.weighted_reads decides which, for the rewrite and the costs alike)."""
+        w = self._weights.get((b, d))
+        if w is None:
             return self.bname(b)
-        key = (self.bname(b), d)
-        if key not in self._weighted:
+        if (b, d) not in self._weighted:
             name = f"tfplace/weighted_{b}_d{d}"
             self.add(*rn.scaled(name, self.dev[d], self.bname(b), w, self.buf_tensor_dtype(b)))
-            self._weighted[key] = name + ":0"
-        return self._weighted[key]
+            self._weighted[(b, d)] = name + ":0"
+        return self._weighted[(b, d)]
 
     # ---- tasks ---------------------------------------------------------------------------------
     def run(self) -> RewrittenStep:
