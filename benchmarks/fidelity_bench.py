@@ -279,7 +279,9 @@ def add_chain(devs, k: int, task: int = 0):
 def collective_chain(devs, k: int, group: int, reduce: bool, elements: int = 4, key_base=None):
     """A step builder (step_costs): k all-reduces of a value of 4 * elements bytes across the
     first `group` tasks of `devs`, each task's chained to its previous one by a control edge like
-    the rewrite's priority chains (or, without `reduce`, the same chain of plain multiplies);
+    the rewrite's priority chains (or, without `reduce`, the same chain of Identity ops, which
+    pass their input on: the difference is all the all-reduce costs, its output buffer included,
+    as the rewrite puts an all-reduce where the original graph has none);
     instance keys from `key_base` (one base per value shape: a key names one shape for the
     servers' lifetime)."""
     import tensorflow as tf
@@ -297,7 +299,7 @@ def collective_chain(devs, k: int, group: int, reduce: bool, elements: int = 4, 
                     y = tf.raw_ops.CollectiveReduceV2(
                         input=v, group_size=group, group_key=20 + group,
                         instance_key=base_key + i,
-                        ordering_token=[], merge_op="Add", final_op="Id") if reduce else v * 1.0
+                        ordering_token=[], merge_op="Add", final_op="Id") if reduce else tf.identity(v)
                 prev[d] = [y.op]
                 outs.append(y)
         return outs
@@ -345,8 +347,9 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     (the first pass) two model keys come too, for the step's CPU bound (tfplace.cpu_demand):
     `message_cpu_s_per_byte` (that per-byte message CPU, at least 0) and `collective_cpu_s`,
     per group size the CPU seconds one participant spends per all-reduce at each of
-    COLLECTIVE_CPU_BYTES (a chain of 8 like collective_chain's, beyond the same chain of plain
-    adds, from the scheduler's counters); with `raw` False none of these are measured and `raw`
+    COLLECTIVE_CPU_BYTES (a chain of 8 like collective_chain's, beyond the same chain of
+    Identity ops, from the scheduler's counters), the participants' mean and per device kind
+    (participant_curves); with `raw` False none of these are measured and `raw`
     is left out. `comm`: the comm fit the model uses (a
     profile's "comm" section, see cluster_comm), for the raw all-reduce figures; `cluster`: the
     tfplace Cluster `lc` runs (one device per task, device i on task i)."""
@@ -460,17 +463,19 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     extra_bytes = 4 * big - 16
 
     def participant_cpu(group, nbytes, k=8, steps=10):
-        """CPU seconds one of the first `group` tasks spends per all-reduce of `nbytes` in a
-        chain of k (beyond the same chain of plain ops), from the scheduler's counters."""
-        used = [timed(collective_chain(devs, k, group, reduce, nbytes // 4, key_base=3000), cpu=True,
-                      cpu_steps=steps, wall_steps=0, tasks=group)[1]
+        """CPU seconds each of the first `group` tasks spends per all-reduce of `nbytes` in a
+        chain of k (beyond the same chain of pass-through ops) [group], from the scheduler's
+        counters."""
+        used = [step_costs(lc, collective_chain(devs, k, group, reduce, nbytes // 4, key_base=3000),
+                           wall_steps=0, cpu_steps=steps)[1][:group]
                 for reduce in (True, False)]
-        return max(used[0] - used[1], 0.0) / (k * group)
+        return np.maximum(used[0] - used[1], 0.0) / k
 
     # the model's collective CPU (tfplace.cpu_demand): per group size, what one participant's CPU
-    # costs per all-reduce at each of COLLECTIVE_CPU_BYTES, chained like the rewrite's chains
-    out["collective_cpu_s"] = {str(g): {"bytes": list(COLLECTIVE_CPU_BYTES),
-                                        "seconds": [participant_cpu(g, b) for b in COLLECTIVE_CPU_BYTES]}
+    # costs per all-reduce at each of COLLECTIVE_CPU_BYTES, chained like the rewrite's chains;
+    # the participants' mean, and per device kind the mean of that kind's participants
+    out["collective_cpu_s"] = {str(g): participant_curves([participant_cpu(g, b) for b in COLLECTIVE_CPU_BYTES],
+                                                          kinds[:g])
                                for g in range(2, n + 1)}
     curve_n = dict(zip(COLLECTIVE_CPU_BYTES, out["collective_cpu_s"][str(n)]["seconds"]))
     message_cpu_per_byte = (hop_big[1] - hop_small[1]) / (k * extra_bytes)
@@ -498,6 +503,17 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
                   "collective_cpu_s_per_byte_per_task": (curve_n[BIG_MESSAGE_BYTES] - curve_n[16]) / extra_bytes,
                   "allreduce_fit_16_bytes_s": {g: fit16(g) for g in comm["allreduce"]}}
     return out
+
+
+def participant_curves(per_task_s, kinds) -> dict:
+    """A collective_cpu_s curve (tfplace.cpu_demand.participant_curve) from per-task CPU seconds
+    per all-reduce at each of COLLECTIVE_CPU_BYTES (per_task_s [K][group]; the group's tasks of
+    device kinds `kinds`): "seconds", the participants' mean, and "seconds_by_kind", per kind the
+    mean of its participants."""
+    per = np.asarray(per_task_s, dtype=np.float64)
+    of = np.asarray(kinds, dtype=object)
+    return {"bytes": list(COLLECTIVE_CPU_BYTES), "seconds": per.mean(axis=1).tolist(),
+            "seconds_by_kind": {k: per[:, of == k].mean(axis=1).tolist() for k in sorted(set(kinds))}}
 
 
 def transfer_beyond(hop_wall_s: float, hop_cpu_s: float, link_s: float, link_latency_s: float) -> float:
@@ -913,14 +929,16 @@ def conditions_table(conditions) -> list:
         if not d:
             return "-"
         c = d[max(d, key=int)]
-        return " / ".join(us(v) for v in c["seconds"])
+        by_kind = c.get("seconds_by_kind") or {}  # older records have the mean only
+        return "; ".join(f"{label} " * bool(by_kind) + " / ".join(us(v) for v in values)
+                         for label, values in [("mean", c["seconds"]), *sorted(by_kind.items())])
 
     def feed(o):  # older records have no feed costs
         if "feed_input_s" not in o:
             return "-"
         return f"{us(o['feed_input_s'])} / {o['feed_s_per_byte'] * 1e9:.2f}"
     lines = ["| model | p2p fit latency | all-reduce fit latency (x2 / x3) | step_s | feed_input_s / feed_s_per_byte (ns) | "
-             "worker_s | transfer_s | message_cpu_s | collective_cpu_s per participant of an all-task all-reduce (" +
+             "worker_s | transfer_s | message_cpu_s | collective_cpu_s per participant of an all-task all-reduce, mean and per kind (" +
              " / ".join(f"{b} B" for b in COLLECTIVE_CPU_BYTES) + ") |",
              "|---|---|---|---|---|---|---|---|---|"]
     for model, (comm, over) in conditions.items():

@@ -12,7 +12,7 @@ fidelity_bench.task_cpu_seconds), each the difference of two steps that differ o
   * further tasks: a step with a tiny op on tasks 1 and 2 as well, beyond a one-task step (each
     further task's column: its RunGraph; task 0's: what the master spends on both);
   * an all-reduce: a chain of 12 across all three tasks (and across tasks 0-1) at 16 bytes and
-    64 KiB, beyond the same chain of plain multiplies (fidelity_bench.collective_chain);
+    64 KiB, beyond the same chain of Identity ops (fidelity_bench.collective_chain);
   * a message: a chain of 24 dependent 16-byte hops between tasks 1-2 and 0-1, beyond the same
     chain on one task (fidelity_bench.hop_chain);
   * an op: a chain of 1000 dependent adds of 4 floats on each task, beyond none.

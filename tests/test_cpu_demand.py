@@ -128,6 +128,33 @@ def test_collective_cpu_follows_the_curve_at_the_collectives_bytes():
     assert placed.device_cpu_seconds - base.device_cpu_seconds == pytest.approx([2e-3, 2e-3], rel=1e-12)
 
 
+@pytest.mark.parametrize("by_kind, expected_ms", [
+    # each participant pays its own kind's curve (V100 on device 0, P100 on device 1)
+    ({"V100": [1.0, 1.0], "P100": [2.0, 4.0]}, [1.0, 3.0]),
+    ({"V100": [0.5, 0.5], "P100": [0.5, 0.5]}, [0.5, 0.5]),
+    # a kind the measuring group did not hold pays the participants' mean ("seconds": 2 ms at W)
+    ({"P100": [2.0, 4.0]}, [2.0, 3.0]),
+    ({}, [2.0, 2.0]),
+])
+def test_each_participant_pays_the_curve_of_its_device_kind(by_kind, expected_ms):
+    curve = {**CURVE, "seconds_by_kind": {k: [v * 1e-3 for v in vs] for k, vs in by_kind.items()}}
+    placed, _ = _dp({"collective_cpu_s": {"2": curve}})
+    base, _ = _dp({"message_cpu_s_per_byte": 0.0, "collective_cpu_s": {"2": {"bytes": [0], "seconds": [0.0]}}})
+    assert placed.device_cpu_seconds - base.device_cpu_seconds == pytest.approx(
+        [ms * 1e-3 for ms in expected_ms], rel=1e-12)
+
+
+@pytest.mark.parametrize("by_kind, field, words", [
+    ([1e-3, 2e-3], "collective_cpu_s.2.seconds_by_kind", "must map device kinds"),
+    ({"P100": [1e-3]}, "collective_cpu_s.2.seconds_by_kind.P100", "as many seconds"),
+    ({"P100": [1e-3, -1.0]}, "collective_cpu_s.2.seconds_by_kind.P100", "finite seconds >= 0"),
+])
+def test_a_bad_kind_curve_is_one_error_naming_its_field(by_kind, field, words):
+    with pytest.raises(InputError) as err:
+        _dp({"collective_cpu_s": {"2": {**CURVE, "seconds_by_kind": by_kind}}})
+    assert field in str(err.value) and words in str(err.value)
+
+
 def test_a_group_size_without_a_curve_is_one_error():
     with pytest.raises(InputError) as err:
         _dp({"collective_cpu_s": {"3": CURVE}})

@@ -111,6 +111,17 @@ def test_conditions_table_shows_the_feed_costs_where_a_record_has_them():
     assert "| 200 | - | 300 |" in old and "| 200 | 25 / 0.50 | 300 |" in new
 
 
+def test_conditions_table_shows_each_kinds_collective_cpu_where_a_record_has_it():
+    comm = fb.cluster_comm()
+    over = {"step_s": 2e-4, "worker_s": 3e-4, "transfer_s": {}, "message_cpu_s": {}}
+    mean = {"bytes": [16, 4096], "seconds": [2e-4, 5e-4]}
+    old = fb.conditions_table({"m": (comm, {**over, "collective_cpu_s": {"3": mean}})})[2]
+    by_kind = {**mean, "seconds_by_kind": {"CPU_half": [2.5e-4, 5.5e-4], "CPU": [1.5e-4, 4e-4]}}
+    new = fb.conditions_table({"m": (comm, {**over, "collective_cpu_s": {"3": by_kind}})})[2]
+    assert old.endswith("| 200 / 500 |")
+    assert new.endswith("| mean 200 / 500; CPU 150 / 400; CPU_half 250 / 550 |")
+
+
 @pytest.mark.parametrize("steps, min_s, call_s", [
     (2, 0.0, 0.0),            # no time floor: the count
     (2, 0.05, 0.01),          # the time floor decides
@@ -242,3 +253,20 @@ def test_a_micro_benchmark_step_is_run_again_only_when_its_request_came_twice(me
         with pytest.raises(tf.errors.AbortedError):
             fb.run_resent(step, tries)
         assert len(calls) == min(len(messages), tries)
+
+
+@pytest.mark.parametrize("kinds, per_task_ms, mean_ms, by_kind_ms", [
+    # the hetero cluster's 3-task group: task 0 unthrottled, tasks 1 and 2 under the quota
+    (["CPU", "CPU_half", "CPU_half"], [[0.2, 0.3, 0.4], [2.0, 2.2, 2.4]], [0.3, 2.2],
+     {"CPU": [0.2, 2.0], "CPU_half": [0.35, 2.3]}),
+    (["CPU", "CPU_half"], [[0.2, 0.4], [1.0, 3.0]], [0.3, 2.0], {"CPU": [0.2, 1.0], "CPU_half": [0.4, 3.0]}),
+    (["CPU", "CPU"], [[0.2, 0.4], [1.0, 3.0]], [0.3, 2.0], {"CPU": [0.3, 2.0]}),
+])
+def test_participant_curves_give_the_mean_and_each_kinds_mean(kinds, per_task_ms, mean_ms, by_kind_ms, monkeypatch):
+    monkeypatch.setattr(fb, "COLLECTIVE_CPU_BYTES", (16, 1 << 20))
+    curve = fb.participant_curves([[v * 1e-3 for v in row] for row in per_task_ms], kinds)
+    assert curve["bytes"] == [16, 1 << 20]
+    assert curve["seconds"] == pytest.approx([v * 1e-3 for v in mean_ms], rel=1e-12)
+    assert sorted(curve["seconds_by_kind"]) == sorted(by_kind_ms)
+    for kind, want in by_kind_ms.items():
+        assert curve["seconds_by_kind"][kind] == pytest.approx([v * 1e-3 for v in want], rel=1e-12)

@@ -25,8 +25,9 @@ as a throughput bound on the step:
                      runtime_overheads.inter_op_threads >= 2 also each message's fixed CPU
                      (message_cpu_s), which then runs beside the lanes instead of on them
   collective_d       per all-reduce d takes part in, runtime_overheads.collective_cpu_s
-                     [group size] at its bytes: CPU seconds of one participant, piecewise linear
-                     in the bytes between the measured sizes, the last slope beyond them
+                     [group size] at its bytes (its seconds_by_kind[d's kind] where measured):
+                     CPU seconds of one participant, piecewise linear in the bytes between the
+                     measured sizes, the last slope beyond them
   dispatch_d         the step's dispatch as CPU in place of the wall the lanes carry for it
                      (dispatch_cpu_seconds: the master's CPU, and each further task's RunGraph)
   cpu_cores          Host.cpu_cores (hosts without it give no host bound)
@@ -87,6 +88,28 @@ def check_curve(curve: Any, field: str) -> tuple:
     return b, s
 
 
+def participant_curve(curve: Any, field: str, kind: Optional[str]) -> tuple:
+    """(bytes[K], seconds[K]) one participant of device kind `kind` spends per all-reduce: the
+    curve's "seconds_by_kind"[kind] at its bytes where it has one for that kind, else its
+    "seconds" (the mean participant's; a kind the measuring group did not hold).
+
+    Measured on the emulated heterogeneous cluster (benchmarks/fidelity_bench_hetero.md): a task
+    under a 0.5 CPU quota that shares its core spends 5-33% more CPU per all-reduce than the
+    unthrottled task of the same chain (16 bytes to 16 MiB, the larger share at the smaller
+    sizes), so one curve per group size, the participants' mean, under-charges the throttled
+    ones, and those set the step's CPU bound."""
+    b, s = check_curve(curve, field)
+    by_kind = curve.get("seconds_by_kind")
+    if by_kind is None or kind is None:
+        return b, s
+    if not isinstance(by_kind, Mapping):
+        raise InputError(SOURCE, f"{field}.seconds_by_kind", f"must map device kinds to seconds, got "
+                         f"{type(by_kind).__name__}", "measure it again (benchmarks/fidelity_bench.py measure_overheads)")
+    if kind not in by_kind:
+        return b, s
+    return check_curve({"bytes": curve["bytes"], "seconds": by_kind[kind]}, f"{field}.seconds_by_kind.{kind}")
+
+
 def curve_seconds(nbytes: np.ndarray, points_bytes: np.ndarray, points_s: np.ndarray) -> np.ndarray:
     """Piecewise-linear interpolation at `nbytes` [N] of a cost curve measured at points_bytes [K]
     (points_s [K] seconds): the first point's value below it, the last segment's slope beyond it
@@ -102,20 +125,28 @@ def curve_seconds(nbytes: np.ndarray, points_bytes: np.ndarray, points_s: np.nda
 
 def side_cpu_entries(over: Mapping[str, Any], transfer: np.ndarray, collective: np.ndarray,
                      task_device: np.ndarray, task_src_device: np.ndarray, task_bytes: np.ndarray,
-                     part_ptr: np.ndarray, part_dev: np.ndarray) -> tuple:
+                     part_ptr: np.ndarray, part_dev: np.ndarray, device_kinds: Sequence[str] = ()) -> tuple:
     """The CPU the runtime spends beside the kernels, entry by entry: (task[H], device[H],
     cpu_s[H]), sorted by task. Per collective c and participant d, collective_cpu_s at c's bytes
-    (collective_d); per transfer x, half of message_cpu_s_per_byte times x's bytes at its source
-    and half at its destination (bytes_charge_d). CPU seconds, not stretched by any quota.
+    (collective_d): the curve of d's kind where the group's curve has one ("seconds_by_kind",
+    see participant_curve), else the group's; per transfer x, half of message_cpu_s_per_byte
+    times x's bytes at its source and half at its destination (bytes_charge_d). CPU seconds, not
+    stretched by any quota.
 
     transfer, collective: [M] masks of the task kinds; part_ptr [M+1], part_dev: the
-    collectives' participants (CSR over tasks; only collectives have any)."""
+    collectives' participants (CSR over tasks; only collectives have any); device_kinds: the
+    kind of each device [D] (needed only by curves with seconds_by_kind)."""
     tasks, devices, seconds = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
     curves = over.get("collective_cpu_s") or {}
     coll = np.nonzero(collective)[0]
     if len(coll) and curves:
         size = part_ptr[coll + 1] - part_ptr[coll]
-        cost = np.zeros(len(coll))  # one participant's CPU, per collective
+        # part_dev lists the collectives' participants in task order: each pays its collective's cost
+        within = np.arange(int(size.sum())) - np.repeat(np.cumsum(size) - size, size)
+        entry_task = np.repeat(coll, size)
+        entry_device = part_dev[np.repeat(part_ptr[coll], size) + within].astype(np.int64)
+        entry_size = np.repeat(size, size)
+        cost = np.zeros(len(entry_task))  # one participant's CPU, per (collective, participant)
         for group in np.unique(size).tolist():
             key = str(group)
             if key not in curves:
@@ -123,13 +154,14 @@ def side_cpu_entries(over: Mapping[str, Any], transfer: np.ndarray, collective: 
                                  f"has no curve for all-reduces of {group} devices (has {sorted(curves)})",
                                  "measure the overheads on a cluster with at least that many tasks "
                                  "(benchmarks/fidelity_bench.py)")
-            cb, cs = check_curve(curves[key], f"runtime_overheads.collective_cpu_s.{key}")
-            cost[size == group] = curve_seconds(task_bytes[coll[size == group]], cb, cs)
-        # part_dev lists the collectives' participants in task order: each pays its collective's cost
-        within = np.arange(int(size.sum())) - np.repeat(np.cumsum(size) - size, size)
-        tasks.append(np.repeat(coll, size))
-        devices.append(part_dev[np.repeat(part_ptr[coll], size) + within].astype(np.int64))
-        seconds.append(np.repeat(cost, size))
+            here = entry_size == group
+            for kind in sorted({device_kinds[d] for d in entry_device[here]} if device_kinds else {None}):
+                mine = here if kind is None else here & (np.asarray(device_kinds, dtype=object)[entry_device] == kind)
+                cb, cs = participant_curve(curves[key], f"runtime_overheads.collective_cpu_s.{key}", kind)
+                cost[mine] = curve_seconds(task_bytes[entry_task[mine]], cb, cs)
+        tasks.append(entry_task)
+        devices.append(entry_device)
+        seconds.append(cost)
     per_byte = float(over.get("message_cpu_s_per_byte", 0.0))
     x = np.nonzero(transfer & (task_bytes > 0))[0] if per_byte else np.zeros(0, np.int64)
     for end in (task_src_device[x], task_device[x]):  # half at each end

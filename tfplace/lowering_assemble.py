@@ -193,7 +193,8 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     # the CPU collectives and message bytes cost, per (task, device): counted once in the
     # demand, and put on the CPU devices' lanes after it
     side = side_cpu_entries(over, t["kind"] == TASK_TRANSFER, t["kind"] == TASK_COLLECTIVE, t["device"],
-                            t["src_dev"], t["bytes"], t["part_ptr"], part_dev)
+                            t["src_dev"], t["bytes"], t["part_ptr"], part_dev,
+                            [d.kind for d in ctx.cluster.devices])
     cpu_s, fraction = _cpu_demand(ctx, over, t["seconds"], t["charge"], off_lane, t["kind"], t["device"], t["src_dev"],
                                   side, dispatch)
     if len(fraction):
