@@ -146,6 +146,7 @@ def side_cpu_entries(over: Mapping[str, Any], transfer: np.ndarray, collective: 
         entry_task = np.repeat(coll, size)
         entry_device = part_dev[np.repeat(part_ptr[coll], size) + within].astype(np.int64)
         entry_size = np.repeat(size, size)
+        entry_kind = np.asarray(device_kinds, dtype=object)[entry_device] if len(device_kinds) else None
         cost = np.zeros(len(entry_task))  # one participant's CPU, per (collective, participant)
         for group in np.unique(size).tolist():
             key = str(group)
@@ -155,8 +156,8 @@ def side_cpu_entries(over: Mapping[str, Any], transfer: np.ndarray, collective: 
                                  "measure the overheads on a cluster with at least that many tasks "
                                  "(benchmarks/fidelity_bench.py)")
             here = entry_size == group
-            for kind in sorted({device_kinds[d] for d in entry_device[here]} if device_kinds else {None}):
-                mine = here if kind is None else here & (np.asarray(device_kinds, dtype=object)[entry_device] == kind)
+            for kind in ([None] if entry_kind is None else sorted(set(entry_kind[here].tolist()))):
+                mine = here if kind is None else here & (entry_kind == kind)
                 cb, cs = participant_curve(curves[key], f"runtime_overheads.collective_cpu_s.{key}", kind)
                 cost[mine] = curve_seconds(task_bytes[entry_task[mine]], cb, cs)
         tasks.append(entry_task)
