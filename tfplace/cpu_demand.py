@@ -88,7 +88,7 @@ def check_curve(curve: Any, field: str) -> tuple:
     return b, s
 
 
-def participant_curve(curve: Any, field: str, kind: Optional[str]) -> tuple:
+def participant_curve(curve: Any, field: str, kind: str) -> tuple:
     """(bytes[K], seconds[K]) one participant of device kind `kind` spends per all-reduce: the
     curve's "seconds_by_kind"[kind] at its bytes where it has one for that kind, else its
     "seconds" (the mean participant's; a kind the measuring group did not hold).
@@ -100,7 +100,7 @@ def participant_curve(curve: Any, field: str, kind: Optional[str]) -> tuple:
     ones, and those set the step's CPU bound."""
     b, s = check_curve(curve, field)
     by_kind = curve.get("seconds_by_kind")
-    if by_kind is None or kind is None:
+    if by_kind is None:
         return b, s
     if not isinstance(by_kind, Mapping):
         raise InputError(SOURCE, f"{field}.seconds_by_kind", f"must map device kinds to seconds, got "
@@ -125,7 +125,7 @@ def curve_seconds(nbytes: np.ndarray, points_bytes: np.ndarray, points_s: np.nda
 
 def side_cpu_entries(over: Mapping[str, Any], transfer: np.ndarray, collective: np.ndarray,
                      task_device: np.ndarray, task_src_device: np.ndarray, task_bytes: np.ndarray,
-                     part_ptr: np.ndarray, part_dev: np.ndarray, device_kinds: Sequence[str] = ()) -> tuple:
+                     part_ptr: np.ndarray, part_dev: np.ndarray, device_kinds: Sequence[str]) -> tuple:
     """The CPU the runtime spends beside the kernels, entry by entry: (task[H], device[H],
     cpu_s[H]), sorted by task. Per collective c and participant d, collective_cpu_s at c's bytes
     (collective_d): the curve of d's kind where the group's curve has one ("seconds_by_kind",
@@ -135,7 +135,7 @@ def side_cpu_entries(over: Mapping[str, Any], transfer: np.ndarray, collective: 
 
     transfer, collective: [M] masks of the task kinds; part_ptr [M+1], part_dev: the
     collectives' participants (CSR over tasks; only collectives have any); device_kinds: the
-    kind of each device [D] (needed only by curves with seconds_by_kind)."""
+    kind of each device [D]."""
     tasks, devices, seconds = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
     curves = over.get("collective_cpu_s") or {}
     coll = np.nonzero(collective)[0]
@@ -146,7 +146,7 @@ def side_cpu_entries(over: Mapping[str, Any], transfer: np.ndarray, collective: 
         entry_task = np.repeat(coll, size)
         entry_device = part_dev[np.repeat(part_ptr[coll], size) + within].astype(np.int64)
         entry_size = np.repeat(size, size)
-        entry_kind = np.asarray(device_kinds, dtype=object)[entry_device] if len(device_kinds) else None
+        entry_kind = np.asarray(device_kinds, dtype=object)[entry_device]
         cost = np.zeros(len(entry_task))  # one participant's CPU, per (collective, participant)
         for group in np.unique(size).tolist():
             key = str(group)
@@ -156,8 +156,8 @@ def side_cpu_entries(over: Mapping[str, Any], transfer: np.ndarray, collective: 
                                  "measure the overheads on a cluster with at least that many tasks "
                                  "(benchmarks/fidelity_bench.py)")
             here = entry_size == group
-            for kind in ([None] if entry_kind is None else sorted(set(entry_kind[here].tolist()))):
-                mine = here if kind is None else here & (entry_kind == kind)
+            for kind in sorted(set(entry_kind[here].tolist())):
+                mine = here & (entry_kind == kind)
                 cb, cs = participant_curve(curves[key], f"runtime_overheads.collective_cpu_s.{key}", kind)
                 cost[mine] = curve_seconds(task_bytes[entry_task[mine]], cb, cs)
         tasks.append(entry_task)
