@@ -120,6 +120,10 @@ CASES = {
     "negative_seconds": ("profile.json", edit(PROFILE, lambda d: d["ops"]["conv"]["CPU"].update({"8": -0.1})),
                          load_profile, "ops.conv.CPU.8", {}, None),
     "nan_seconds": ("profile.json", '{"ops": {"conv": {"CPU": {"8": NaN}}}}', load_profile, "ops.conv.CPU.8", {}, None),
+    "run_order_twice": ("profile.json", edit(PROFILE, lambda d: d.update(run_order=["conv", "relu", "conv"])),
+                        load_profile, "run_order", {}, None),
+    "run_order_not_a_name": ("profile.json", edit(PROFILE, lambda d: d.update(run_order=["conv", 3])),
+                             load_profile, "run_order[1]", {}, None),
     # ---- train config ----
     "config_missing_graph_file": ("config.json", edit(TRAIN, lambda d: d.update(graphs=[{"graph": "nope.json", "batch_size": 8}])),
                                   load_train_config, "graphs[0].graph", {}, None),

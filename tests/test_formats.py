@@ -95,6 +95,7 @@ def test_profile_round_trip(tmp_path):
     again = load_profile(tmp_path / "p.json")
     assert again.to_json() == original.to_json()
     assert again.ops == original.ops and again.comm == original.comm
+    assert again.run_order == original.run_order and len(original.run_order) == 3
 
 
 def test_train_config_round_trip(tmp_path):

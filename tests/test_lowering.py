@@ -1,5 +1,7 @@
 """Lowering tests: what a strategy means, task by task, on hand-built graphs."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -675,3 +677,54 @@ def test_memory_bandwidth_of_cpu_kinds_follows_their_quota(kind, fraction, expec
     want = {"cpu": cpu, "cpu_half": 0.5 * cpu, "default": 2e11}[expected]
     assert got == pytest.approx(want)
     assert memory_bandwidth(cluster, {kind: 1e9}, 2e11, profile)[0] == 1e9  # a given table wins
+
+
+# ---- run order: the last key of a task's priority --------------------------------------------
+def _diamond():
+    """x -> a, x -> b, (a, b) -> c -> sink, and d -> sink with no input: a and b (and d) are
+    independent, so only the run order decides which of them goes first."""
+    ops = [("x", "Placeholder", 800, True, True), ("a", "Op", 800, True, True), ("b", "Op", 800, True, True),
+           ("c", "Op", 800, True, True), ("d", "Const", 4, False, False), ("sink", "NoOp", None, False, False)]
+    edges = [("x", "a"), ("x", "b"), ("a", "c"), ("b", "c"), ("d", "sink")]
+    return fk.op_graph(ops, edges, control=[("c", "sink")])
+
+
+@pytest.mark.parametrize("run_order,expected", [
+    ((), ["x", "a", "b", "c", "d", "sink"]),                      # no run order: the graph's own order
+    (("x", "b", "a", "c", "d", "sink"), ["x", "b", "a", "c", "d", "sink"]),   # followed where legal
+    (("d", "x", "a", "b", "c", "sink"), ["d", "x", "a", "b", "c", "sink"]),
+    (("c", "b", "x", "a", "sink", "d"), ["x", "b", "a", "c", "d", "sink"]),   # never before its inputs
+    (("x", "b", "a", "c", "sink"), ["d", "x", "b", "a", "c", "sink"]),        # unlisted d: once ready
+])
+def test_run_order_rank_is_the_topological_order_that_follows_the_run_order(run_order, expected):
+    from tfplace.lowering_graph import run_order_rank
+    g = _diamond()
+    rank = run_order_rank(g, run_order)
+    assert sorted(rank.tolist()) == list(range(g.num_ops))
+    assert [g.names[i] for i in np.argsort(rank)] == expected
+    for s, d in list(zip(g.tensor_op[g.edge_tensor], g.edge_dst)) + list(zip(g.control_src, g.control_dst)):
+        assert rank[s] < rank[d]
+
+
+def test_a_metadata_clone_runs_where_its_original_is_listed():
+    from tfplace.lowering_graph import run_order_rank
+    from tfplace.lowering_meta import CLONE_SUFFIX
+    g = _diamond()
+    names = list(g.names)
+    names[2] = "a" + CLONE_SUFFIX + "1"   # b stands as a's clone: it takes a's place in the order
+    clone = dataclasses.replace(g, names=tuple(names), meta={"tfplace_clone_of": {names[2]: "a"}})
+    rank = run_order_rank(clone, ("x", "a", "c", "d", "sink"))
+    assert rank[1] == 1 and rank[2] == 2    # with a (listed at 1), before c; b itself is not listed
+
+
+@pytest.mark.parametrize("run_order,first", [((), "a"), (("x", "b", "a", "c", "d", "sink"), "b")])
+def test_priority_ties_on_a_device_follow_the_profiles_run_order(run_order, first):
+    g = _diamond()
+    gr = fk.grouping(g, [list(g.names)])
+    prof = dataclasses.replace(fk.profile_table(g, {n: {"V100": 1e-4, "P100": 2e-4} for n in g.names}),
+                               run_order=run_order)
+    placed = lower(g, gr, fk.pair_cluster(), Strategy(8, 1, decision({"v100_0": 8}), {}), prof)
+    (a,), (b,) = (placed.tasks_of_op(g.index(n)) for n in ("a", "b"))
+    second = "b" if first == "a" else "a"
+    by_name = {"a": a, "b": b}
+    assert placed.task_priority[by_name[first]] < placed.task_priority[by_name[second]]

@@ -137,6 +137,52 @@ def test_step_stats_rules_for_gpu_streams():
     assert out == pytest.approx({"conv": 150e-6, "shape": 3e-6, "loss": 7e-6})
 
 
+def _started(step_stats_dev, name, start_us):
+    ns = step_stats_dev.node_stats.add()
+    ns.node_name, ns.all_start_micros = name, start_us
+
+
+@pytest.mark.parametrize("records,known,expected", [
+    ([("a", 5), ("b", 3), ("c", 9)], None, ["b", "a", "c"]),               # by start time
+    ([("a", 5), ("b", 5), ("c", 1)], None, ["c", "a", "b"]),               # ties: record order
+    ([("_SOURCE", 0), ("a:0", 4), ("b", 2)], {"a", "b"}, ["b", "a"]),      # normalised, filtered
+    ([("a", 2), ("a", 9), ("b", 4)], None, ["a", "b"]),                    # an op's first record
+])
+def test_op_start_order(records, known, expected):
+    from tensorflow.core.framework import step_stats_pb2
+    ss = step_stats_pb2.StepStats()
+    dev = ss.dev_stats.add(device="/job:localhost/replica:0/task:0/device:CPU:0")
+    for name, start in records:
+        _started(dev, name, start)
+    assert profiler.op_start_order(ss, known=known) == expected
+
+
+@pytest.mark.parametrize("order,fused,expected", [
+    (["a", "b"], {}, ["a", "b"]),
+    (["a", "bias", "c"], {"conv": "bias"}, ["a", "conv", "bias", "c"]),       # just before its kernel
+    (["relu", "c"], {"conv": "relu", "bias": "relu"}, ["conv", "bias", "relu", "c"]),
+    (["a"], {"conv": "gone"}, ["a"]),                                        # its kernel never ran
+])
+def test_run_order_puts_a_fused_op_before_its_kernel(order, fused, expected):
+    assert profiler.run_order_with_fused(order, fused) == expected
+
+
+def test_run_order_is_every_op_of_the_step_after_its_inputs(tiny_cnn_profile):
+    from tfplace.graph_loader import load_op_graph
+    prof = tiny_cnn_profile.profile
+    graph = load_op_graph(_bundle("tiny_cnn"))
+    order = prof.run_order
+    assert len(set(order)) == len(order) and set(order) == set(prof.ops)
+    at = {op: i for i, op in enumerate(order)}
+    checked = 0
+    for s, d in zip(graph.tensor_op[graph.edge_tensor], graph.edge_dst):
+        a, b = graph.names[s], graph.names[d]
+        if a in at and b in at:
+            assert at[a] < at[b], f"{b} started before its input {a}"
+            checked += 1
+    assert checked > 50
+
+
 def test_reduce_samples_and_statistics():
     samples = [{"a": 3.0, "b": 1.0}, {"a": 1.0}, {"a": 2.0, "b": 5.0}]
     assert profiler.reduce_samples(samples, "min") == {"a": 1.0, "b": 1.0}

@@ -92,3 +92,56 @@ def test_message_handlers_emit_nothing(overheads):
         def nodes(step):
             return {n.name: (n.op, n.device, tuple(sorted(n.input))) for n in step.graph_def.node}
         assert nodes(handled) == nodes(plain)
+
+
+def _chain_edges(graph, step):
+    """(pred op, op) of the control edges the rewrite added between ops of the graph (its
+    per-device priority chains), by op index."""
+    orig = {n.name: {i[1:] for i in n.input if i.startswith("^")} for n in graph.graph_def.node}
+    out = []
+    for n in step.graph_def.node:
+        op = n.name.split("/replica_")[0]
+        for i in n.input:
+            pred = i[1:].split("/replica_")[0]
+            if i.startswith("^") and pred != op and graph.has_op(op) and graph.has_op(pred) \
+                    and pred not in orig.get(op, ()):
+                out.append((graph.index(pred), graph.index(op)))
+    return out
+
+
+def test_priority_chains_follow_the_profiles_run_order():
+    """One device: the rewrite chains its ops in the run rank, which follows the profile's
+    run order (here the legal order that takes the highest op index first) where it has one."""
+    import dataclasses
+    import heapq
+    from tfplace.lowering_graph import run_order_rank
+    from tfplace.testing import uniform_profile
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    graph = tiny_graph("mlp", 12, "sgd")
+    succ = {i: [] for i in range(graph.num_ops)}
+    indeg = [0] * graph.num_ops
+    for s, d in list(zip(graph.tensor_op[graph.edge_tensor], graph.edge_dst)) + \
+            list(zip(graph.control_src, graph.control_dst)):
+        succ[int(s)].append(int(d))
+        indeg[int(d)] += 1
+    ready, late_first = [-i for i in range(graph.num_ops) if indeg[i] == 0], []
+    heapq.heapify(ready)
+    while ready:
+        i = -heapq.heappop(ready)
+        late_first.append(graph.names[i])
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(ready, -j)
+    single = Strategy(12, 4, decision({"cpu0": 12}), {})
+    orders = {}
+    for run_order in ((), tuple(late_first)):
+        prof = dataclasses.replace(uniform_profile(graph, cluster.kinds), run_order=run_order)
+        step = rewrite_step(graph, single, cluster, profile=prof)
+        rank = run_order_rank(graph, run_order)
+        # the sink (train op) waits for every other task of the step, whatever its rank
+        edges = [e for e in _chain_edges(graph, step) if e[1] != graph.sink]
+        assert len(edges) > 10
+        assert all(rank[a] < rank[b] for a, b in edges)
+        orders[run_order] = sorted(edges, key=lambda e: rank[e[1]])
+    assert orders[()] != orders[tuple(late_first)]

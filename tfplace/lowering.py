@@ -19,8 +19,10 @@ What a strategy means, task by task (PlacedGraph documents the arrays):
   * weights: combining replica r's partial value uses weight samples_r / B when the tensor
     follows a mean-reduced loss (or is a batch statistic), else 1, so one step equals
     single-device training on the global batch (PlacedGraph.task_weight, tensor_weight_mean).
-  * order: priority key = (group `priority` (default 0), micro-batch index on its device, topological
-    rank), so micro-batch 0 flows through pipeline stages first (tfplace.lowering_assemble).
+  * order: priority key = (group `priority` (default 0), micro-batch index on its device, run
+    rank), so micro-batch 0 flows through pipeline stages first (tfplace.lowering_assemble); the
+    run rank is a topological order that follows the profile's `run_order` where it has one
+    (tfplace.lowering_graph.run_order_rank).
   * control edges: per replica where both ends share a layout, else all-to-all.
   * memory: every copy of a variable is resident; optimizer slots only where updates run.
 
@@ -43,7 +45,7 @@ from tfplace.errors import InputError
 from tfplace.graph_ir import OpGraph
 from tfplace.lowering_assemble import assemble
 from tfplace.lowering_costs import ComputeCosts, LinkCosts, memory_bandwidth
-from tfplace.lowering_graph import PM_AGG, GraphIndex
+from tfplace.lowering_graph import PM_AGG, GraphIndex, run_order_rank
 from tfplace.lowering_layouts import LayoutTable
 from tfplace.lowering_meta import split_metadata
 from tfplace.lowering_patterns import PatternStore
@@ -95,6 +97,7 @@ class Lowerer:
         self.graph, self.cluster, self.profile = graph, cluster, profile
         self.options = options or LoweringOptions()
         self.index = GraphIndex(graph, grouping)
+        self.op_rank = run_order_rank(graph, profile.run_order)  # priority ties (lowering_assemble)
         self.compute = ComputeCosts(graph, cluster, profile, self.options.missing_op_s)
         self.links = LinkCosts(cluster, profile, self.options.device_ports)
         self.mem_bw = memory_bandwidth(cluster, self.options.memory_bandwidth_bytes_per_s,

@@ -154,10 +154,10 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
         dep_dst = np.concatenate([dep_dst, st["dep_dst"]])
     coll_all = np.concatenate([np.full(m0, -1), tt_coll, np.full(nx + nc + ns, -1)])
     link_ptr, link_idx, part_ptr, part_dev = _links_and_parts(ctx, kind, device, src_dev, coll_all)
-    # priority key (group priority, micro-batch index on its device, topological rank): micro-batch
+    # priority key (group priority, micro-batch index on its device, run rank): micro-batch
     # 0 of every op of a stage runs before micro-batch 1, so a pipeline stage hands its first
     # micro-batch on early and stages overlap (the rewrite's priority chains follow it too)
-    task_prio = (prio_grp[task_op] * n_mb + task_mb) * (n + 1) + task_op
+    task_prio = (prio_grp[task_op] * n_mb + task_mb) * (n + 1) + ctx.op_rank[task_op]
 
     # ---- static memory: every copy of a variable (weights on holders, slots where updated) ----
     v_idx, v_pos = expand(cnt[ix.var_op])

@@ -30,6 +30,11 @@ Tensor classes (tensor_cls[T] int8):
            the task of each of its successors when they are on two or more tasks, so those
            consumers read a copy of their own and no message crosses (tfplace.lowering_patterns).
 
+Run rank (`run_order_rank`): the position of each op in one topological order of the graph, the
+last key of every task's priority (tfplace.lowering_assemble): the graph's own order, or, where
+the profile recorded the order TensorFlow ran the step in (`Profile.run_order`), the topological
+order that follows it.
+
 Tensor signatures: tensors whose (class, producer group and lkind, consumer groups, lkinds and
 partial modes) agree get the same signature id, so the strategy-dependent work (choosing the
 transfers, sums and collectives) is done once per signature, not once per tensor.
@@ -37,7 +42,8 @@ transfers, sums and collectives) is done once per signature, not once per tensor
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+import heapq
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -53,6 +59,49 @@ _CONST_OP_TYPES = frozenset({"Const", "HostConst"})
 PM_NONE, PM_LOCAL, PM_AGG = 0, 1, 2
 # Outputs that alias the resident variable (counted once as static memory, not as a buffer).
 _ALIAS_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable", "ReadVariableOp", "_VarHandlesOp"})
+
+
+def run_order_rank(graph: OpGraph, run_order: Sequence[str] = ()) -> np.ndarray:
+    """rank[N] int64: each op's position in one topological order of `graph` (data and control
+    edges): `arange(N)` (the OpGraph's own order) without a `run_order`; else the order that,
+    among the ops whose inputs are done, next takes the one `run_order` lists first. A metadata
+    clone (tfplace.lowering_meta) stands where its original is listed; an op the order does not
+    list (a folded constant, a fed input) goes as soon as its inputs are done; ties by op index.
+
+    Why: ResNet-50's rewritten single-device step on one core ran 5% slower chained in the
+    graph's order (its updates after the whole backward pass) than chained in the order the
+    executor ran the profiled step (tfplace.profiler rule 8), which ran as fast as the original.
+    """
+    n = graph.num_ops
+    if not run_order:
+        return np.arange(n, dtype=np.int64)
+    at = {name: i for i, name in enumerate(run_order)}
+    clone_of = graph.meta.get("tfplace_clone_of", {})
+    key = [at.get(clone_of.get(name, name), -1) for name in graph.names]
+    src = np.concatenate([graph.tensor_op[graph.edge_tensor], graph.control_src]).astype(np.int64)
+    dst = np.concatenate([graph.edge_dst, graph.control_dst]).astype(np.int64)
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    order = np.argsort(src, kind="stable")
+    ptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))])
+    succ = dst[order].tolist()
+    indeg = np.bincount(dst, minlength=n).tolist()
+    ready = [(key[i], i) for i in range(n) if indeg[i] == 0]
+    heapq.heapify(ready)
+    rank = np.full(n, -1, dtype=np.int64)
+    done = 0
+    while ready:
+        _, i = heapq.heappop(ready)
+        rank[i] = done
+        done += 1
+        for j in succ[ptr[i]:ptr[i + 1]]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(ready, (key[j], j))
+    if done != n:
+        raise InputError(graph.source or "graph", "edges", f"{n - done} ops lie on a dependency cycle",
+                         "export an acyclic training step")
+    return rank
 
 
 class GraphIndex:

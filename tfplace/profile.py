@@ -8,6 +8,7 @@ File format `profile.json`:
      "ops": {"conv1/Conv2D": {"CPU": {"8": 0.0123, "16": 0.0240}, "V100": {"8": 0.0004}}},
      "missing_ops": ["..."],
      "derived": {"V100": "CPU"},
+     "run_order": ["conv1/Conv2D", "..."],
      "comm": {"p2p": {"latency_s": 5e-05, "bandwidth_bytes_per_s": 1.1e9},
               "allreduce": {"2": {"latency_s": 1e-4, "bandwidth_bytes_per_s": 9e8}}}}
 
@@ -19,7 +20,10 @@ beyond them from the two nearest points (clipped at zero); with a single point, 
 proportional to the batch size.
 
 `missing_ops` lists ops that the measurement did not see (never silently costed 0); `derived`
-maps a kind to the measured kind it was scaled from by the device model.
+maps a kind to the measured kind it was scaled from by the device model. `run_order` (optional)
+lists the step's ops in the order TensorFlow's executor started them in one traced step: the
+lowering breaks priority ties in that order (`tfplace.lowering_graph.run_order_rank`), so the
+order the rewrite chains a device's ops in is the order the profile timed them in.
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ class Profile:
       missing_ops: ops of the graph that did not appear in the trace (listed, never silently 0).
       derived: kind -> measured kind it was derived from by the device model (empty if measured).
       comm: communication fits, or None.
+      run_order: op names in the order one traced step started them (ops fused into another
+        kernel just before it); empty if unknown.
     """
     ops: Mapping[str, Mapping[str, Tuple[Tuple[int, ...], Tuple[float, ...]]]]
     graph: str = ""
@@ -74,6 +80,7 @@ class Profile:
     derived: Mapping[str, str] = dataclasses.field(default_factory=dict)
     comm: Optional[CommModel] = None
     source: str = ""
+    run_order: Tuple[str, ...] = ()
 
     @property
     def kinds(self) -> Tuple[str, ...]:
@@ -107,6 +114,8 @@ class Profile:
                 comm["p2p"] = dataclasses.asdict(self.comm.p2p)
             comm["allreduce"] = {str(n): dataclasses.asdict(c) for n, c in self.comm.allreduce.items()}
             out["comm"] = comm
+        if self.run_order:
+            out["run_order"] = list(self.run_order)
         return out
 
 
@@ -166,7 +175,7 @@ def _comm(c: FieldReader) -> CommModel:
 
 
 def profile_from_reader(r: FieldReader) -> Profile:
-    r.expect_keys(("graph", "conditions", "ops", "missing_ops", "derived", "comm"))
+    r.expect_keys(("graph", "conditions", "ops", "missing_ops", "derived", "comm", "run_order"))
     ops = {op: {kind: _points(r, points) for kind, points in per_kind.entries()}
            for op, per_kind in r.child("ops").entries()}
     derived = r.get("derived", dict, default={})
@@ -174,11 +183,19 @@ def profile_from_reader(r: FieldReader) -> Profile:
         if not isinstance(base, str) or not base:
             raise r.error(f"derived.{kind}", f"must be the name of a measured kind, got {base!r}",
                           'map the derived kind to the kind it was scaled from, e.g. {"V100": "CPU"}')
+    run_order = tuple(r.strings("run_order", default=[]))
+    seen = set()
+    for op in run_order:
+        if op in seen:
+            raise r.error("run_order", f"lists {op!r} more than once",
+                          "list each op once, in the order the traced step started them")
+        seen.add(op)
     return Profile(
         ops=ops, graph=r.get("graph", str, default=""),
         conditions=r.get("conditions", dict, default={}),
         missing_ops=tuple(r.strings("missing_ops", default=[])),
-        derived=derived, comm=_comm(r.child("comm")) if r.has("comm") else None, source=r.source)
+        derived=derived, comm=_comm(r.child("comm")) if r.has("comm") else None, source=r.source,
+        run_order=run_order)
 
 
 def load_profile(path: Union[str, os.PathLike]) -> Profile:

@@ -47,6 +47,12 @@ How (one graph import per device, every per-device batch size measured in it):
      raised). `trace_calibration=False` keeps the records as traced. The conditions keep τ
      (`trace_cost_per_op_s`), the walls and the traced sums (`traced_sum_of_ops_s`). Elsewhere
      (GPU stream times, parallel executors) the walls are recorded and nothing is corrected.
+  8. The order the executor ran the ops in is part of what was timed: the first traced step at
+     the largest batch size gives `Profile.run_order` (records by start time, each fused op just
+     before the kernel that ran it). The lowering breaks priority ties in that order, so the
+     rewrite chains a device's ops as the profiled step ran them. ResNet-50 (b8, 32x32) on one
+     core: the rewritten single-device step took 142-144 ms chained in graph order, 134-136 ms
+     chained in this order, the original graph 134-137 ms.
 
 The step is the sink and the loss with all their ancestors (as in the OpGraph). Ops of the step
 that never appear in any trace are listed in `Profile.missing_ops`, each with a reason in
@@ -272,6 +278,29 @@ def op_seconds_from_step_stats(step_stats, known: Optional[Iterable[str]] = None
     return out
 
 
+def op_start_order(step_stats, known: Optional[Iterable[str]] = None) -> List[str]:
+    """Op names of one traced step in the order their records start (`all_start_micros`; ties in
+    record order), each once, normalised and filtered like `op_seconds_from_step_stats`."""
+    known = None if known is None else set(known)
+    first: Dict[str, Tuple[int, int]] = {}
+    for dev in step_stats.dev_stats:
+        for ns in dev.node_stats:
+            op = ns.node_name.split(":")[0]
+            if (known is None or op in known) and op not in first:
+                first[op] = (int(ns.all_start_micros), len(first))
+    return sorted(first, key=first.__getitem__)
+
+
+def run_order_with_fused(order: Sequence[str], fused: Mapping[str, str]) -> List[str]:
+    """`order` with each op that ran inside another op's kernel (`fused`: op -> the op whose
+    kernel ran it, `fused_into`) placed just before that op, in `fused`'s order; fused ops whose
+    kernel is not in `order` are left out."""
+    before: Dict[str, List[str]] = {}
+    for op, into in fused.items():
+        before.setdefault(into, []).append(op)
+    return [x for op in order for x in before.get(op, []) + [op]]
+
+
 def reduce_samples(samples: Sequence[Mapping[str, float]], statistic: str) -> Dict[str, float]:
     """Per op, `statistic` over the steps in which it appeared."""
     per_op: Dict[str, List[float]] = {}
@@ -411,6 +440,7 @@ def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, n
     untraced_wall: Dict[int, float] = {}
     empty_wall: Dict[int, float] = {}
     executed: Dict[str, str] = {}
+    started_order: List[str] = []  # op start order in the first traced step at the largest batch
     pick = STATISTIC_FUNCTIONS[options.statistic]
     with tf.compat.v1.Session(graph=graph, config=_session_config(tf, options)) as sess:
         sess.run(meta["init_op"])
@@ -433,6 +463,8 @@ def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, n
             if not executed:
                 executed = {n.name: n.op for pg in md.partition_graphs for n in pg.node}
             samples[b].append(op_seconds_from_step_stats(md.step_stats, known=step_ops))
+            if b == max(options.batch_sizes) and not started_order:
+                started_order = op_start_order(md.step_stats, known=step_ops)
             # each traced step is followed by its untraced and empty steps: a slow phase of the
             # machine hits the records and the walls they are calibrated against alike (rule 7)
             for _ in range(UNTRACED_PER_TRACED):
@@ -492,9 +524,11 @@ def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, n
         "trace_cost_per_op_s": _round(tau),
         "trace_cost_per_op_by_batch_s": {str(b): _round(c) for b, c in trace_cost.items()},
         "fused": {x: y for x, y in fused.items() if x in ops},
+        "run_order": f"op start order of the first traced step at batch {max(options.batch_sizes)}",
         "missing_reasons": missing,
     }
-    profile = Profile(ops=ops, graph=name, conditions=conditions, missing_ops=tuple(missing))
+    profile = Profile(ops=ops, graph=name, conditions=conditions, missing_ops=tuple(missing),
+                      run_order=tuple(run_order_with_fused(started_order, fused)))
     return ProfileResult(profile=profile, step_wall_s=wall, untraced_step_wall_s=untraced_wall,
                          missing_reasons=missing, elapsed_s=elapsed)
 
@@ -628,4 +662,4 @@ def merge_profiles(base: Profile, extra: Profile) -> Profile:
     derived = {k: v for k, v in base.derived.items() if k not in extra.kinds}
     derived.update(extra.derived)
     return Profile(ops=ops, graph=base.graph or extra.graph, conditions=conditions, missing_ops=missing,
-                   derived=derived, comm=extra.comm or base.comm)
+                   derived=derived, comm=extra.comm or base.comm, run_order=base.run_order or extra.run_order)
