@@ -113,26 +113,12 @@ def test_priority_chains_follow_the_profiles_run_order():
     """One device: the rewrite chains its ops in the run rank, which follows the profile's
     run order (here the legal order that takes the highest op index first) where it has one."""
     import dataclasses
-    import heapq
+    import numpy as np
     from tfplace.lowering_graph import run_order_rank
     from tfplace.testing import uniform_profile
     cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
     graph = tiny_graph("mlp", 12, "sgd")
-    succ = {i: [] for i in range(graph.num_ops)}
-    indeg = [0] * graph.num_ops
-    for s, d in list(zip(graph.tensor_op[graph.edge_tensor], graph.edge_dst)) + \
-            list(zip(graph.control_src, graph.control_dst)):
-        succ[int(s)].append(int(d))
-        indeg[int(d)] += 1
-    ready, late_first = [-i for i in range(graph.num_ops) if indeg[i] == 0], []
-    heapq.heapify(ready)
-    while ready:
-        i = -heapq.heappop(ready)
-        late_first.append(graph.names[i])
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                heapq.heappush(ready, -j)
+    late_first = [graph.names[i] for i in np.argsort(run_order_rank(graph, graph.names[::-1]))]
     single = Strategy(12, 4, decision({"cpu0": 12}), {})
     orders = {}
     for run_order in ((), tuple(late_first)):
