@@ -1,7 +1,7 @@
 """Simulator fidelity on the local CPU cluster.
 
     .venv/bin/python benchmarks/fidelity_bench.py [--models tiny_mlp,tiny_cnn,tiny_transformer,resnet50]
-        [--strategies 10] [--steps 10] [--warmup 2] [--warmup-s 0.1] [--rounds 3] [--round-s 0.5] [--hetero]
+        [--strategies 10] [--steps 10] [--warmup 2] [--warmup-s 2] [--rounds 3] [--round-s 0.5] [--hetero]
         [--no-overheads] [--out benchmarks/fidelity_bench.md] [--record run.json]
     .venv/bin/python benchmarks/fidelity_bench.py --replay run1.json run2.json ...
 
