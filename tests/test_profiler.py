@@ -167,6 +167,17 @@ def test_run_order_puts_a_fused_op_before_its_kernel(order, fused, expected):
     assert profiler.run_order_with_fused(order, fused) == expected
 
 
+@pytest.mark.parametrize("base,extra,expected", [
+    (("a", "b"), ("b", "a"), ("a", "b")),   # the base profile's order is kept
+    ((), ("b", "a"), ("b", "a")),           # else the added kinds'
+    ((), (), ()),
+])
+def test_merged_profiles_keep_one_run_order(base, extra, expected):
+    from tfplace.profile import Profile
+    merged = profiler.merge_profiles(Profile(ops={}, run_order=base), Profile(ops={}, run_order=extra))
+    assert merged.run_order == expected
+
+
 def test_run_order_is_every_op_of_the_step_after_its_inputs(tiny_cnn_profile):
     from tfplace.graph_loader import load_op_graph
     prof = tiny_cnn_profile.profile

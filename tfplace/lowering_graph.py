@@ -68,7 +68,7 @@ def run_order_rank(graph: OpGraph, run_order: Sequence[str] = ()) -> np.ndarray:
     clone (tfplace.lowering_meta) stands where its original is listed; an op the order does not
     list (a folded constant, a fed input) goes as soon as its inputs are done; ties by op index.
 
-    Why: ResNet-50's rewritten single-device step on one core ran 5% slower chained in the
+    Why: ResNet-50's rewritten single-device step on one core ran 4-5% slower chained in the
     graph's order (its updates after the whole backward pass) than chained in the order the
     executor ran the profiled step (tfplace.profiler rule 8), which ran as fast as the original.
     """
