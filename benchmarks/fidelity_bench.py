@@ -115,7 +115,7 @@ WARMUP_S = 0.1
 # count. With ResNet-50's ten strategies open on the heterogeneous cluster, its single-device
 # step ran 155-164 ms for about 1.5 s after the random strategy's steps, then 147-151 ms. With
 # 0.1 s (one ResNet-50 step) its single-device step came out 0.86-0.92x simulated, run after
-# run; with 2 s, 0.96x and 0.99x.
+# run; with 2 s, 0.92-0.99x in three runs.
 STRATEGY_WARMUP_S = 2.0
 # Timed steps per strategy and round run for at least this long (timed_round).
 ROUND_S = 0.5
