@@ -26,7 +26,7 @@ the profile entry of a clone is the original's (`meta["tfplace_clone_of"]`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -75,8 +75,19 @@ def metadata_ops(graph: OpGraph) -> np.ndarray:
 
 def _topological_order(graph: OpGraph) -> np.ndarray:
     """Op ids in a topological order of data and control edges (Kahn, smallest id first)."""
+    out = kahn_order(graph)
+    if len(out) != graph.num_ops:  # a cycle (should not happen in a step graph): fall back to id order
+        return np.arange(graph.num_ops)
+    return np.array(out, dtype=np.int64)
+
+
+def kahn_order(graph: OpGraph, key: Optional[Sequence[int]] = None) -> List[int]:
+    """Op ids in a topological order of data and control edges (self-loops ignored): among the
+    ops whose inputs are done, the smallest `key[i]` (default 0) next, ties by the smallest id.
+    Shorter than num_ops when ops lie on a cycle (the caller decides what that means)."""
     import heapq
     n = graph.num_ops
+    key = [0] * n if key is None else key
     src = np.concatenate([graph.tensor_op[graph.edge_tensor], graph.control_src]).astype(np.int64)
     dst = np.concatenate([graph.edge_dst, graph.control_dst]).astype(np.int64)
     keep = src != dst
@@ -85,19 +96,17 @@ def _topological_order(graph: OpGraph) -> np.ndarray:
     order = np.argsort(src, kind="stable")
     ptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))])
     succ = dst[order].tolist()
-    heap = np.nonzero(indeg == 0)[0].tolist()
+    heap = [(key[i], i) for i in np.nonzero(indeg == 0)[0].tolist()]
     heapq.heapify(heap)
     out = []
     while heap:
-        i = heapq.heappop(heap)
+        _, i = heapq.heappop(heap)
         out.append(i)
         for s in succ[ptr[i]:ptr[i + 1]]:
             indeg[s] -= 1
             if indeg[s] == 0:
-                heapq.heappush(heap, s)
-    if len(out) != n:  # a cycle (should not happen in a step graph): fall back to id order
-        return np.arange(n)
-    return np.array(out, dtype=np.int64)
+                heapq.heappush(heap, (key[s], s))
+    return out
 
 
 def topological_order(graph: OpGraph) -> np.ndarray:

@@ -441,7 +441,8 @@ def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, n
     untraced_wall: Dict[int, float] = {}
     empty_wall: Dict[int, float] = {}
     executed: Dict[str, str] = {}
-    started_order: List[str] = []  # op start order in the first traced step at the largest batch
+    order_batch = max(options.batch_sizes)  # Profile.run_order: the first traced step at this batch
+    started_order: List[str] = []
     pick = STATISTIC_FUNCTIONS[options.statistic]
     with tf.compat.v1.Session(graph=graph, config=_session_config(tf, options)) as sess:
         sess.run(meta["init_op"])
@@ -464,7 +465,7 @@ def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, n
             if not executed:
                 executed = {n.name: n.op for pg in md.partition_graphs for n in pg.node}
             samples[b].append(op_seconds_from_step_stats(md.step_stats, known=step_ops))
-            if b == max(options.batch_sizes) and not started_order:
+            if b == order_batch and not started_order:
                 started_order = op_start_order(md.step_stats, known=step_ops)
             # each traced step is followed by its untraced and empty steps: a slow phase of the
             # machine hits the records and the walls they are calibrated against alike (rule 7)
@@ -525,7 +526,7 @@ def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, n
         "trace_cost_per_op_s": _round(tau),
         "trace_cost_per_op_by_batch_s": {str(b): _round(c) for b, c in trace_cost.items()},
         "fused": {x: y for x, y in fused.items() if x in ops},
-        "run_order": f"op start order of the first traced step at batch {max(options.batch_sizes)}",
+        "run_order": f"op start order of the first traced step at batch {order_batch}",
         "missing_reasons": missing,
     }
     profile = Profile(ops=ops, graph=name, conditions=conditions, missing_ops=tuple(missing),
