@@ -60,8 +60,17 @@ BIG_MESSAGE_BYTES = 1 << 20  # the message / all-reduce size of the per-byte fig
 # models' gradients are 0.1-64 KB, ResNet-50's up to 9.4 MB, 100 MB in all. The 16 MiB point
 # because bytes cost more beyond the caches: a 3-task all-reduce cost 1.29-1.41 ns per byte per
 # participant at 4 MiB and 1.49-1.55 at 16 MiB, a 4-16 MiB slope of 1.56-1.60 (the 1-4 MiB
-# slope, 1.1-1.3, which went on beyond 4 MiB before, said less)
-COLLECTIVE_CPU_BYTES = (16, 4096, 65536, 1 << 20, 4 << 20, 16 << 20)
+# slope, 1.1-1.3, which went on beyond 4 MiB before, said less). The 64, 128 and 1024 byte points
+# because the CPU steps up between 64 and 128 bytes: chains of 40 steps of 8 3-task all-reduces
+# on the emulated heterogeneous cluster cost each participant (task 0 / 1 / 2) 0.18-0.19 /
+# 0.26-0.27 / 0.20 ms at 16-64 bytes, 0.25 / 0.37-0.38 / 0.33-0.34 ms at 128 and 256 bytes and
+# 0.35-0.40 / 0.46 / 0.46 ms at 1 KiB. Drawn straight from 16 bytes to 4 KiB, the curve said
+# 0.19-0.20 ms for the 128-byte gradients (biases) that are half of the tiny transformer's 88
+# all-reduces.
+COLLECTIVE_CPU_BYTES = (16, 64, 128, 1024, 4096, 65536, 1 << 20, 4 << 20, 16 << 20)
+# the curve's chains: CURVE_CHAIN all-reduces each, instance keys from CURVE_KEY_BASE (a key
+# names one shape for the servers' lifetime, so every size needs keys of its own)
+CURVE_CHAIN, CURVE_KEY_BASE = 8, 3000
 MAX_LATENCY_CUT = 0.9  # transfer_s may take back at most this share of the link latency (a message stays > 0)
 BASELINES = ("single", "dp_even_allreduce", "dp_even_ps", "dp_proportional_allreduce", "dp_proportional_ps",
              "model_parallel_round_robin", "model_parallel_contiguous", "heft", "pipeline")
@@ -468,11 +477,11 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     coll_small = timed(collective_chain(devs, k, n, True))[0]
     extra_bytes = 4 * big - 16
 
-    def participant_cpu(group, nbytes, k=8, steps=10):
+    def participant_cpu(group, nbytes, k=CURVE_CHAIN, steps=10):
         """CPU seconds each of the first `group` tasks spends per all-reduce of `nbytes` in a
         chain of k (beyond the same chain of pass-through ops) [group], from the scheduler's
         counters."""
-        used = [step_costs(lc, collective_chain(devs, k, group, reduce, nbytes // 4, key_base=3000),
+        used = [step_costs(lc, collective_chain(devs, k, group, reduce, nbytes // 4, key_base=CURVE_KEY_BASE),
                            wall_steps=0, cpu_steps=steps)[1][:group]
                 for reduce in (True, False)]
         return np.maximum(used[0] - used[1], 0.0) / k

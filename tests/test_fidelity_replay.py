@@ -270,3 +270,23 @@ def test_participant_curves_give_the_mean_and_each_kinds_mean(kinds, per_task_ms
     assert sorted(curve["seconds_by_kind"]) == sorted(by_kind_ms)
     for kind, want in by_kind_ms.items():
         assert curve["seconds_by_kind"][kind] == pytest.approx([v * 1e-3 for v in want], rel=1e-12)
+
+
+def test_the_collective_cpu_curve_gives_every_size_instance_keys_of_its_own():
+    """A collective instance key names one shape for the servers' lifetime: two sizes of the curve
+    that shared a key would abort the bench ("Shape mismatch in the collective instance")."""
+    import tensorflow as tf
+    devs = [f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in range(3)]
+    keys_by_size = {}
+    for nbytes in fb.COLLECTIVE_CPU_BYTES:
+        g = tf.Graph()
+        with g.as_default():
+            x0 = tf.constant(0.0)
+            fb.collective_chain(devs, fb.CURVE_CHAIN, 3, True, nbytes // 4, key_base=fb.CURVE_KEY_BASE)(x0)
+        keys_by_size[nbytes] = {int(tf.get_static_value(n.inputs[3])) for n in g.get_operations()
+                                if n.type == "CollectiveReduceV2"}  # inputs: input, group size, group key, instance key
+        assert len(keys_by_size[nbytes]) == fb.CURVE_CHAIN
+    sizes = list(keys_by_size)
+    for i, a in enumerate(sizes):
+        for b in sizes[i + 1:]:
+            assert not keys_by_size[a] & keys_by_size[b], (a, b)
