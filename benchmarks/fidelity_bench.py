@@ -349,11 +349,14 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     with those kinds (1-2, then 0-1, 0-2): on the emulated heterogeneous cluster a hop between
     two throttled tasks costs more than one to the unthrottled task;
     transfer_gap_s: wall time per tensor when `fan` independent 16-byte tensors cross from task 1
-    to task 2 at once (the gap between the messages of a burst). Collectives keep the all-reduce
-    fit (cluster_comm: single traced all-reduces, 1.0-1.8 ms for 3 tasks at 16 bytes): in the
-    models' steps their trace records last 1.1-1.8 ms each. `raw` also has, per group size, the
-    wall time of one 16-byte all-reduce in a sequence of `fan` chained by control edges on every participant
-    (`serial_collective_s`, 0.7-1.1 ms: less than inside a model's step), the burst figures
+    to task 2 at once (the gap between the messages of a burst); collective_s: per group size,
+    the wall of one 16-byte all-reduce in a chain of `fan` chained by control edges on every
+    participant (collective_chain, beyond the same chain of Identity ops; `raw`'s
+    `serial_collective_s`), beyond the all-reduce fit's time at 16 bytes for that group
+    (`comm`). The fit comes from single traced all-reduces (cluster_comm; 1.05-1.28 ms for 3
+    tasks at 16 bytes on the emulated heterogeneous cluster); a chained one took 0.52-0.61 ms,
+    and a model's all-reduces added 0.50-0.90 ms each to its untraced step (task_cpu_probe.py,
+    the step with and without them). `raw` also has the burst figures
     of independent all-reduces, and what bytes cost: wall and CPU per byte of a 1 MiB message
     between tasks 1 and 2 and of a chained 1 MiB all-reduce across every task, beyond 16 bytes
     (`message_cpu_s_per_byte`: both ends together; `collective_cpu_s_per_byte_per_task`: from
@@ -457,15 +460,23 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
            "message_cpu_s": {p: max(cpu, 0.0) for p, (_, cpu, _, _) in by_pair.items()},
            "how": "benchmarks/fidelity_bench.py measure_overheads (wall: median of %d steps; CPU: %d steps; "
                   "bursts and chains of %d)" % (reps, cpu_reps, fan)}
-    if not raw:
-        return out
-    coll_wall, coll_cpu = timed(collectives(fan, True), cpu=True)
-    plain_wall, plain_cpu = timed(collectives(fan, False), cpu=True)
     n = len(devs)
+
+    def fit16(group):
+        c = comm["allreduce"][str(group)]
+        return c["latency_s"] + 16 / c["bandwidth_bytes_per_s"]
+
     serial = {}  # group size -> wall per collective of a chained sequence, beyond the plain chain
     for group in range(2, n + 1):
         serial[group] = (timed(collective_chain(devs, fan, group, True))[0]
                          - timed(collective_chain(devs, fan, group, False))[0]) / fan
+    # what an all-reduce in a step takes beyond the fit the simulator charges (single traced
+    # all-reduces), like transfer_s for a message: negative where a chained one takes less
+    out["collective_s"] = {str(g): serial[g] - fit16(g) for g in serial}
+    if not raw:
+        return out
+    coll_wall, coll_cpu = timed(collectives(fan, True), cpu=True)
+    plain_wall, plain_cpu = timed(collectives(fan, False), cpu=True)
 
     # what bytes cost: the same chains with BIG_MESSAGE_BYTES per message / all-reduce, against
     # 16 bytes (both measured the same way, so the difference is the bytes' share)
@@ -495,11 +506,6 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     curve_n = dict(zip(COLLECTIVE_CPU_BYTES, out["collective_cpu_s"][str(n)]["seconds"]))
     message_cpu_per_byte = (hop_big[1] - hop_small[1]) / (k * extra_bytes)
     out["message_cpu_s_per_byte"] = max(message_cpu_per_byte, 0.0)
-
-    def fit16(group):
-        c = comm["allreduce"][str(group)]
-        return c["latency_s"] + 16 / c["bandwidth_bytes_per_s"]
-
     out["raw"] = {"chained_message_s": {p: v[0] for p, v in by_pair.items()},
                   "link_s": {p: v[2] for p, v in by_pair.items()},
                   "p2p_fit_s": comm["p2p"]["latency_s"] + 16 / comm["p2p"]["bandwidth_bytes_per_s"],
@@ -738,8 +744,8 @@ def handler_threads(lc) -> int:
 
 class RoundConditions:
     """The op profile, the comm fit and the runtime overheads of one model, measured one pass at
-    a time on `lc` right before each round of timed steps (profile_path with PROFILE_REPEATS
-    spread over the passes, comm_pass, measure_overheads), and given to the simulator as the
+    a time right before each round of timed steps (profile_path with PROFILE_REPEATS spread over
+    the passes, comm_pass, measure_overheads), and given to the simulator as the
     medians over the passes (median_profile, comm_of_passes, median_overheads). The machine's
     speed moves by phases of seconds to minutes, and figures measured all at once before the
     steps can come from another phase than most of them: one run measured step_s at 0.41 ms
@@ -748,10 +754,19 @@ class RoundConditions:
     (measured once if missing); with --bundled-comm the comm fit is the bundled one; with
     --no-overheads there are no overheads (None).
 
-    model, bundle, batch: the graph profiled (profile_path)."""
+    The comm fit and the overheads are measured on a scratch cluster started for the pass with
+    the timed cluster's settings (`lc_kwargs`: the same pinning, quotas and threads), never on
+    the cluster that times the strategies: after measure_overheads had run on the servers, the
+    tiny CNN's steps ran slower on them and took more CPU for as long as they ran (its DP
+    all-reduce step 13.1-13.5 ms against 11.6 ms in a run without the micro-benchmarks, each
+    task 11-17% more CPU; the random strategy 16.1-17.0 against 14.5 ms), a state a user's
+    servers, which run only their model, are not in.
 
-    def __init__(self, lc, cluster, args, model: str, bundle: str, batch: int):
-        self.lc, self.cluster, self.args = lc, cluster, args
+    model, bundle, batch: the graph profiled (profile_path); lc: the timed cluster (its
+    inter-op threads go into the overheads)."""
+
+    def __init__(self, lc, lc_kwargs, cluster, args, model: str, bundle: str, batch: int):
+        self.lc, self.lc_kwargs, self.cluster, self.args = lc, lc_kwargs, cluster, args
         self.model, self.bundle, self.batch = model, bundle, batch
         self.comm_runs, self.overhead_runs, self.profile_runs = [], [], []
 
@@ -763,13 +778,17 @@ class RoundConditions:
             self.profile_runs.append(profile_path(self.model, self.bundle, self.batch, args.workdir, args.hetero,
                                                   fresh=not args.reuse_profiles, repeats=profile_repeats(args.rounds),
                                                   tag=tag))
-        this_comm = None
-        if not args.bundled_comm:
-            self.comm_runs.append(comm_pass(self.lc))
-            this_comm = comm_of_passes(self.comm_runs[-1:])
-        if not args.no_overheads:
-            self.overhead_runs.append(measure_overheads(self.lc, self.cluster, (this_comm or self.comm())["comm"],
-                                                        raw=not self.overhead_runs))
+        if args.bundled_comm and args.no_overheads:
+            return
+        from tfplace.local_cluster import LocalCluster
+        with LocalCluster(**self.lc_kwargs) as scratch:
+            this_comm = None
+            if not args.bundled_comm:
+                self.comm_runs.append(comm_pass(scratch))
+                this_comm = comm_of_passes(self.comm_runs[-1:])
+            if not args.no_overheads:
+                self.overhead_runs.append(measure_overheads(scratch, self.cluster, (this_comm or self.comm())["comm"],
+                                                            raw=not self.overhead_runs))
 
     def comm(self) -> dict:
         return cluster_comm() if self.args.bundled_comm else comm_of_passes(self.comm_runs)
@@ -792,8 +811,9 @@ class RoundConditions:
         return comm, self.overheads(), load_profile(attach_comm(out, comm))
 
 
-def bench_model(model, lc, cluster, args, out_rows, record=None):
-    """Times and simulates the strategies of one model; with `record` (a dict), also keeps what
+def bench_model(model, lc, lc_kwargs, cluster, args, out_rows, record=None):
+    """Times and simulates the strategies of one model on `lc` (its conditions measured on scratch
+    clusters started with `lc_kwargs`, RoundConditions); with `record` (a dict), also keeps what
     a later --replay needs: the profile (with its comm fit), the overheads, each strategy and
     every timed step."""
     from tfplace.baselines import registry
@@ -806,7 +826,7 @@ def bench_model(model, lc, cluster, args, out_rows, record=None):
     bundle = os.path.join(ROOT, bundle_path(model))
     graph = load_op_graph(bundle)
     batch = int(graph.reference_batch_size)
-    conditions = RoundConditions(lc, cluster, args, model, bundle, batch)
+    conditions = RoundConditions(lc, lc_kwargs, cluster, args, model, bundle, batch)
     conditions.measure()  # the planners see the first pass; the simulator the median of all of them
     _, overheads, base_profile = conditions.settled()
     profile = with_overheads(base_profile, overheads)
@@ -952,15 +972,19 @@ def conditions_table(conditions) -> list:
         if "feed_input_s" not in o:
             return "-"
         return f"{us(o['feed_input_s'])} / {o['feed_s_per_byte'] * 1e9:.2f}"
-    lines = ["| model | p2p fit latency | all-reduce fit latency (x2 / x3) | step_s | feed_input_s / feed_s_per_byte (ns) | "
+    def per_group(d):  # older records have no collective_s
+        return " / ".join(us(d[g]) for g in sorted(d, key=int)) if d else "-"
+    lines = ["| model | p2p fit latency | all-reduce fit latency (x2 / x3) | collective_s (x2 / x3) | step_s | "
+             "feed_input_s / feed_s_per_byte (ns) | "
              "worker_s | transfer_s | message_cpu_s | collective_cpu_s per participant of an all-task all-reduce, mean and per kind (" +
              " / ".join(f"{b} B" for b in COLLECTIVE_CPU_BYTES) + ") |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for model, (comm, over) in conditions.items():
         c = comm["comm"]
         ar = " / ".join(us(c["allreduce"][g]["latency_s"]) for g in sorted(c["allreduce"], key=int))
         o = over or {}
-        lines.append(f"| {model} | {us(c['p2p']['latency_s'])} | {ar} | {us(o['step_s']) if o else '-'} | {feed(o)} | "
+        lines.append(f"| {model} | {us(c['p2p']['latency_s'])} | {ar} | {per_group(o.get('collective_s'))} | "
+                     f"{us(o['step_s']) if o else '-'} | {feed(o)} | "
                      f"{us(o['worker_s']) if o else '-'} | {pairs(o.get('transfer_s', {}))} | "
                      f"{pairs(o.get('message_cpu_s', {}))} | {curve(o.get('collective_cpu_s'))} |")
     return lines
@@ -1040,7 +1064,7 @@ def main(argv=None):
     with LocalCluster(**lc_kwargs) as lc:
         for model in args.models.split(","):
             print(f"{model}:", flush=True)
-            conditions[model] = bench_model(model, lc, cluster, args, results, record)
+            conditions[model] = bench_model(model, lc, lc_kwargs, cluster, args, results, record)
     lines = ["# Simulator fidelity on the local CPU cluster", "",
              "Command: `.venv/bin/python benchmarks/fidelity_bench.py " + " ".join(argv or sys.argv[1:]) + "`", "",
              (f"3 TF server tasks on 127.0.0.1 (clusters/local_cpu_hetero.json), 1 intra-op + "
@@ -1056,14 +1080,16 @@ def main(argv=None):
               f"`python -m tfplace.profile --threads 1 --inter-threads 1 --repeats {profile_repeats(args.rounds)}` "
               "per model, a pass before each round, each op's median over the passes. ") +
              ("Comm fit: the bundled " + BUNDLED_COMM + ". " if args.bundled_comm else
-              "Comm fit: measured on the run's cluster, a pass before each round (tfplace.comm_profiler, "
+              "Comm fit: measured on a scratch cluster with the run's settings, a pass before each round "
+              "(tfplace.comm_profiler, "
               f"up to {COMM_MAX_BYTES >> 20} MiB). ") +
              f"Real = median of {args.rounds} round-robin rounds x {args.steps} timed steps, or more until {args.round_s:g} s of "
              f"steps ran (after at least {args.warmup} warm-up "
              f"steps and {args.warmup_s:g} s each). ({time.time() - t0:.0f} s)", "",
              "Runtime overheads in the model (profile conditions `runtime_overheads`): " +
              ("none (--no-overheads)" if args.no_overheads else "measured by micro-benchmarks right before each "
-              "round of timed steps (median of the --rounds passes; all of them in the --record file)"), "",
+              "round of timed steps, on that scratch cluster too (median of the --rounds passes; all of them "
+              "in the --record file)"), "",
              *conditions_table(conditions), "",
              "Real = the median step (what a user sees); also against the fastest step (the undisturbed "
              "step, the statistic the profiles keep: on this shared 2-core machine identical graphs in "

@@ -581,3 +581,41 @@ def test_negative_transfer_overhead_shortens_a_message_but_never_below_zero(tran
     fit = 2e-3 + placed.task_bytes[x] / INTRA_BW  # 8000-byte tensors and the 0-byte "done"
     assert set(placed.task_bytes[x]) == {0.0, 8000.0}
     assert np.allclose(placed.task_seconds[x], np.maximum(fit + transfer_s, 0.0), rtol=1e-12, atol=1e-15)
+
+
+def _dp_collectives(shares, overheads):
+    """fakes.dp_graph data-parallel over `shares` of the quad cluster's V100s, all-reduced: one
+    collective of len(shares) participants; returns its lowered seconds."""
+    from tfplace.placed_graph import TASK_COLLECTIVE
+    g = fk.dp_graph(4096)
+    gr = fk.grouping(g, [["x", "f", "g"], ["w", "r", "apply", "lr", "train_op"]])
+    pr = fk.dp_profile(g)
+    pr = dataclasses.replace(pr, conditions={**pr.conditions, "runtime_overheads": overheads})
+    placed = lower(g, gr, fk.quad_cluster(), Strategy(8, 2, decision(shares, "allreduce"), {}), pr)
+    c = placed.task_kind == TASK_COLLECTIVE
+    assert c.sum() == 1
+    return float(placed.task_seconds[c][0])
+
+
+TWO, THREE = {"v100_0": 4, "v100_1": 4}, {"v100_0": 4, "v100_1": 2, "v100_2": 2}
+
+
+@pytest.mark.parametrize("shares, collective_s, added_s", [
+    (TWO, 3e-4, 3e-4),                               # one number for every collective
+    (THREE, 3e-4, 3e-4),
+    (TWO, {"2": -2e-6, "3": 5e-4}, -2e-6),           # per group size: a chained all-reduce takes less
+    (THREE, {"2": -2e-6, "3": 5e-4}, 5e-4),
+    (TWO, {"2": -1.0}, None),                        # never below 0
+])
+def test_collective_overhead_per_group_size(shares, collective_s, added_s):
+    # runtime_overheads.collective_s: what an all-reduce in a step takes beyond the all-reduce fit
+    # (fidelity_bench.measure_overheads measures it per group size; it may be negative)
+    base = _dp_collectives(shares, {})
+    got = _dp_collectives(shares, {"collective_s": collective_s})
+    assert got == (0.0 if added_s is None else pytest.approx(base + added_s, rel=1e-12))
+
+
+def test_a_collective_overhead_without_the_group_size_is_one_error_naming_the_field():
+    with pytest.raises(InputError) as err:
+        _dp_collectives(THREE, {"collective_s": {"2": 1e-4}})
+    assert "runtime_overheads.collective_s" in str(err.value) and "group of 3" in str(err.value)

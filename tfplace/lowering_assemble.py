@@ -180,7 +180,7 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     over = _overheads(ctx)
     dispatch = _dispatch(over, kind, device, op_ptr, graph)  # the lanes' wall charge and the demand's CPU
     hold, charge, off_lane, send_cpu = _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, over,
-                                                          dispatch, len(graph.inputs), feed_bytes)
+                                                          dispatch, len(graph.inputs), feed_bytes, np.diff(part_ptr))
     t = {"kind": kind, "device": device, "src_dev": src_dev, "op": task_op, "prio": task_prio,
          "seconds": seconds, "charge": charge, "hold": hold, "bytes": task_bytes,
          "tensor": np.concatenate([np.full(m0, -1), tt_t, np.full(nx + nc + ns, -1)]),
@@ -386,14 +386,14 @@ def _cpu_devices(ctx) -> np.ndarray:
 
 
 def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, over, dispatch, num_inputs,
-                       feed_bytes=0.0):
+                       feed_bytes=0.0, group_size=None):
     """Adds the measured costs of the runtime the profile was taken for to `seconds` (in place)
     and returns (the link-hold time of every task (empty: links are held for the whole duration),
     the message CPU added to each lane task (None: none), the message CPU of each transfer task
     that runs beside the lanes (None: none), the sending end's message CPU of each transfer task,
     to run as its HANDLER task (None: none); see inter_op_threads). `over`: _overheads(ctx);
     `dispatch`: _dispatch's (task, wall seconds, devices used, further devices' wait) for step_s;
-    `num_inputs`: the graph's fed inputs.
+    `num_inputs`: the graph's fed inputs; `group_size` [M]: each task's participants (collectives).
 
     They come from the profile conditions `runtime_overheads`, written by
     benchmarks/fidelity_bench.py from micro-benchmarks on the local cluster; absent, nothing is
@@ -416,7 +416,12 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, ov
                      takes beyond its link time *and* its message_cpu_s (on the lanes, or in the
                      transfer: inter_op_threads), and may be negative (that CPU already holds
                      part of the link's latency); a transfer never lasts less than 0 before the
-                     message CPU is added to it;
+                     message CPU is added to it; collective_s may be given per group size
+                     {"3": ...} (_per_group) and may be negative too: the fit comes from single
+                     traced all-reduces, and one in a chain of untraced ones, as a step runs
+                     them, takes less (3 tasks on the emulated heterogeneous cluster: 0.52-0.61
+                     ms at 16 bytes against the fit's 1.05-1.28 ms); a collective never lasts
+                     less than 0;
       message_cpu_s  CPU time one gRPC message costs its two processes together (serialising,
                      the RPC, the rendezvous), taken from the executors of those processes: half
                      on the sending device's lane (a HANDLER task, see inter_op_threads), half on
@@ -450,7 +455,9 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, ov
     seconds[kind == TASK_COMPUTE] += float(over.get("op_s", 0.0))
     transfer_s = _per_message(over, "transfer_s", ctx.cluster, x, src_dev, device)
     seconds[x] = np.maximum(seconds[x] + transfer_s[x], 0.0)  # transfer_s < 0: see the docstring
-    seconds[kind == TASK_COLLECTIVE] += float(over.get("collective_s", 0.0))
+    c = kind == TASK_COLLECTIVE
+    if "collective_s" in over and c.any():
+        seconds[c] = np.maximum(seconds[c] + _per_group(over, "collective_s", group_size, c), 0.0)
     first, dispatch_s, _, _ = dispatch
     if first >= 0:
         seconds[first] += dispatch_s + float(over.get("feed_input_s", 0.0)) * (num_inputs - 1) + \
@@ -541,6 +548,23 @@ def _per_message(over, key: str, cluster, x, src_dev, device) -> np.ndarray:
         raise InputError("profile conditions", f"runtime_overheads.{key}",
                          f"has no entry for the device kinds {pair!r} (has {sorted(value)})",
                          "measure the overheads on a cluster with these kinds (benchmarks/fidelity_bench.py)")
+    return out
+
+
+def _per_group(over, key: str, group_size, c) -> np.ndarray:
+    """Per collective task (c[M] selects them), the overhead `key`: one number for every
+    collective, or one per group size {"2": ..., "3": ...} (group_size[M]: its participants)."""
+    value = over[key]
+    if not isinstance(value, dict):
+        return np.full(int(c.sum()), float(value))
+    sizes = np.asarray(group_size)[c]
+    out = np.empty(len(sizes))
+    for size in np.unique(sizes):
+        if str(int(size)) not in value:
+            raise InputError("profile conditions", f"runtime_overheads.{key}",
+                             f"has no entry for a group of {int(size)} (has {sorted(value)})",
+                             "measure the overheads on a cluster with that many tasks (benchmarks/fidelity_bench.py)")
+        out[sizes == size] = float(value[str(int(size))])
     return out
 
 
