@@ -7,9 +7,9 @@
 
 For each model: a CPU profile measured under the workers' thread setting (intra 1, inter 1;
 `python -m tfplace.profile --threads 1`, Grappler off like the runtime), with a comm fit
-measured on the run's cluster (cluster_comm; --bundled-comm: graph_defs/profiles/
-local_comm_cpu.json) and runtime overheads, both measured a pass before each round of timed steps
-(RoundConditions: the simulator gets their medians); strategies = the registry baselines
+(cluster_comm; --bundled-comm: graph_defs/profiles/local_comm_cpu.json) and runtime overheads,
+both measured a pass before each round of timed steps on a scratch cluster with the run's
+settings (RoundConditions: the simulator gets their medians); strategies = the registry baselines
 (make_problem + registry.generate, as compare uses them) plus random valid strategies up to
 --strategies; for each, the real iteration time (StepRunner.run_steps: warm-up, then the median
 of timed steps) on a LocalCluster of 3 tasks (clusters/local_cpu.json) and the simulated time of the
@@ -63,7 +63,7 @@ BIG_MESSAGE_BYTES = 1 << 20  # the message / all-reduce size of the per-byte fig
 # slope, 1.1-1.3, which went on beyond 4 MiB before, said less). The 64, 128 and 1024 byte points
 # because the CPU steps up between 64 and 128 bytes: chains of 40 steps of 8 3-task all-reduces
 # on the emulated heterogeneous cluster cost each participant (task 0 / 1 / 2) 0.18-0.19 /
-# 0.26-0.27 / 0.20 ms at 16-64 bytes, 0.25 / 0.37-0.38 / 0.33-0.34 ms at 128 and 256 bytes and
+# 0.26-0.27 / 0.20 ms at 16-64 bytes, 0.25-0.26 / 0.37-0.38 / 0.33-0.34 ms at 128 and 256 bytes and
 # 0.35-0.40 / 0.46 / 0.46 ms at 1 KiB. Drawn straight from 16 bytes to 4 KiB, the curve said
 # 0.19-0.20 ms for the 128-byte gradients (biases) that are half of the tiny transformer's 88
 # all-reduces.
