@@ -353,7 +353,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     the wall of one 16-byte all-reduce in a chain of `fan` chained by control edges on every
     participant (collective_chain, beyond the same chain of Identity ops; `raw`'s
     `serial_collective_s`), beyond the all-reduce fit's time at 16 bytes for that group
-    (`comm`). The fit comes from single traced all-reduces (cluster_comm; 1.05-1.28 ms for 3
+    (`comm`). The fit comes from single traced all-reduces (cluster_comm; 1.02-1.28 ms for 3
     tasks at 16 bytes on the emulated heterogeneous cluster); a chained one took 0.52-0.61 ms,
     and a model's all-reduces added 0.50-0.90 ms each to its untraced step (task_cpu_probe.py,
     the step with and without them). `raw` also has the burst figures
@@ -756,11 +756,12 @@ class RoundConditions:
 
     The comm fit and the overheads are measured on a scratch cluster started for the pass with
     the timed cluster's settings (`lc_kwargs`: the same pinning, quotas and threads), never on
-    the cluster that times the strategies: after measure_overheads had run on the servers, the
-    tiny CNN's steps ran slower on them and took more CPU for as long as they ran (its DP
-    all-reduce step 13.1-13.5 ms against 11.6 ms in a run without the micro-benchmarks, each
-    task 11-17% more CPU; the random strategy 16.1-17.0 against 14.5 ms), a state a user's
-    servers, which run only their model, are not in.
+    the cluster that times the strategies, whose servers then run only the strategies, as a
+    user's run only their model. In two runs with the micro-benchmarks on the timed servers the
+    tiny CNN's DP all-reduce step took 13.1-13.5 ms and each task 11-17% more CPU than in a run
+    without them (11.6 ms; the random strategy 16.1-17.0 against 14.5 ms). It is not the only
+    cause of such a spread: with the scratch cluster, one run still timed that step at 13.0 ms,
+    another at 11.5 ms (benchmarks/fidelity_bench_hetero.md).
 
     model, bundle, batch: the graph profiled (profile_path); lc: the timed cluster (its
     inter-op threads go into the overheads)."""

@@ -180,7 +180,7 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     over = _overheads(ctx)
     dispatch = _dispatch(over, kind, device, op_ptr, graph)  # the lanes' wall charge and the demand's CPU
     hold, charge, off_lane, send_cpu = _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, over,
-                                                          dispatch, len(graph.inputs), feed_bytes, np.diff(part_ptr))
+                                                          dispatch, len(graph.inputs), np.diff(part_ptr), feed_bytes)
     t = {"kind": kind, "device": device, "src_dev": src_dev, "op": task_op, "prio": task_prio,
          "seconds": seconds, "charge": charge, "hold": hold, "bytes": task_bytes,
          "tensor": np.concatenate([np.full(m0, -1), tt_t, np.full(nx + nc + ns, -1)]),
@@ -386,7 +386,7 @@ def _cpu_devices(ctx) -> np.ndarray:
 
 
 def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, over, dispatch, num_inputs,
-                       feed_bytes=0.0, group_size=None):
+                       group_size, feed_bytes=0.0):
     """Adds the measured costs of the runtime the profile was taken for to `seconds` (in place)
     and returns (the link-hold time of every task (empty: links are held for the whole duration),
     the message CPU added to each lane task (None: none), the message CPU of each transfer task
@@ -420,7 +420,7 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, ov
                      {"3": ...} (_per_group) and may be negative too: the fit comes from single
                      traced all-reduces, and one in a chain of untraced ones, as a step runs
                      them, takes less (3 tasks on the emulated heterogeneous cluster: 0.52-0.61
-                     ms at 16 bytes against the fit's 1.05-1.28 ms); a collective never lasts
+                     ms at 16 bytes against the fit's 1.02-1.28 ms); a collective never lasts
                      less than 0;
       message_cpu_s  CPU time one gRPC message costs its two processes together (serialising,
                      the RPC, the rendezvous), taken from the executors of those processes: half
