@@ -758,7 +758,7 @@ class RoundConditions:
     the timed cluster's settings (`lc_kwargs`: the same pinning, quotas and threads), never on
     the cluster that times the strategies, whose servers then run only the strategies, as a
     user's run only their model. In two runs with the micro-benchmarks on the timed servers the
-    tiny CNN's DP all-reduce step took 13.1-13.5 ms and each task 11-17% more CPU than in a run
+    tiny CNN's DP all-reduce step took 13.1-13.5 ms and each task 12-14% more CPU than in a run
     without them (11.6 ms; the random strategy 16.1-17.0 against 14.5 ms). It is not the only
     cause of such a spread: with the scratch cluster, one run still timed that step at 13.0 ms,
     another at 11.5 ms (benchmarks/fidelity_bench_hetero.md).
