@@ -587,11 +587,10 @@ def _dp_collectives(shares, overheads):
     """fakes.dp_graph data-parallel over `shares` of the quad cluster's V100s, all-reduced: one
     collective of len(shares) participants; returns its lowered seconds."""
     from tfplace.placed_graph import TASK_COLLECTIVE
-    g = fk.dp_graph(4096)
-    gr = fk.grouping(g, [["x", "f", "g"], ["w", "r", "apply", "lr", "train_op"]])
+    g, gr, st = _dp_setup(shares=shares)
     pr = fk.dp_profile(g)
     pr = dataclasses.replace(pr, conditions={**pr.conditions, "runtime_overheads": overheads})
-    placed = lower(g, gr, fk.quad_cluster(), Strategy(8, 2, decision(shares, "allreduce"), {}), pr)
+    placed = lower(g, gr, fk.quad_cluster(), st, pr)
     c = placed.task_kind == TASK_COLLECTIVE
     assert c.sum() == 1
     return float(placed.task_seconds[c][0])
