@@ -357,7 +357,11 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     tasks at 16 bytes on the emulated heterogeneous cluster); a chained one took 0.52-0.61 ms,
     and a model's all-reduces added 0.50-0.90 ms each to its untraced step (task_cpu_probe.py,
     the step with and without them). `raw` also has the burst figures
-    of independent all-reduces, and what bytes cost: wall and CPU per byte of a 1 MiB message
+    of independent all-reduces, each end's share of a hop's CPU between two device kinds
+    (`message_cpu_share`, as the lowering takes it; recorded, not applied: on the emulated
+    heterogeneous cluster it moves CPU the model charged the parameter server to its workers, as
+    their CPU counters do, and the transformer's PS steps then come out further under), and
+    what bytes cost: wall and CPU per byte of a 1 MiB message
     between tasks 1 and 2 and of a chained 1 MiB all-reduce across every task, beyond 16 bytes
     (`message_cpu_s_per_byte`: both ends together; `collective_cpu_s_per_byte_per_task`: from
     the `collective_cpu_s` curve's points, which time those all-reduces' CPU already). CPU
@@ -436,13 +440,18 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     # a message costs the CPU of both its ends: one chain per pair of device kinds, between the
     # first pair of tasks with those kinds (tasks 1 and 2 first: task 0 also serves the client)
     by_pair = {}  # kind pair -> (hop wall, hop CPU, the simulator's link seconds, link latency)
+    shares = {}  # pair of different kinds -> {kind: the share of the hop's CPU that end paid}
     for a, b in ((1, 2), (0, 1), (0, 2)):
         pair = "|".join(sorted((kinds[a], kinds[b])))
         if pair not in by_pair:
-            chain_wall, chain_cpu = timed(ping_pong(fan, True, a, b), cpu=True)
-            solo_wall, solo_cpu = timed(ping_pong(fan, False, a, b), cpu=True)
-            by_pair[pair] = ((chain_wall - solo_wall) / fan, (chain_cpu - solo_cpu) / fan,
+            chain_wall, chain_used = step_costs(lc, ping_pong(fan, True, a, b), reps, cpu_reps)
+            solo_wall, solo_used = step_costs(lc, ping_pong(fan, False, a, b), reps, cpu_reps)
+            per_task = np.maximum(chain_used - solo_used, 0.0) / fan
+            by_pair[pair] = ((chain_wall - solo_wall) / fan, float((chain_used - solo_used).sum()) / fan,
                              cluster.transfer_seconds(a, b, 16), cluster.path_latency_s(a, b))
+            if kinds[a] != kinds[b] and per_task[a] + per_task[b] > 0:
+                shares[pair] = {kinds[a]: float(per_task[a] / (per_task[a] + per_task[b])),
+                                kinds[b]: float(per_task[b] / (per_task[a] + per_task[b]))}
     out = {"step_s": max(step - FEED_ROWS * 64 * feed_per_byte, 0.0), "feed_input_s": max(feed_input, 0.0),
            "feed_s_per_byte": feed_per_byte, "op_s": max(op - local_op, 0.0), "worker_s": max(worker, 0.0),
            # the dispatch's CPU (tfplace.cpu_demand.dispatch_cpu_seconds): the master's for a
@@ -507,6 +516,9 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     message_cpu_per_byte = (hop_big[1] - hop_small[1]) / (k * extra_bytes)
     out["message_cpu_s_per_byte"] = max(message_cpu_per_byte, 0.0)
     out["raw"] = {"chained_message_s": {p: v[0] for p, v in by_pair.items()},
+                  # each end's share of a hop's CPU (the lowering's message_cpu_share), measured
+                  # but not applied: see fidelity_bench_hetero.md
+                  "message_cpu_share": shares,
                   "link_s": {p: v[2] for p, v in by_pair.items()},
                   "p2p_fit_s": comm["p2p"]["latency_s"] + 16 / comm["p2p"]["bandwidth_bytes_per_s"],
                   "cluster_op_s": op, "profiler_op_s": local_op,

@@ -177,17 +177,22 @@ def test_message_bytes_cost_cpu_at_both_ends():
     assert placed.device_cpu_seconds == pytest.approx(lanes + 0.5 * rate * 8000, rel=1e-12)
 
 
+@pytest.mark.parametrize("share", [None, {"V100": 0.3, "P100": 0.7}])
 @pytest.mark.parametrize("threads", [1, 2, 4])
-def test_message_cpu_counts_once_in_the_demand_on_the_lanes_or_beside_them(threads):
+def test_message_cpu_counts_once_in_the_demand_on_the_lanes_or_beside_them(threads, share):
     # one thread: the lanes carry each message's CPU (message_charge_d); two or more: it runs
-    # beside them and the demand adds it half at each end; either way a device's demand holds its
-    # kernels, the bytes' CPU and its halves of the message CPU once
+    # beside them and the demand adds it to each end; either way a device's demand holds its
+    # kernels, the bytes' CPU and its end's part of the message CPU once (half, or the end's kind's
+    # message_cpu_share)
     from tfplace.placed_graph import TASK_TRANSFER
     ops = [("x", "Placeholder", 8000, True, True), ("a", "Op", 8000, True, True), ("c", "Op", 8000, True, True)]
     g = fk.op_graph(ops, [("x", "a"), ("a", "c")])
     pr = fk.profile_table(g, {n: {"V100": s, "P100": s} for n, s in {"x": 0.0, "a": 1e-3, "c": 1e-3}.items()})
     rate, message_s = 1e-8, 3e-4
     over = {"message_cpu_s_per_byte": rate, "message_cpu_s": message_s, "inter_op_threads": threads}
+    if share is not None:
+        over["message_cpu_share"] = {"P100|V100": share}
+    pays = np.array([0.5, 0.5]) if share is None else np.array([share["V100"], share["P100"]])  # V100, P100
     pr = dataclasses.replace(pr, conditions={**pr.conditions, "runtime_overheads": over})
     gr = fk.grouping(g, [["x", "a"], ["c"]])
     st = Strategy(8, 2, None, {"x": decision({"v100_0": 8}), "c": decision({"p100_0": 8})})
@@ -196,15 +201,15 @@ def test_message_cpu_counts_once_in_the_demand_on_the_lanes_or_beside_them(threa
     kernels = {"x": 0.0, "a": 1e-3, "c": 1e-3}
     lane_kernels = [kernels["x"] + kernels["a"], kernels["c"]]  # V100, P100
     ends = np.bincount(placed.task_device[x], minlength=2) + np.bincount(placed.task_src_device[x], minlength=2)
-    # the lanes' message charge: one half per message sent (its HANDLER task) and at most one
-    # per message received (a receiving end with no lane task after it takes none,
-    # _charge_received_cpu); beside the lanes: exactly one half per end
+    # the lanes' message charge: the sending end's part of each message sent (its HANDLER task)
+    # and at most the receiving end's part of each one received (a receiving end with no lane
+    # task after it takes none, _charge_received_cpu); beside the lanes: exactly its part per end
     got = placed.device_cpu_seconds - np.array(lane_kernels) - 0.5 * rate * 8000
     if threads == 1:
         sends = np.bincount(placed.task_src_device[x], minlength=2)
-        assert np.all(got >= 0.5 * message_s * sends - 1e-12) and np.all(got <= 0.5 * message_s * ends + 1e-12)
+        assert np.all(got >= pays * message_s * sends - 1e-12) and np.all(got <= pays * message_s * ends + 1e-12)
     else:
-        assert got == pytest.approx(0.5 * message_s * ends, rel=1e-12)
+        assert got == pytest.approx(pays * message_s * ends, rel=1e-12)
         lane = np.isin(placed.task_kind, DEVICE_KINDS)
         lanes = np.bincount(placed.task_device[lane], weights=placed.task_seconds[lane], minlength=2)
         assert lanes == pytest.approx(lane_kernels, rel=1e-12)  # nothing on the lanes

@@ -530,6 +530,50 @@ def test_one_thread_message_cpu_sender_half_is_a_handler_receiver_half_on_the_ne
     assert placed.is_step_message(int(x[-1])) and not placed.is_step_message(placed.num_tasks - 1)
 
 
+@pytest.mark.parametrize("share", [None, {"V100": 0.3, "P100": 0.7}, {"V100": 1.0, "P100": 0.0}])
+def test_message_cpu_share_splits_each_message_between_its_ends_by_kind(share):
+    # message_cpu_share: the V100 end of a V100-P100 message pays share["V100"] of its CPU (its
+    # HANDLER task when it sends), the P100 end the rest (on c, which both messages feed); none
+    # given: half each. a -> c and b -> c leave the V100, the P100's "done" leaves the P100.
+    from tfplace.placed_graph import TASK_HANDLER, TASK_TRANSFER
+    cpu_s = 4e-4
+    over = {"transfer_gap_s": 0.0, "message_cpu_s": cpu_s}
+    if share is not None:
+        over["message_cpu_share"] = {"P100|V100": share}
+    base, _ = _two_sends({"transfer_gap_s": 0.0})
+    placed, _ = _two_sends(over)
+    pays = share or {"V100": 0.5, "P100": 0.5}
+    kind_of = {0: "V100", 1: "P100"}
+    x = np.nonzero(placed.task_kind == TASK_TRANSFER)[0]
+    m = base.num_tasks
+    for k, t in enumerate(x):
+        send = m + k
+        assert placed.task_kind[send] == TASK_HANDLER
+        assert placed.task_seconds[send] == pytest.approx(pays[kind_of[int(placed.task_src_device[t])]] * cpu_s, abs=1e-15)
+    c = next(t for t in range(base.num_compute) if placed.task_name(t).startswith("c/"))
+    assert placed.task_seconds[c] - base.task_seconds[c] == pytest.approx(2 * pays["P100"] * cpu_s, abs=1e-15)
+
+
+@pytest.mark.parametrize("share,says", [
+    ({"V100|V100": {"V100": 0.5}}, "needs the share of each end"),  # the pair the messages use is missing
+    ({"P100|V100": {"V100": 0.3}}, "needs the share of each end"),
+    ({"P100|V100": {"V100": 0.6, "P100": 0.6}}, "add up to 1"),
+    ({"P100|V100": {"V100": -0.1, "P100": 1.1}}, "lie in [0, 1]"),
+    ({"P100|V100": {"V100": "0.5", "P100": 0.5}}, "lie in [0, 1]"),
+])
+def test_bad_message_cpu_share_is_one_error_naming_the_field(share, says):
+    with pytest.raises(InputError) as err:
+        _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4, "message_cpu_share": share})
+    assert "runtime_overheads.message_cpu_share.P100|V100" in str(err.value) and says in str(err.value)
+    assert "measure_overheads" in str(err.value)
+
+
+def test_message_cpu_share_that_is_not_an_object_is_one_error_naming_the_field():
+    with pytest.raises(InputError) as err:
+        _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4, "message_cpu_share": [0.4, 0.6]})
+    assert "message_cpu_share" in str(err.value)
+
+
 def test_one_thread_handler_waits_until_its_lane_has_nothing_else_ready():
     # a and b (1 ms each) on the V100 are both ready at 0; a's message is served only after b
     # (the executor runs the ops it has before a handler): a -> c leaves at 2.2 ms, not 1.2 ms

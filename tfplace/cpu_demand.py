@@ -207,15 +207,15 @@ def dispatch_cpu_seconds(over: Mapping[str, Any], wall_s: float, wall_device: in
 def device_cpu_seconds(lane: np.ndarray, transfer: np.ndarray, task_seconds: np.ndarray,
                        message_charge: np.ndarray, task_device: np.ndarray, task_src_device: np.ndarray,
                        side_device: np.ndarray, side_cpu_s: np.ndarray, fraction: np.ndarray,
-                       message_cpu: Optional[np.ndarray] = None) -> np.ndarray:
+                       message_cpu: Optional[tuple] = None) -> np.ndarray:
     """demand_d of the module docstring, CPU seconds per step [D].
 
     lane, transfer: [M] masks of the task kinds; task_seconds [M] with the message charges in
     it, message_charge [M] those charges; side_device, side_cpu_s [H]: side_cpu_entries'
     devices and CPU seconds (collective_d and bytes_charge_d); fraction [D]: f_d; message_cpu
-    [M] (None: none): the fixed CPU of each transfer's message (both ends together) when the
-    runtime runs it beside the lanes (runtime_overheads.inter_op_threads >= 2), half to each end
-    like bytes_charge_d. The lanes' tasks are the lowering's before it adds the side entries as
+    (None: none): (send_cpu[M], recv_cpu[M]), the fixed CPU of each transfer's message at its
+    sending and at its receiving end (tfplace.lowering_assemble._message_ends) when the runtime
+    runs it beside the lanes (runtime_overheads.inter_op_threads >= 2). The lanes' tasks are the lowering's before it adds the side entries as
     HANDLER tasks (those are counted here once, through side_cpu_s)."""
     d = len(fraction)
     on = np.nonzero(lane)[0]
@@ -224,8 +224,9 @@ def device_cpu_seconds(lane: np.ndarray, transfer: np.ndarray, task_seconds: np.
     demand += np.bincount(task_device[on], weights=message_charge[on], minlength=d)
     if message_cpu is not None:
         x = np.nonzero(transfer)[0]
-        demand += np.bincount(task_device[x], weights=0.5 * message_cpu[x], minlength=d)
-        demand += np.bincount(task_src_device[x], weights=0.5 * message_cpu[x], minlength=d)
+        send_cpu, recv_cpu = message_cpu
+        demand += np.bincount(task_device[x], weights=recv_cpu[x], minlength=d)
+        demand += np.bincount(task_src_device[x], weights=send_cpu[x], minlength=d)
     return demand + np.bincount(side_device, weights=side_cpu_s, minlength=d)
 
 

@@ -390,7 +390,8 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, ov
     """Adds the measured costs of the runtime the profile was taken for to `seconds` (in place)
     and returns (the link-hold time of every task (empty: links are held for the whole duration),
     the message CPU added to each lane task (None: none), the message CPU of each transfer task
-    that runs beside the lanes (None: none), the sending end's message CPU of each transfer task,
+    that runs beside the lanes, as (sending end[M], receiving end[M]) (None: none), the sending
+    end's message CPU of each transfer task,
     to run as its HANDLER task (None: none); see inter_op_threads). `over`: _overheads(ctx);
     `dispatch`: _dispatch's (task, wall seconds, devices used, further devices' wait) for step_s;
     `num_inputs`: the graph's fed inputs; `group_size` [M]: each task's participants (collectives).
@@ -423,10 +424,14 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, ov
                      ms at 16 bytes against the fit's 1.02-1.28 ms); a collective never lasts
                      less than 0;
       message_cpu_s  CPU time one gRPC message costs its two processes together (serialising,
-                     the RPC, the rendezvous), taken from the executors of those processes: half
-                     on the sending device's lane (a HANDLER task, see inter_op_threads), half on
-                     the receiving device's lane (added to the first task it feeds there). With
-                     `cpu_cores` on the host, this is CPU the devices compete for;
+                     the RPC, the rendezvous), taken from the executors of those processes: the
+                     sending end's part on the sending device's lane (a HANDLER task, see
+                     inter_op_threads), the receiving end's on the receiving device's lane
+                     (added to the first task it feeds there). With `cpu_cores` on the host,
+                     this is CPU the devices compete for;
+      message_cpu_share  per pair of different device kinds, the share of message_cpu_s each
+                     end's kind pays ({"CPU|CPU_half": {"CPU": 0.42, "CPU_half": 0.58}};
+                     _message_ends); half each without it;
       transfer_gap_s per-message gap of a burst (LogGP's g): a transfer holds its links for
                      gap + bytes / bandwidth, so the latency of back-to-back messages overlaps;
       inter_op_threads  the inter-op threads of each server task the overheads were measured
@@ -468,12 +473,13 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, ov
     # adds to a burst, on one handler thread or on the lanes alike
     hold = seconds - latency - transfer_s + float(over.get("transfer_gap_s", 0.0))
     if (message_cpu > 0).any():
+        send_cpu, recv_cpu = _message_ends(over, ctx.cluster, x, src_dev, device, message_cpu)
         if handler_threads >= 2:
-            off_lane = message_cpu
+            off_lane = (send_cpu, recv_cpu)
             seconds += message_cpu
+            send_cpu = None
         else:
-            charge = _charge_received_cpu(seconds, kind, device, dep_src, dep_dst, message_cpu)
-            send_cpu = 0.5 * message_cpu
+            charge = _charge_received_cpu(seconds, kind, device, dep_src, dep_dst, recv_cpu)
     if "transfer_gap_s" not in over:
         return np.zeros(0), charge, off_lane, send_cpu
     return np.where(x, np.clip(hold, 0.0, seconds), seconds), charge, off_lane, send_cpu
@@ -551,6 +557,38 @@ def _per_message(over, key: str, cluster, x, src_dev, device) -> np.ndarray:
     return out
 
 
+def _message_ends(over, cluster, x, src_dev, device, message_cpu) -> tuple:
+    """(send_cpu[M], recv_cpu[M]): each transfer's message CPU (message_cpu[M], both ends
+    together) split between its sending and its receiving device. The end of kind k of a pair of
+    different kinds pays runtime_overheads.message_cpu_share[pair][k] of it (the measured share:
+    on the emulated heterogeneous cluster the unthrottled task paid 38-45% of a hop's CPU, the
+    throttled one the rest); ends of one kind, and every message without message_cpu_share,
+    pay half each."""
+    share = over.get("message_cpu_share")
+    recv = np.where(x, 0.5, 0.0)
+    if share is not None:
+        reader = FieldReader(over, "profile conditions", "runtime_overheads")
+        table = reader.get("message_cpu_share", dict)
+        fix = "measure the overheads again (benchmarks/fidelity_bench.py measure_overheads)"
+        t = np.nonzero(x)[0]
+        src_kind = [cluster.devices[int(d)].kind for d in src_dev[t]]
+        dst_kind = [cluster.devices[int(d)].kind for d in device[t]]
+        for i, a, b in zip(t, src_kind, dst_kind):
+            if a == b:
+                continue
+            pair = "|".join(sorted((a, b)))
+            ends = table.get(pair)
+            field = f"runtime_overheads.message_cpu_share.{pair}"
+            if not isinstance(ends, dict) or set(ends) != {a, b}:
+                raise InputError("profile conditions", field, f"is {ends!r}: needs the share of each end, {a!r} and {b!r}", fix)
+            if not all(isinstance(v, (int, float)) and 0.0 <= v <= 1.0 for v in ends.values()) or \
+                    abs(float(ends[a]) + float(ends[b]) - 1.0) > 1e-6:
+                raise InputError("profile conditions", field, f"is {ends!r}: shares must lie in [0, 1] and add up to 1", fix)
+            recv[i] = float(ends[b])
+    recv_cpu = recv * message_cpu
+    return message_cpu - recv_cpu, recv_cpu
+
+
 def _per_group(over, key: str, group_size, c) -> np.ndarray:
     """Per collective task (c[M] selects them), the overhead `key`: one number for every
     collective, or one per group size {"2": ..., "3": ...} (group_size[M]: its participants)."""
@@ -568,10 +606,10 @@ def _per_group(over, key: str, group_size, c) -> np.ndarray:
     return out
 
 
-def _charge_received_cpu(seconds, kind, device, dep_src, dep_dst, message_cpu) -> np.ndarray:
-    """Adds the receiving half of each transfer's gRPC message CPU (message_cpu[M] both ends
-    together, per task) to the transfer's first successor on the destination's lane (none: no
-    charge there); returns what it added [M]. The sending half is the transfer's HANDLER task."""
+def _charge_received_cpu(seconds, kind, device, dep_src, dep_dst, recv_cpu) -> np.ndarray:
+    """Adds the receiving end's part of each transfer's gRPC message CPU (recv_cpu[M], per task:
+    _message_ends) to the transfer's first successor on the destination's lane (none: no charge
+    there); returns what it added [M]. The sending end's part is the transfer's HANDLER task."""
     m = len(kind)
     lane = np.isin(kind, DEVICE_KINDS)
     src, dst = dep_src.astype(np.int64), dep_dst.astype(np.int64)
@@ -581,7 +619,7 @@ def _charge_received_cpu(seconds, kind, device, dep_src, dep_dst, message_cpu) -
     np.minimum.at(first_after, src[sel], dst[sel])
     charge = np.zeros(m)
     after = first_after != none
-    np.add.at(charge, first_after[after], 0.5 * message_cpu[after])
+    np.add.at(charge, first_after[after], recv_cpu[after])
     seconds += charge
     return charge
 
