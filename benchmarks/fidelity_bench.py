@@ -32,6 +32,7 @@ comm fit and the overheads (--reuse-profiles keeps those of a former run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import tempfile
@@ -344,7 +345,10 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     that CPU to the lanes (one inter-op thread) or adds it to the transfer (two or more), and
     counting it in the transfer as well would count it twice (the hop's wall holds it; measured
     chains: 126-185 us wall, 100-160 us CPU); message_cpu_s: the
-    servers' CPU time per hop of that chain (both ends). Both per pair of device kinds
+    servers' CPU time per hop of that chain (both ends); message_cpu_share: for a pair of two
+    different kinds, the share of that CPU each end's task spent (the scheduler's counters per
+    task: on the emulated heterogeneous cluster the unthrottled end paid 43-47%, not half).
+    Both per pair of device kinds
     ("CPU|CPU_half"; the kinds of `cluster`'s devices), each between the first pair of tasks
     with those kinds (1-2, then 0-1, 0-2): on the emulated heterogeneous cluster a hop between
     two throttled tasks costs more than one to the unthrottled task;
@@ -357,11 +361,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     tasks at 16 bytes on the emulated heterogeneous cluster); a chained one took 0.52-0.61 ms,
     and a model's all-reduces added 0.50-0.90 ms each to its untraced step (task_cpu_probe.py,
     the step with and without them). `raw` also has the burst figures
-    of independent all-reduces, each end's share of a hop's CPU between two device kinds
-    (`message_cpu_share`, as the lowering takes it; recorded, not applied: on the emulated
-    heterogeneous cluster it moves CPU the model charged the parameter server to its workers, as
-    their CPU counters do, and the transformer's PS steps then come out further under), and
-    what bytes cost: wall and CPU per byte of a 1 MiB message
+    of independent all-reduces, and what bytes cost: wall and CPU per byte of a 1 MiB message
     between tasks 1 and 2 and of a chained 1 MiB all-reduce across every task, beyond 16 bytes
     (`message_cpu_s_per_byte`: both ends together; `collective_cpu_s_per_byte_per_task`: from
     the `collective_cpu_s` curve's points, which time those all-reduces' CPU already). CPU
@@ -467,6 +467,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
            "transfer_s": {p: transfer_beyond(*v) for p, v in by_pair.items()},
            "transfer_gap_s": max((cross_wall - local_wall) / fan, 0.0),
            "message_cpu_s": {p: max(cpu, 0.0) for p, (_, cpu, _, _) in by_pair.items()},
+           "message_cpu_share": shares,
            "how": "benchmarks/fidelity_bench.py measure_overheads (wall: median of %d steps; CPU: %d steps; "
                   "bursts and chains of %d)" % (reps, cpu_reps, fan)}
     n = len(devs)
@@ -516,9 +517,6 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     message_cpu_per_byte = (hop_big[1] - hop_small[1]) / (k * extra_bytes)
     out["message_cpu_s_per_byte"] = max(message_cpu_per_byte, 0.0)
     out["raw"] = {"chained_message_s": {p: v[0] for p, v in by_pair.items()},
-                  # each end's share of a hop's CPU (the lowering's message_cpu_share), measured
-                  # but not applied: see fidelity_bench_hetero.md
-                  "message_cpu_share": shares,
                   "link_s": {p: v[2] for p, v in by_pair.items()},
                   "p2p_fit_s": comm["p2p"]["latency_s"] + 16 / comm["p2p"]["bandwidth_bytes_per_s"],
                   "cluster_op_s": op, "profiler_op_s": local_op,
@@ -568,6 +566,11 @@ def median_overheads(runs):
             continue
         if len(runs) == 1 or any(key not in r for r in runs):  # one pass, or measured by the first only (`raw`)
             out[key] = value
+        elif key == "message_cpu_share":  # per pair, each end's median share, scaled to add up to 1
+            out[key] = {}
+            for pair, ends in value.items():
+                med = {k: float(np.median([r[key][pair][k] for r in runs if pair in r[key]])) for k in ends}
+                out[key][pair] = {k: v / sum(med.values()) for k, v in med.items()}
         elif isinstance(value, dict):
             out[key] = {k: float(np.median([r[key][k] for r in runs])) for k in value}
         else:
@@ -748,10 +751,11 @@ def random_strategy(rng, devices, group_names, batch):
                                   ps_probability=0.3, priority_probability=0.0)
 
 
-def handler_threads(lc) -> int:
-    """The fewest inter-op threads any task of `lc` has (TF's default, None or 0, is one per core
-    of the machine): the runtime_overheads.inter_op_threads the simulator is given."""
-    return min(int(t) if t else (os.cpu_count() or 1) for t in lc.inter_threads)
+def handler_threads(inter_threads_per_task) -> int:
+    """The fewest inter-op threads any task has (LocalCluster's inter_threads_per_task; TF's
+    default, None or 0, is one per core of the machine): the runtime_overheads.inter_op_threads
+    the simulator is given."""
+    return min(int(t) if t else (os.cpu_count() or 1) for t in inter_threads_per_task)
 
 
 class RoundConditions:
@@ -775,11 +779,11 @@ class RoundConditions:
     cause of such a spread: with the scratch cluster, one run still timed that step at 13.0 ms,
     another at 11.5 ms (benchmarks/fidelity_bench_hetero.md).
 
-    model, bundle, batch: the graph profiled (profile_path); lc: the timed cluster (its
-    inter-op threads go into the overheads)."""
+    model, bundle, batch: the graph profiled (profile_path); lc_kwargs: the timed servers'
+    LocalCluster settings (their inter-op threads go into the overheads)."""
 
-    def __init__(self, lc, lc_kwargs, cluster, args, model: str, bundle: str, batch: int):
-        self.lc, self.lc_kwargs, self.cluster, self.args = lc, lc_kwargs, cluster, args
+    def __init__(self, lc_kwargs, cluster, args, model: str, bundle: str, batch: int):
+        self.lc_kwargs, self.cluster, self.args = lc_kwargs, cluster, args
         self.model, self.bundle, self.batch = model, bundle, batch
         self.comm_runs, self.overhead_runs, self.profile_runs = [], [], []
 
@@ -810,7 +814,7 @@ class RoundConditions:
         if self.args.no_overheads:
             return None
         out = median_overheads(self.overhead_runs)
-        out["inter_op_threads"] = handler_threads(self.lc)
+        out["inter_op_threads"] = handler_threads(self.lc_kwargs["inter_threads_per_task"])
         return out
 
     def settled(self):
@@ -825,13 +829,23 @@ class RoundConditions:
 
 
 def bench_model(model, lc, lc_kwargs, cluster, args, out_rows, record=None):
-    """Times and simulates the strategies of one model on `lc` (its conditions measured on scratch
-    clusters started with `lc_kwargs`, RoundConditions); with `record` (a dict), also keeps what
-    a later --replay needs: the profile (with its comm fit), the overheads, each strategy and
-    every timed step."""
+    """Times and simulates the strategies of one model (its conditions measured on scratch
+    clusters started with `lc_kwargs`, RoundConditions): each round on a fresh LocalCluster
+    started with `lc_kwargs` (--servers round), or every round on `lc` (--servers run); with
+    `record` (a dict), also keeps what a later --replay needs: the profile (with its comm fit),
+    the overheads, each strategy and every timed step.
+
+    Why fresh servers each round: a server process keeps the speed it started with. The same
+    strategies on two clusters started one after the other took 7.46 and 6.65 ms (the tiny CNN's
+    model-parallel round robin), 12.38 and 12.75 ms (its DP all-reduce); the tiny MLP's
+    model-parallel contiguous step took 2.45 and 2.91 ms in two bench runs and 2.38 ms on a
+    third cluster, with no change to the model or the strategy. One cluster for a whole run puts
+    every round on one draw of that spread; the profile already takes the median over fresh
+    profiler processes (one per pass), and the real steps now do the same over fresh servers."""
     from tfplace.baselines import registry
     from tfplace.baselines.problem import make_problem
     from tfplace.graph_loader import load_op_graph
+    from tfplace.local_cluster import LocalCluster
     from tfplace.lowering import lower
     from tfplace.rewrite import rewrite_step
     from tfplace.runtime import StepRunner, random_feed
@@ -839,7 +853,7 @@ def bench_model(model, lc, lc_kwargs, cluster, args, out_rows, record=None):
     bundle = os.path.join(ROOT, bundle_path(model))
     graph = load_op_graph(bundle)
     batch = int(graph.reference_batch_size)
-    conditions = RoundConditions(lc, lc_kwargs, cluster, args, model, bundle, batch)
+    conditions = RoundConditions(lc_kwargs, cluster, args, model, bundle, batch)
     conditions.measure()  # the planners see the first pass; the simulator the median of all of them
     _, overheads, base_profile = conditions.settled()
     profile = with_overheads(base_profile, overheads)
@@ -856,37 +870,69 @@ def bench_model(model, lc, lc_kwargs, cluster, args, out_rows, record=None):
     while len(plans) < args.strategies:
         plans.append((f"random_{k}", random_strategy(rng, devs, problem.group_names, batch)))
         k += 1
-    runs = []  # (name, runner, feed): every strategy's session open at once, so that rounds interleave
-    try:
-        for name, strategy in plans:
+    steps = []  # (name, rewritten step): rewritten once, run on every round's servers
+    for name, strategy in plans:
+        try:
+            steps.append((name, rewrite_step(graph, strategy, cluster, profile=profile, grouping=problem.grouping)))
+        except Exception as err:
+            print(f"  {model}/{name}: FAILED {type(err).__name__}: {str(err)[:120]}", flush=True)
+    times = {name: [] for name, _ in steps}
+    round_sizes = {name: [] for name, _ in steps}  # steps timed in each round
+    cpu_s = {name: np.zeros(lc_kwargs["num_tasks"]) for name, _ in steps}  # servers' CPU over the timed steps
+    failed = set()
+
+    def open_runs(servers, runs):
+        """Appends (name, runner, feed) to `runs` for every step not failed, each session open
+        on `servers` at once, so that a round interleaves them."""
+        for name, step in steps:
+            if name in failed:
+                continue
             try:
-                step = rewrite_step(graph, strategy, cluster, profile=profile, grouping=problem.grouping)
-                runner = StepRunner(lc, step, timeout_s=120)
+                runner = StepRunner(servers, step, timeout_s=120)
                 runs.append((name, runner, random_feed(step.inputs, batch, 0)))
                 runner.initialize()
             except Exception as err:
+                failed.add(name)
                 print(f"  {model}/{name}: FAILED {type(err).__name__}: {str(err)[:120]}", flush=True)
-        times = {name: [] for name, *_ in runs}
-        round_sizes = {name: [] for name, *_ in runs}  # steps timed in each round
-        cpu_s = {name: np.zeros(len(lc.pids)) for name, *_ in runs}  # servers' CPU over the timed steps
-        failed = set()
+
+    def time_round(servers, runs):
+        # round-robin: a slow phase of the (shared, 2-core) machine hits every strategy alike
+        for name, runner, feed in runs:
+            if name in failed:
+                continue
+            try:
+                warm_up(lambda: runner.run_steps(1, feed), args.warmup, args.warmup_s)
+                before = task_cpu_seconds(servers.pids)
+                timed = timed_round(lambda n: runner.run_steps(n, feed), args.steps, args.round_s)
+                times[name] += timed
+                round_sizes[name].append(len(timed))
+                cpu_s[name] += task_cpu_seconds(servers.pids) - before
+            except Exception as err:
+                failed.add(name)
+                print(f"  {model}/{name}: FAILED {type(err).__name__}: {str(err)[:120]}", flush=True)
+
+    def close(runs):
+        for _, runner, _ in runs:
+            runner.close()
+        runs.clear()
+
+    shared = []  # the sessions on `lc` (--servers run), open for the whole run
+    try:
         for r in range(args.rounds):
             if r:
                 conditions.measure()
-            # round-robin: a slow phase of the (shared, 2-core) machine hits every strategy alike
-            for name, runner, feed in runs:
-                if name in failed:
-                    continue
+            if args.servers == "run":
+                if not shared:
+                    open_runs(lc, shared)
+                time_round(lc, shared)
+                continue
+            with LocalCluster(**lc_kwargs) as fresh:
+                runs = []
                 try:
-                    warm_up(lambda: runner.run_steps(1, feed), args.warmup, args.warmup_s)
-                    before = task_cpu_seconds(lc.pids)
-                    steps = timed_round(lambda n: runner.run_steps(n, feed), args.steps, args.round_s)
-                    times[name] += steps
-                    round_sizes[name].append(len(steps))
-                    cpu_s[name] += task_cpu_seconds(lc.pids) - before
-                except Exception as err:
-                    failed.add(name)
-                    print(f"  {model}/{name}: FAILED {type(err).__name__}: {str(err)[:120]}", flush=True)
+                    open_runs(fresh, runs)
+                    time_round(fresh, runs)
+                finally:
+                    close(runs)
         comm, overheads, base_profile = conditions.settled()
         print("  comm fit:", json.dumps(comm["comm"]), flush=True)
         print("  runtime overheads:", json.dumps({k: v for k, v in (overheads or {}).items() if k != "raw"}),
@@ -898,7 +944,7 @@ def bench_model(model, lc, lc_kwargs, cluster, args, out_rows, record=None):
             record[model] = {"bundle": os.path.relpath(bundle, ROOT), "profile": base_profile.to_json(),
                              "overheads": overheads, "rows": []}
         fractions = HETERO["fractions"] if args.hetero else None
-        for name, _, _ in runs:
+        for name, _ in steps:
             if name not in failed:
                 real, fastest = statistics.median(times[name]), min(times[name])
                 # the same PlacedGraph the rewrite ran, lowered with the conditions of every round
@@ -915,8 +961,7 @@ def bench_model(model, lc, lc_kwargs, cluster, args, out_rows, record=None):
                       f"sim {sim * 1e3:.2f} ms; CPU/step per task {ms_list(cpu)} ms (bound "
                       f"{bound * 1e3:.2f}), sim lanes {ms_list(busy)} ms", flush=True)
     finally:
-        for _, runner, _ in runs:
-            runner.close()
+        close(shared)
     out_rows[model] = rows
     return comm, overheads
 
@@ -985,11 +1030,15 @@ def conditions_table(conditions) -> list:
         if "feed_input_s" not in o:
             return "-"
         return f"{us(o['feed_input_s'])} / {o['feed_s_per_byte'] * 1e9:.2f}"
+    def shares(d):  # each end's share of a message between two kinds; older records have none
+        return "".join(f"; {pair.replace('|', '-')}: " + ", ".join(f"{k} {v:.0%}" for k, v in sorted(ends.items()))
+                       for pair, ends in sorted((d or {}).items()))
+
     def per_group(d):  # older records have no collective_s
         return " / ".join(us(d[g]) for g in sorted(d, key=int)) if d else "-"
     lines = ["| model | p2p fit latency | all-reduce fit latency (x2 / x3) | collective_s (x2 / x3) | step_s | "
              "feed_input_s / feed_s_per_byte (ns) | "
-             "worker_s | transfer_s | message_cpu_s | collective_cpu_s per participant of an all-task all-reduce, mean and per kind (" +
+             "worker_s | transfer_s | message_cpu_s (its ends' shares) | collective_cpu_s per participant of an all-task all-reduce, mean and per kind (" +
              " / ".join(f"{b} B" for b in COLLECTIVE_CPU_BYTES) + ") |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for model, (comm, over) in conditions.items():
@@ -999,7 +1048,8 @@ def conditions_table(conditions) -> list:
         lines.append(f"| {model} | {us(c['p2p']['latency_s'])} | {ar} | {per_group(o.get('collective_s'))} | "
                      f"{us(o['step_s']) if o else '-'} | {feed(o)} | "
                      f"{us(o['worker_s']) if o else '-'} | {pairs(o.get('transfer_s', {}))} | "
-                     f"{pairs(o.get('message_cpu_s', {}))} | {curve(o.get('collective_cpu_s'))} |")
+                     f"{pairs(o.get('message_cpu_s', {}))}{shares(o.get('message_cpu_share'))} | "
+                     f"{curve(o.get('collective_cpu_s'))} |")
     return lines
 
 
@@ -1038,6 +1088,9 @@ def main(argv=None):
                    help="untimed steps run at least this long too (seconds)")
     p.add_argument("--rounds", type=int, default=3,
                    help="round-robin passes over the strategies (timed_round each), a pass of the conditions before each")
+    p.add_argument("--servers", choices=("round", "run"), default="round",
+                   help="time each round on fresh server processes (round: the median spans several "
+                        "processes' speeds) or every round on one set started for the run (run)")
     p.add_argument("--round-s", type=float, default=ROUND_S,
                    help="each round times --steps steps at a time until at least this many seconds of steps ran")
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "tfplace_fidelity"))
@@ -1074,7 +1127,7 @@ def main(argv=None):
     results, record = {}, ({} if args.record else None)
     t0 = time.time()
     conditions = {}  # model -> (comm, overheads)
-    with LocalCluster(**lc_kwargs) as lc:
+    with (LocalCluster(**lc_kwargs) if args.servers == "run" else contextlib.nullcontext()) as lc:
         for model in args.models.split(","):
             print(f"{model}:", flush=True)
             conditions[model] = bench_model(model, lc, lc_kwargs, cluster, args, results, record)
@@ -1098,7 +1151,9 @@ def main(argv=None):
               f"up to {COMM_MAX_BYTES >> 20} MiB). ") +
              f"Real = median of {args.rounds} round-robin rounds x {args.steps} timed steps, or more until {args.round_s:g} s of "
              f"steps ran (after at least {args.warmup} warm-up "
-             f"steps and {args.warmup_s:g} s each). ({time.time() - t0:.0f} s)", "",
+             f"steps and {args.warmup_s:g} s each), " +
+             ("each round on fresh server processes" if args.servers == "round" else "every round on one set of servers") +
+             f". ({time.time() - t0:.0f} s)", "",
              "Runtime overheads in the model (profile conditions `runtime_overheads`): " +
              ("none (--no-overheads)" if args.no_overheads else "measured by micro-benchmarks right before each "
               "round of timed steps, on that scratch cluster too (median of the --rounds passes; all of them "

@@ -122,6 +122,37 @@ def test_conditions_table_shows_each_kinds_collective_cpu_where_a_record_has_it(
     assert new.endswith("| mean 200 / 500; CPU 150 / 400; CPU_half 250 / 550 |")
 
 
+def test_conditions_table_shows_each_ends_message_share_where_a_record_has_it():
+    comm = fb.cluster_comm()
+    over = {"step_s": 2e-4, "worker_s": 3e-4, "transfer_s": {}, "message_cpu_s": {"CPU|CPU_half": 9e-5}}
+    old = fb.conditions_table({"m": (comm, over)})[2]
+    new = fb.conditions_table({"m": (comm, {**over, "message_cpu_share": {"CPU|CPU_half": {"CPU": 0.44, "CPU_half": 0.56}}})})[2]
+    assert "| CPU-CPU_half 90 |" in old
+    assert "| CPU-CPU_half 90; CPU-CPU_half: CPU 44%, CPU_half 56% |" in new
+
+
+def _overheads_pass(share_cpu, message_s, raw=False):
+    out = {"step_s": 3e-4, "message_cpu_s": {"CPU|CPU_half": message_s},
+           "message_cpu_share": {"CPU|CPU_half": {"CPU": share_cpu, "CPU_half": 1.0 - share_cpu}}, "how": "test"}
+    if raw:
+        out["raw"] = {"first": True}
+    return out
+
+
+@pytest.mark.parametrize("shares, expected_cpu", [
+    ([0.42], 0.42),                    # one pass: as measured
+    ([0.40, 0.47, 0.44], 0.44),        # the median end, the other end its complement
+    ([0.40, 0.50], 0.45),              # an even count: both ends' medians still add up to 1
+])
+def test_median_overheads_takes_each_ends_median_message_share(shares, expected_cpu):
+    runs = [_overheads_pass(s, 1e-4 * (i + 1), raw=not i) for i, s in enumerate(shares)]
+    out = fb.median_overheads(runs)
+    ends = out["message_cpu_share"]["CPU|CPU_half"]
+    assert ends["CPU"] == pytest.approx(expected_cpu) and ends["CPU"] + ends["CPU_half"] == pytest.approx(1.0)
+    assert out["message_cpu_s"]["CPU|CPU_half"] == pytest.approx(1e-4 * (len(shares) + 1) / 2)
+    assert out["raw"]["first"] and len(out["raw"]["passes"]) == len(shares)
+
+
 @pytest.mark.parametrize("steps, min_s, call_s", [
     (2, 0.0, 0.0),            # no time floor: the count
     (2, 0.05, 0.01),          # the time floor decides
@@ -198,9 +229,7 @@ def test_inter_threads_below_one_is_refused_before_anything_runs(capsys):
 def test_overheads_record_the_fewest_inter_op_threads_of_any_task(per_task, expected):
     # model_conditions writes it as runtime_overheads.inter_op_threads: with 2 or more the
     # simulator runs a message's CPU beside the lanes instead of on them
-    class Cluster:
-        inter_threads = per_task
-    assert fb.handler_threads(Cluster()) == expected
+    assert fb.handler_threads(per_task) == expected
 
 
 @pytest.mark.parametrize("passes, medians", [
