@@ -1038,7 +1038,8 @@ def conditions_table(conditions) -> list:
         return " / ".join(us(d[g]) for g in sorted(d, key=int)) if d else "-"
     lines = ["| model | p2p fit latency | all-reduce fit latency (x2 / x3) | collective_s (x2 / x3) | step_s | "
              "feed_input_s / feed_s_per_byte (ns) | "
-             "worker_s | transfer_s | message_cpu_s (its ends' shares) | collective_cpu_s per participant of an all-task all-reduce, mean and per kind (" +
+             "worker_s | transfer_s | message_cpu_s (its ends' shares) | "
+             "collective_cpu_s per participant of an all-task all-reduce, mean and per kind (" +
              " / ".join(f"{b} B" for b in COLLECTIVE_CPU_BYTES) + ") |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for model, (comm, over) in conditions.items():
@@ -1152,7 +1153,8 @@ def main(argv=None):
              f"Real = median of {args.rounds} round-robin rounds x {args.steps} timed steps, or more until {args.round_s:g} s of "
              f"steps ran (after at least {args.warmup} warm-up "
              f"steps and {args.warmup_s:g} s each), " +
-             ("each round on fresh server processes" if args.servers == "round" else "every round on one set of servers") +
+             ("each round on fresh server processes" if args.servers == "round"
+              else "every round on one set of servers") +
              f". ({time.time() - t0:.0f} s)", "",
              "Runtime overheads in the model (profile conditions `runtime_overheads`): " +
              ("none (--no-overheads)" if args.no_overheads else "measured by micro-benchmarks right before each "

@@ -126,7 +126,8 @@ def test_conditions_table_shows_each_ends_message_share_where_a_record_has_it():
     comm = fb.cluster_comm()
     over = {"step_s": 2e-4, "worker_s": 3e-4, "transfer_s": {}, "message_cpu_s": {"CPU|CPU_half": 9e-5}}
     old = fb.conditions_table({"m": (comm, over)})[2]
-    new = fb.conditions_table({"m": (comm, {**over, "message_cpu_share": {"CPU|CPU_half": {"CPU": 0.44, "CPU_half": 0.56}}})})[2]
+    share = {"CPU|CPU_half": {"CPU": 0.44, "CPU_half": 0.56}}
+    new = fb.conditions_table({"m": (comm, {**over, "message_cpu_share": share})})[2]
     assert "| CPU-CPU_half 90 |" in old
     assert "| CPU-CPU_half 90; CPU-CPU_half: CPU 44%, CPU_half 56% |" in new
 

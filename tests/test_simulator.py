@@ -549,7 +549,8 @@ def test_message_cpu_share_splits_each_message_between_its_ends_by_kind(share):
     for k, t in enumerate(x):
         send = m + k
         assert placed.task_kind[send] == TASK_HANDLER
-        assert placed.task_seconds[send] == pytest.approx(pays[kind_of[int(placed.task_src_device[t])]] * cpu_s, abs=1e-15)
+        sender_kind = kind_of[int(placed.task_src_device[t])]
+        assert placed.task_seconds[send] == pytest.approx(pays[sender_kind] * cpu_s, abs=1e-15)
     c = next(t for t in range(base.num_compute) if placed.task_name(t).startswith("c/"))
     assert placed.task_seconds[c] - base.task_seconds[c] == pytest.approx(2 * pays["P100"] * cpu_s, abs=1e-15)
 

@@ -215,8 +215,9 @@ def device_cpu_seconds(lane: np.ndarray, transfer: np.ndarray, task_seconds: np.
     devices and CPU seconds (collective_d and bytes_charge_d); fraction [D]: f_d; message_cpu
     (None: none): (send_cpu[M], recv_cpu[M]), the fixed CPU of each transfer's message at its
     sending and at its receiving end (tfplace.lowering_assemble._message_ends) when the runtime
-    runs it beside the lanes (runtime_overheads.inter_op_threads >= 2). The lanes' tasks are the lowering's before it adds the side entries as
-    HANDLER tasks (those are counted here once, through side_cpu_s)."""
+    runs it beside the lanes (runtime_overheads.inter_op_threads >= 2). The lanes' tasks are
+    the lowering's before it adds the side entries as HANDLER tasks (those are counted here
+    once, through side_cpu_s)."""
     d = len(fraction)
     on = np.nonzero(lane)[0]
     kernels = task_seconds[on] - message_charge[on]

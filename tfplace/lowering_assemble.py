@@ -561,32 +561,38 @@ def _message_ends(over, cluster, x, src_dev, device, message_cpu) -> tuple:
     """(send_cpu[M], recv_cpu[M]): each transfer's message CPU (message_cpu[M], both ends
     together) split between its sending and its receiving device. The end of kind k of a pair of
     different kinds pays runtime_overheads.message_cpu_share[pair][k] of it (the measured share:
-    on the emulated heterogeneous cluster the unthrottled task paid 38-45% of a hop's CPU, the
+    on the emulated heterogeneous cluster the unthrottled task paid 38-47% of a hop's CPU, the
     throttled one the rest); ends of one kind, and every message without message_cpu_share,
     pay half each."""
-    share = over.get("message_cpu_share")
     recv = np.where(x, 0.5, 0.0)
-    if share is not None:
-        reader = FieldReader(over, "profile conditions", "runtime_overheads")
-        table = reader.get("message_cpu_share", dict)
-        fix = "measure the overheads again (benchmarks/fidelity_bench.py measure_overheads)"
+    if over.get("message_cpu_share") is not None:
+        table = FieldReader(over, "profile conditions", "runtime_overheads").get("message_cpu_share", dict)
+        kinds = sorted({d.kind for d in cluster.devices})
+        of_device = np.array([kinds.index(d.kind) for d in cluster.devices])
+        share = np.full((len(kinds), len(kinds)), 0.5)  # [sending kind, receiving kind] -> receiver's share
         t = np.nonzero(x)[0]
-        src_kind = [cluster.devices[int(d)].kind for d in src_dev[t]]
-        dst_kind = [cluster.devices[int(d)].kind for d in device[t]]
-        for i, a, b in zip(t, src_kind, dst_kind):
-            if a == b:
-                continue
-            pair = "|".join(sorted((a, b)))
-            ends = table.get(pair)
-            field = f"runtime_overheads.message_cpu_share.{pair}"
-            if not isinstance(ends, dict) or set(ends) != {a, b}:
-                raise InputError("profile conditions", field, f"is {ends!r}: needs the share of each end, {a!r} and {b!r}", fix)
-            if not all(isinstance(v, (int, float)) and 0.0 <= v <= 1.0 for v in ends.values()) or \
-                    abs(float(ends[a]) + float(ends[b]) - 1.0) > 1e-6:
-                raise InputError("profile conditions", field, f"is {ends!r}: shares must lie in [0, 1] and add up to 1", fix)
-            recv[i] = float(ends[b])
+        used = {(int(a), int(b)) for a, b in zip(of_device[src_dev[t]], of_device[device[t]]) if a != b}
+        for a, b in used:
+            share[a, b] = _end_share(table, kinds[a], kinds[b])
+        recv[t] = share[of_device[src_dev[t]], of_device[device[t]]]
     recv_cpu = recv * message_cpu
     return message_cpu - recv_cpu, recv_cpu
+
+
+def _end_share(table, sender: str, receiver: str) -> float:
+    """The receiving end's share of a message between two kinds, from message_cpu_share
+    (checked: both ends given, each in [0, 1], adding up to 1)."""
+    pair = "|".join(sorted((sender, receiver)))
+    ends = table.get(pair)
+    field = f"runtime_overheads.message_cpu_share.{pair}"
+    fix = "measure the overheads again (benchmarks/fidelity_bench.py measure_overheads)"
+    if not isinstance(ends, dict) or set(ends) != {sender, receiver}:
+        raise InputError("profile conditions", field,
+                         f"is {ends!r}: needs the share of each end, {sender!r} and {receiver!r}", fix)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0 for v in ends.values()) \
+            or abs(float(ends[sender]) + float(ends[receiver]) - 1.0) > 1e-6:
+        raise InputError("profile conditions", field, f"is {ends!r}: shares must lie in [0, 1] and add up to 1", fix)
+    return float(ends[receiver])
 
 
 def _per_group(over, key: str, group_size, c) -> np.ndarray:
