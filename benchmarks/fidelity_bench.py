@@ -449,9 +449,9 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
             per_task = np.maximum(chain_used - solo_used, 0.0) / fan
             by_pair[pair] = ((chain_wall - solo_wall) / fan, float((chain_used - solo_used).sum()) / fan,
                              cluster.transfer_seconds(a, b, 16), cluster.path_latency_s(a, b))
-            if kinds[a] != kinds[b] and per_task[a] + per_task[b] > 0:
-                shares[pair] = {kinds[a]: float(per_task[a] / (per_task[a] + per_task[b])),
-                                kinds[b]: float(per_task[b] / (per_task[a] + per_task[b]))}
+            ends = per_task[a] + per_task[b]
+            if kinds[a] != kinds[b] and ends > 0:
+                shares[pair] = {kinds[a]: float(per_task[a] / ends), kinds[b]: float(per_task[b] / ends)}
     out = {"step_s": max(step - FEED_ROWS * 64 * feed_per_byte, 0.0), "feed_input_s": max(feed_input, 0.0),
            "feed_s_per_byte": feed_per_byte, "op_s": max(op - local_op, 0.0), "worker_s": max(worker, 0.0),
            # the dispatch's CPU (tfplace.cpu_demand.dispatch_cpu_seconds): the master's for a
@@ -570,7 +570,8 @@ def median_overheads(runs):
             out[key] = {}
             for pair, ends in value.items():
                 med = {k: float(np.median([r[key][pair][k] for r in runs if pair in r[key]])) for k in ends}
-                out[key][pair] = {k: v / sum(med.values()) for k, v in med.items()}
+                total = sum(med.values())
+                out[key][pair] = {k: v / total for k, v in med.items()}
         elif isinstance(value, dict):
             out[key] = {k: float(np.median([r[key][k] for r in runs])) for k in value}
         else:
@@ -870,16 +871,21 @@ def bench_model(model, lc, lc_kwargs, cluster, args, out_rows, record=None):
     while len(plans) < args.strategies:
         plans.append((f"random_{k}", random_strategy(rng, devs, problem.group_names, batch)))
         k += 1
+    failed = set()
+
+    def failed_with(name, err):
+        failed.add(name)
+        print(f"  {model}/{name}: FAILED {type(err).__name__}: {str(err)[:120]}", flush=True)
+
     steps = []  # (name, rewritten step): rewritten once, run on every round's servers
     for name, strategy in plans:
         try:
             steps.append((name, rewrite_step(graph, strategy, cluster, profile=profile, grouping=problem.grouping)))
         except Exception as err:
-            print(f"  {model}/{name}: FAILED {type(err).__name__}: {str(err)[:120]}", flush=True)
+            failed_with(name, err)
     times = {name: [] for name, _ in steps}
     round_sizes = {name: [] for name, _ in steps}  # steps timed in each round
     cpu_s = {name: np.zeros(lc_kwargs["num_tasks"]) for name, _ in steps}  # servers' CPU over the timed steps
-    failed = set()
 
     def open_runs(servers, runs):
         """Appends (name, runner, feed) to `runs` for every step not failed, each session open
@@ -892,8 +898,7 @@ def bench_model(model, lc, lc_kwargs, cluster, args, out_rows, record=None):
                 runs.append((name, runner, random_feed(step.inputs, batch, 0)))
                 runner.initialize()
             except Exception as err:
-                failed.add(name)
-                print(f"  {model}/{name}: FAILED {type(err).__name__}: {str(err)[:120]}", flush=True)
+                failed_with(name, err)
 
     def time_round(servers, runs):
         # round-robin: a slow phase of the (shared, 2-core) machine hits every strategy alike
@@ -908,8 +913,7 @@ def bench_model(model, lc, lc_kwargs, cluster, args, out_rows, record=None):
                 round_sizes[name].append(len(timed))
                 cpu_s[name] += task_cpu_seconds(servers.pids) - before
             except Exception as err:
-                failed.add(name)
-                print(f"  {model}/{name}: FAILED {type(err).__name__}: {str(err)[:120]}", flush=True)
+                failed_with(name, err)
 
     def close(runs):
         for _, runner, _ in runs:

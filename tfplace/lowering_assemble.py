@@ -473,12 +473,12 @@ def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, ctx, ov
     # adds to a burst, on one handler thread or on the lanes alike
     hold = seconds - latency - transfer_s + float(over.get("transfer_gap_s", 0.0))
     if (message_cpu > 0).any():
-        send_cpu, recv_cpu = _message_ends(over, ctx.cluster, x, src_dev, device, message_cpu)
+        ends = _message_ends(over, ctx.cluster, x, src_dev, device, message_cpu)  # (send, receive)
         if handler_threads >= 2:
-            off_lane = (send_cpu, recv_cpu)
+            off_lane = ends
             seconds += message_cpu
-            send_cpu = None
         else:
+            send_cpu, recv_cpu = ends
             charge = _charge_received_cpu(seconds, kind, device, dep_src, dep_dst, recv_cpu)
     if "transfer_gap_s" not in over:
         return np.zeros(0), charge, off_lane, send_cpu
@@ -532,6 +532,13 @@ def _inter_op_threads(over) -> int:
         fix="measure the overheads again (benchmarks/fidelity_bench.py --inter-threads N)")
 
 
+def _kind_index(cluster) -> tuple:
+    """(the cluster's device kinds, sorted; [D] each device's index into them): the rows and
+    columns of the per-pair-of-kinds tables (_per_message, _message_ends)."""
+    kinds = sorted({d.kind for d in cluster.devices})
+    return kinds, np.array([kinds.index(d.kind) for d in cluster.devices])
+
+
 def _per_message(over, key: str, cluster, x, src_dev, device) -> np.ndarray:
     """Per task, the overhead `key` of a message (TRANSFER tasks; 0 elsewhere): one number for
     every message, or one per pair of device kinds {"CPU|CPU_half": ...} (the two kinds sorted,
@@ -541,8 +548,7 @@ def _per_message(over, key: str, cluster, x, src_dev, device) -> np.ndarray:
     if not isinstance(value, dict):
         out[x] = float(value)
         return out
-    kinds = sorted({d.kind for d in cluster.devices})
-    of_device = np.array([kinds.index(d.kind) for d in cluster.devices])
+    kinds, of_device = _kind_index(cluster)
     pairs = [["|".join(sorted((a, b))) for b in kinds] for a in kinds]
     table = np.array([[float(value.get(p, np.nan)) for p in row] for row in pairs])
     t = np.nonzero(x)[0]
@@ -567,8 +573,7 @@ def _message_ends(over, cluster, x, src_dev, device, message_cpu) -> tuple:
     recv = np.where(x, 0.5, 0.0)
     if over.get("message_cpu_share") is not None:
         table = FieldReader(over, "profile conditions", "runtime_overheads").get("message_cpu_share", dict)
-        kinds = sorted({d.kind for d in cluster.devices})
-        of_device = np.array([kinds.index(d.kind) for d in cluster.devices])
+        kinds, of_device = _kind_index(cluster)
         share = np.full((len(kinds), len(kinds)), 0.5)  # [sending kind, receiving kind] -> receiver's share
         t = np.nonzero(x)[0]
         used = {(int(a), int(b)) for a, b in zip(of_device[src_dev[t]], of_device[device[t]]) if a != b}
