@@ -13,12 +13,17 @@ def pytest_tests(srcs, deps):
             deps = deps,
         )
 
-def tfplace_package(name, deps = [], extra_srcs = [], test_deps = []):
-    """A package's py_library (every non-test .py file) plus a py_test per test file."""
-    tests = native.glob(["*_test.py", "test_*.py"])
+def tfplace_package(name, deps = [], extra_srcs = [], test_deps = [], recursive = False):
+    """A package's py_library (every non-test .py file) plus a py_test per test file.
+
+    recursive: the library takes the .py files of its sub-folders too (tfplace/'s ir/, formats/,
+    lowering/, ... are one library: they import each other one way, checked by tests/test_layout.py).
+    """
+    pattern = "**/" if recursive else ""
+    tests = native.glob([pattern + "*_test.py", pattern + "test_*.py"])
     native.py_library(
         name = name,
-        srcs = native.glob(["*.py"], exclude = tests) + extra_srcs,
+        srcs = native.glob([pattern + "*.py"], exclude = tests) + extra_srcs,
         data = ["//:repo_data"],
         deps = deps,
     )

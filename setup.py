@@ -1,6 +1,7 @@
 """Installs tfplace as one import root: the top-level folders map into the `tfplace` namespace.
 
-    tfplace/     -> tfplace            (core: IR, formats, lowering, rewrite, runtime, CLIs)
+    tfplace/     -> tfplace            (core: ir, formats, lowering, overheads, rewrite, runtime,
+                                        profiling, emulation, cli; docs/architecture.md)
     simulator/   -> tfplace.simulator  (pure event simulator, no TensorFlow import)
     policy/      -> tfplace.policy     (graph-network RL policy)
     baselines/   -> tfplace.baselines  (baseline strategies and planners)
@@ -13,8 +14,11 @@ TensorFlow wheels in one site-packages. Horovod is built after TensorFlow by scr
 
 from setuptools import setup
 
+SUBPACKAGES = ["ir", "formats", "lowering", "overheads", "rewrite", "runtime", "profiling", "emulation", "cli"]
+
 PACKAGE_DIR = {
     "tfplace": "tfplace",
+    **{f"tfplace.{sub}": f"tfplace/{sub}" for sub in SUBPACKAGES},
     "tfplace.simulator": "simulator",
     "tfplace.policy": "policy",
     "tfplace.baselines": "baselines",

@@ -33,8 +33,8 @@ from typing import Dict, Sequence
 import numpy as np
 from scipy.optimize import linprog
 
-from tfplace.cluster import Cluster
-from tfplace.strategy import Strategy
+from tfplace.formats.cluster import Cluster
+from tfplace.formats.strategy import Strategy
 
 from tfplace.baselines.problem import Problem
 

@@ -8,7 +8,7 @@
 Device speed is the profile's: samples per second of one device running the whole step on the
 even share B/n (`GroupCosts.device_throughput`), so a roofline-derived profile gives roofline
 speeds and a measured one measured speeds. Rounding of proportional shares is
-`tfplace.strategy.proportional_shares` (largest remainder: floor, then the leftover samples one
+`tfplace.formats.strategy.proportional_shares` (largest remainder: floor, then the leftover samples one
 by one to the largest shortfall; no device left at 0 when B >= n).
 
 PS placement: the device with the best link, i.e. the largest sum over the other devices of the
@@ -24,8 +24,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from tfplace.errors import InputError
-from tfplace.strategy import Strategy, decision, proportional_shares
+from tfplace.formats.errors import InputError
+from tfplace.formats.strategy import Strategy, decision, proportional_shares
 
 from tfplace.baselines.problem import Problem
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tfplace import testing
-from tfplace.cluster import Device, Host, build_cluster
-from tfplace.strategy import validate_strategy
+from tfplace.formats.cluster import Device, Host, build_cluster
+from tfplace.formats.strategy import validate_strategy
 
 from tfplace.baselines import data_parallel, model_parallel
 from tfplace.baselines.testing import small_problem

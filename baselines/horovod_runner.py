@@ -12,10 +12,10 @@ horovod_worker). The launcher runs in its own process group; leaving `run_horovo
 outlives the call.
 
 Heterogeneity on one machine is emulated with per-rank thread limits (TF intra-/inter-op
-threads), the same knob tfplace.local_cluster uses for its servers.
+threads), the same knob tfplace.runtime.local_cluster uses for its servers.
 
 Batches: `even_batches(B, n)` (remainder to the first ranks) and `proportional_batches(B,
-weights)` (tfplace.strategy.proportional_shares, the DP-CP rounding rule).
+weights)` (tfplace.formats.strategy.proportional_shares, the DP-CP rounding rule).
 
 Step time = wall time of one sess.run of the train op on rank 0 (the all-reduce makes every
 rank wait for the slowest, so rank 0's time is the step's); warm-up steps are excluded.
@@ -33,9 +33,9 @@ import sys
 import tempfile
 from typing import Optional, Sequence, Tuple
 
-from tfplace.errors import InputError, TfplaceError
-from tfplace.reports import RunReport
-from tfplace.strategy import proportional_shares
+from tfplace.formats.errors import InputError, TfplaceError
+from tfplace.formats.reports import RunReport
+from tfplace.formats.strategy import proportional_shares
 
 TERM_GRACE_S = 3.0
 

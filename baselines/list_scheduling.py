@@ -76,8 +76,8 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from tfplace.lowering_graph import ROLE_MIRROR
-from tfplace.strategy import Strategy
+from tfplace.lowering.graph_index import ROLE_MIRROR
+from tfplace.formats.strategy import Strategy
 
 from tfplace.baselines.model_parallel import placement_strategy
 from tfplace.baselines.problem import Problem

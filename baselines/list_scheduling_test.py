@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tfplace.strategy import validate_strategy
+from tfplace.formats.strategy import validate_strategy
 
 from tfplace.baselines import list_scheduling as ls
 from tfplace.baselines.testing import small_problem

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tfplace.errors import InputError
-from tfplace.strategy import Strategy, decision
+from tfplace.formats.errors import InputError
+from tfplace.formats.strategy import Strategy, decision
 
 from tfplace.baselines.problem import Problem
 

@@ -40,7 +40,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tfplace.strategy import Strategy, decision, proportional_shares
+from tfplace.formats.strategy import Strategy, decision, proportional_shares
 
 from tfplace.baselines.problem import Problem
 

@@ -38,16 +38,16 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tfplace.cluster import Cluster
-from tfplace.errors import InputError
-from tfplace.graph_ir import OpGraph
-from tfplace.grouping import Grouping, make_grouping
-from tfplace.lowering import Lowerer, LoweringOptions
-from tfplace.lowering_graph import ROLE_REPLICA
-from tfplace.profile import Profile
-from tfplace.reports import SimReport
+from tfplace.formats.cluster import Cluster
+from tfplace.formats.errors import InputError
+from tfplace.ir.graph_ir import OpGraph
+from tfplace.ir.grouping import Grouping, make_grouping
+from tfplace.lowering.lower import Lowerer, LoweringOptions
+from tfplace.lowering.graph_index import ROLE_REPLICA
+from tfplace.formats.profile import Profile
+from tfplace.formats.reports import SimReport
 from tfplace.simulator import SimOptions, simulate
-from tfplace.strategy import Strategy, decision
+from tfplace.formats.strategy import Strategy, decision
 
 # Planners compare strategies without straggler noise (the noise is a property of the run).
 PLANNING_SIM_OPTIONS = SimOptions(seed=0, stragglers=False)
@@ -96,7 +96,7 @@ class Problem:
     @property
     def lowered_graph(self) -> OpGraph:
         """The graph the lowering works on: the input graph, plus the per-group copies of
-        metadata ops the lowering appends after the original ops (tfplace.lowering_meta)."""
+        metadata ops the lowering appends after the original ops (tfplace.lowering.meta)."""
         return getattr(self.lowerer, "graph", self.graph)
 
     @functools.cached_property

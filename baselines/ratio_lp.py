@@ -34,8 +34,8 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 from scipy.optimize import linprog
 
-from tfplace.errors import InputError
-from tfplace.strategy import GroupDecision, Strategy, proportional_shares
+from tfplace.formats.errors import InputError
+from tfplace.formats.strategy import GroupDecision, Strategy, proportional_shares
 
 from tfplace.baselines.problem import Problem
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tfplace.strategy import validate_strategy
+from tfplace.formats.strategy import validate_strategy
 
 from tfplace.baselines import data_parallel, pipeline, ratio_lp
 from tfplace.baselines.testing import small_problem

@@ -17,15 +17,15 @@ Runtime baselines (run for real, not strategies): horovod_even and horovod_propo
 original graph under Horovod (horovod_runner). For simulated tables they stand for the strategy
 they implement: `SIMULATED_AS[name]`.
 
-The names of tfplace.config.BASELINES are all here (a test checks it).
+The names of tfplace.formats.config.BASELINES are all here (a test checks it).
 """
 
 from __future__ import annotations
 
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
-from tfplace.errors import InputError
-from tfplace.strategy import Strategy
+from tfplace.formats.errors import InputError
+from tfplace.formats.strategy import Strategy
 
 from tfplace.baselines import data_parallel, list_scheduling, model_parallel, pipeline, ratio_lp
 from tfplace.baselines.horovod_runner import HorovodResult, even_batches, proportional_batches, run_horovod
@@ -55,7 +55,7 @@ REFERENCE = "dp_even_allreduce"  # speed-ups are reported over this one
 
 
 def default_profile(graph, kinds: Sequence[str]):
-    """The device model's roofline profile (tfplace.device_model.default_profile, or its
+    """The device model's roofline profile (tfplace.profiling.device_model.default_profile, or its
     roofline_profile), or, while that module does not exist, every op the same on every kind
     (tfplace.testing.uniform_profile, so DP-CP = DP-EV). `has_device_model()` tells which."""
     model = _device_model()
@@ -67,7 +67,7 @@ def default_profile(graph, kinds: Sequence[str]):
 
 def _device_model():
     try:
-        from tfplace import device_model
+        from tfplace.profiling import device_model
     except ImportError:
         return None
     return getattr(device_model, "default_profile", None) or getattr(device_model, "roofline_profile", None)

@@ -2,8 +2,10 @@
 
 import pytest
 
-from tfplace import config, testing
-from tfplace.strategy import validate_strategy
+from tfplace.formats import config
+
+from tfplace import testing
+from tfplace.formats.strategy import validate_strategy
 
 from tfplace.baselines import registry
 from tfplace.baselines.testing import small_problem

@@ -17,7 +17,7 @@ from typing import Mapping, Optional
 import numpy as np
 
 from tfplace import testing
-from tfplace.profile import Profile
+from tfplace.formats.profile import Profile
 
 from tfplace.baselines.problem import Problem, make_problem
 

@@ -5,7 +5,7 @@ fails on timing.
     python benchmarks/compare_bench.py --model tiny_cnn --batch-size 48 --threads 2,1 --steps 20
 
 Proportional batches use the intra-op thread counts as the ranks' relative speeds (the same
-emulation knob tfplace.local_cluster uses). Prints mean ± std per step for both baselines and
+emulation knob tfplace.runtime.local_cluster uses). Prints mean ± std per step for both baselines and
 writes them as JSON with --json.
 """
 

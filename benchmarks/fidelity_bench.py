@@ -23,7 +23,7 @@ command) to --out.
 
 Default: homogeneous, every task with 1 intra-op thread, unpinned (3 tasks share 2 cores).
 --hetero: the emulated heterogeneous cluster clusters/local_cpu_hetero.json (task 0 alone on
-core 0; tasks 1 and 2 on core 1 with a 0.5 CPU quota each, tfplace.cpu_quota; needs root; the
+core 0; tasks 1 and 2 on core 1 with a 0.5 CPU quota each, tfplace.emulation.cpu_quota; needs root; the
 client, this process, on core 1 too), with one profile kind per speed measured under the same
 pinning and quota. Profiles are measured anew, a pass before each round of timed steps like the
 comm fit and the overheads (--reuse-profiles keeps those of a former run).
@@ -103,9 +103,9 @@ def task_cpu_seconds(pids) -> np.ndarray:
 def cpu_bound_seconds(cpu_s_per_task, fractions=None) -> float:
     """The shortest step the tasks' measured CPU allows: a task that used c seconds of CPU in a
     step under a quota of f CPUs (fractions[i]; None or 1: no quota) needs at least c / f seconds
-    of wall time (tfplace.cpu_demand.cpu_bound_seconds, the simulator's bound, without its host
+    of wall time (tfplace.overheads.cpu_demand.cpu_bound_seconds, the simulator's bound, without its host
     cores: tasks that share a core would bound it further; this bound ignores that)."""
-    from tfplace.cpu_demand import cpu_bound_seconds as bound
+    from tfplace.overheads.cpu_demand import cpu_bound_seconds as bound
     quotas = fractions if fractions is not None else [None] * len(cpu_s_per_task)
     return bound(np.asarray(cpu_s_per_task, dtype=np.float64),
                  np.array([1.0 if f is None else float(f) for f in quotas]))
@@ -190,8 +190,8 @@ def local_cluster_setup(hetero: bool, inter_threads: int = 1):
     overheads record the count (runtime_overheads.inter_op_threads): with one thread the
     simulator charges each message's CPU to the lanes of its two ends, the sending half as a
     handler that runs only when nothing else is ready there; with more it runs it beside them
-    (tfplace.lowering_assemble._runtime_overheads)."""
-    from tfplace.cluster import load_cluster
+    (tfplace.lowering.assemble._runtime_overheads)."""
+    from tfplace.formats.cluster import load_cluster
     cluster = load_cluster(os.path.join(ROOT, "clusters", HETERO["cluster"] if hetero else "local_cpu.json"))
     kwargs = dict(num_tasks=3, threads_per_task=[1, 1, 1], inter_threads_per_task=[inter_threads] * 3)
     if hetero:
@@ -210,7 +210,7 @@ def step_costs(lc, build, wall_steps: int = 30, cpu_steps: int = 0, inputs: int 
     (task_cpu_seconds), or None for 0). `build(x0)` returns the tensors and ops to fetch, x0 being
     the sum of `inputs` fed [rows, 16] float32 placeholders, on task 0."""
     import tensorflow as tf
-    from tfplace.runtime import step_session_config
+    from tfplace.runtime.step_runner import step_session_config
     g = tf.Graph()
     with g.as_default():
         xs = [tf.compat.v1.placeholder(tf.float32, [None, 16], name=f"x{i}") for i in range(inputs)]
@@ -333,7 +333,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     beyond the first, from a step that feeds two [48,16] tensors); op_s: per op executed
     (a chain of 40*fan dependent tiny adds), beyond what the same op costs in the profiler's own
     session (local_op_seconds), whose records already hold the executor's per-op work (their
-    tracing cost is removed, tfplace.profiler rule 7); worker_s: each further task
+    tracing cost is removed, tfplace.profiling.profiler rule 7); worker_s: each further task
     that runs a partition (a tiny op on each, every_task); their CPU, each task's from the
     scheduler's counters over `cpu_reps` steps: step_cpu_s (task 0's in the one-task step),
     master_worker_cpu_s (task 0's per further task) and worker_cpu_s (a further task's own,
@@ -366,7 +366,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
     (`message_cpu_s_per_byte`: both ends together; `collective_cpu_s_per_byte_per_task`: from
     the `collective_cpu_s` curve's points, which time those all-reduces' CPU already). CPU
     comes from the scheduler's nanosecond counters (task_cpu_seconds) throughout. With `raw`
-    (the first pass) two model keys come too, for the step's CPU bound (tfplace.cpu_demand):
+    (the first pass) two model keys come too, for the step's CPU bound (tfplace.overheads.cpu_demand):
     `message_cpu_s_per_byte` (that per-byte message CPU, at least 0) and `collective_cpu_s`,
     per group size the CPU seconds one participant spends per all-reduce at each of
     COLLECTIVE_CPU_BYTES (a chain of 8 like collective_chain's, beyond the same chain of
@@ -454,7 +454,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
                 shares[pair] = {kinds[a]: float(per_task[a] / ends), kinds[b]: float(per_task[b] / ends)}
     out = {"step_s": max(step - FEED_ROWS * 64 * feed_per_byte, 0.0), "feed_input_s": max(feed_input, 0.0),
            "feed_s_per_byte": feed_per_byte, "op_s": max(op - local_op, 0.0), "worker_s": max(worker, 0.0),
-           # the dispatch's CPU (tfplace.cpu_demand.dispatch_cpu_seconds): the master's for a
+           # the dispatch's CPU (tfplace.overheads.cpu_demand.dispatch_cpu_seconds): the master's for a
            # one-task step and per further task, and each further task's own
            "step_cpu_s": float(step_cpu[0]),
            "master_worker_cpu_s": max(float(every_cpu[0] - step_cpu[0]) / further, 0.0),
@@ -507,7 +507,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
                 for reduce in (True, False)]
         return np.maximum(used[0] - used[1], 0.0) / k
 
-    # the model's collective CPU (tfplace.cpu_demand): per group size, what one participant's CPU
+    # the model's collective CPU (tfplace.overheads.cpu_demand): per group size, what one participant's CPU
     # costs per all-reduce at each of COLLECTIVE_CPU_BYTES, chained like the rewrite's chains;
     # the participants' mean, and per device kind the mean of that kind's participants
     out["collective_cpu_s"] = {str(g): participant_curves([participant_cpu(g, b) for b in COLLECTIVE_CPU_BYTES],
@@ -537,7 +537,7 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = 30, fan: int = 24, cp
 
 
 def participant_curves(per_task_s, kinds) -> dict:
-    """A collective_cpu_s curve (tfplace.cpu_demand.participant_curve) from per-task CPU seconds
+    """A collective_cpu_s curve (tfplace.overheads.cpu_demand.participant_curve) from per-task CPU seconds
     per all-reduce at each of COLLECTIVE_CPU_BYTES (per_task_s [K][group]; the group's tasks of
     device kinds `kinds`): "seconds", the participants' mean, and "seconds_by_kind", per kind the
     mean of its participants."""
@@ -586,7 +586,7 @@ def local_op_seconds(k: int, reps: int) -> float:
     (in this process, 1 intra-op + 1 inter-op thread, graph optimisations off), beyond the same
     step without the chain (median of `reps` steps each)."""
     import tensorflow as tf
-    from tfplace.profiler import ProfileOptions, _session_config
+    from tfplace.profiling.profiler import ProfileOptions, _session_config
     config = _session_config(tf, ProfileOptions(intra_threads=1, inter_threads=1))
 
     def wall(n):
@@ -628,7 +628,7 @@ COMM_MAX_BYTES = 4 << 20  # the tiny models' largest gradient is far smaller; th
 def cluster_comm(lc=None, passes: int = 3) -> dict:
     """The comm fit the simulator is given, as a profile file holds it ({"comm": ..., "conditions":
     {"comm": ...}}): measured on `lc` (the cluster the steps run on, right before they are timed,
-    tfplace.comm_profiler, ~5 s a pass; each latency and bandwidth the median over `passes`), or
+    tfplace.profiling.comm_profiler, ~5 s a pass; each latency and bandwidth the median over `passes`), or
     with lc None the bundled fit of BUNDLED_COMM (homogeneous 3-task cluster, unpinned). On the
     emulated heterogeneous cluster a 3-task all-reduce measured 1.0-1.4 ms (3-pass medians) where
     the bundled fit says 1.8 ms, a 2-task one 0.3-0.6 ms against 0.9 ms: the fit belongs to the
@@ -642,8 +642,8 @@ def cluster_comm(lc=None, passes: int = 3) -> dict:
 
 
 def comm_pass(lc):
-    """One pass of tfplace.comm_profiler on `lc` (a CommMeasurement), every group size up to its tasks."""
-    from tfplace.comm_profiler import measure_comm
+    """One pass of tfplace.profiling.comm_profiler on `lc` (a CommMeasurement), every group size up to its tasks."""
+    from tfplace.profiling.comm_profiler import measure_comm
     return measure_comm(cluster=lc, max_bytes=COMM_MAX_BYTES, group_sizes=range(2, lc.num_tasks + 1))
 
 
@@ -798,7 +798,7 @@ class RoundConditions:
                                                   tag=tag))
         if args.bundled_comm and args.no_overheads:
             return
-        from tfplace.local_cluster import LocalCluster
+        from tfplace.runtime.local_cluster import LocalCluster
         with LocalCluster(**self.lc_kwargs) as scratch:
             this_comm = None
             if not args.bundled_comm:
@@ -821,7 +821,7 @@ class RoundConditions:
     def settled(self):
         """(comm fit, overheads, the base Profile the simulator reads) over the passes so far:
         the profile file is the passes' medians (median_profile) with that comm fit attached."""
-        from tfplace.profile import load_profile
+        from tfplace.formats.profile import load_profile
         comm = self.comm()
         out = profile_file(self.model, self.args.workdir, self.args.hetero)
         if self.profile_runs != [out]:
@@ -845,11 +845,11 @@ def bench_model(model, lc, lc_kwargs, cluster, args, out_rows, record=None):
     profiler processes (one per pass), and the real steps now do the same over fresh servers."""
     from tfplace.baselines import registry
     from tfplace.baselines.problem import make_problem
-    from tfplace.graph_loader import load_op_graph
-    from tfplace.local_cluster import LocalCluster
-    from tfplace.lowering import lower
-    from tfplace.rewrite import rewrite_step
-    from tfplace.runtime import StepRunner, random_feed
+    from tfplace.ir.loader import load_op_graph
+    from tfplace.runtime.local_cluster import LocalCluster
+    from tfplace.lowering.lower import lower
+    from tfplace.rewrite.graph_rewrite import rewrite_step
+    from tfplace.runtime.step_runner import StepRunner, random_feed
     from tfplace.simulator import simulate
     bundle = os.path.join(ROOT, bundle_path(model))
     graph = load_op_graph(bundle)
@@ -980,13 +980,13 @@ def replay(paths, verbose: bool = False) -> int:
     (per model; records before the overheads were measured per model have one set for all);
     `verbose` (--verbose) also prints each strategy's sim / real, recorded and now."""
     from tfplace.baselines.problem import make_problem
-    from tfplace.cluster import load_cluster
-    from tfplace.graph_loader import load_op_graph
-    from tfplace.jsonio import FieldReader
-    from tfplace.lowering import lower
-    from tfplace.profile import profile_from_reader
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.ir.loader import load_op_graph
+    from tfplace.formats.jsonio import FieldReader
+    from tfplace.lowering.lower import lower
+    from tfplace.formats.profile import profile_from_reader
     from tfplace.simulator import simulate
-    from tfplace.strategy import strategy_from_reader
+    from tfplace.formats.strategy import strategy_from_reader
     for path in paths:
         rec = FieldReader.from_file(path, expected_format=RECORD_FORMAT).data
         cluster = load_cluster(os.path.join(ROOT, "clusters", rec["cluster"]))
@@ -1127,7 +1127,7 @@ def main(argv=None):
         return replay(args.replay, args.verbose)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.makedirs(args.workdir, exist_ok=True)
-    from tfplace.local_cluster import LocalCluster
+    from tfplace.runtime.local_cluster import LocalCluster
     cluster, lc_kwargs = local_cluster_setup(args.hetero, args.inter_threads)
     results, record = {}, ({} if args.record else None)
     t0 = time.time()
@@ -1152,7 +1152,7 @@ def main(argv=None):
               "per model, a pass before each round, each op's median over the passes. ") +
              ("Comm fit: the bundled " + BUNDLED_COMM + ". " if args.bundled_comm else
               "Comm fit: measured on a scratch cluster with the run's settings, a pass before each round "
-              "(tfplace.comm_profiler, "
+              "(tfplace.profiling.comm_profiler, "
               f"up to {COMM_MAX_BYTES >> 20} MiB). ") +
              f"Real = median of {args.rounds} round-robin rounds x {args.steps} timed steps, or more until {args.round_s:g} s of "
              f"steps ran (after at least {args.warmup} warm-up "
@@ -1194,7 +1194,7 @@ def main(argv=None):
     with open(args.out, "w") as f:
         f.write(text)
     if record is not None:
-        from tfplace.jsonio import write_json
+        from tfplace.formats.jsonio import write_json
         write_json(args.record, {"format": RECORD_FORMAT, "version": 1, "cluster": HETERO["cluster"] if args.hetero
                                  else "local_cpu.json", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                  "models": record})

@@ -34,7 +34,7 @@ def hop_seconds(lc, chains, nbytes: int, hops: int, steps: int) -> float:
     """Wall per hop of `chains` (pairs of tasks) running at once, each `hops` dependent hops of
     an `nbytes` tensor, less the same chains kept on their first task."""
     import tensorflow as tf
-    from tfplace.runtime import step_session_config
+    from tfplace.runtime.step_runner import step_session_config
 
     def wall(cross: bool) -> float:
         g = tf.Graph()
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from tfplace.local_cluster import LocalCluster
+    from tfplace.runtime.local_cluster import LocalCluster
     cluster, lc_kwargs = fb.local_cluster_setup(args.hetero)
     with LocalCluster(**lc_kwargs) as lc:
         for r in range(args.repeats):

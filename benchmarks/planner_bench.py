@@ -47,7 +47,7 @@ def ideal_time_s(task) -> float:
 
 def parse_case(spec: str):
     """"model[:b=BATCH][:n=LAYERS][:t=SEQ][:o=OPTIMIZER]" -> GraphEntry."""
-    from tfplace.config import GraphEntry
+    from tfplace.formats.config import GraphEntry
     parts = spec.split(":")
     kw = {"b": None, "n": None, "t": None, "o": None}
     for p in parts[1:]:
@@ -64,7 +64,7 @@ def main(argv):
     import dataclasses
     import math
 
-    from tfplace.config import GraphEntry, NetworkConfig, RLConfig, TrainConfig
+    from tfplace.formats.config import GraphEntry, NetworkConfig, RLConfig, TrainConfig
     from tfplace.graph_defs.export import bundle_for_entry
     from tfplace.policy import actions as A
     from tfplace.policy import planner, train_lib

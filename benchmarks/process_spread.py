@@ -14,9 +14,9 @@ come from three profiler processes and its real steps from three server processe
 several percent here is a spread no simulator can follow from one run to the next.
 
 Each process also counts its minor page faults per step (median). `--allocator steady` (the
-default) sets malloc as the servers and the profiler do (tfplace.allocator); `--allocator default`
+default) sets malloc as the servers and the profiler do (tfplace.emulation.allocator); `--allocator default`
 leaves glibc's moving thresholds, under which some processes fault on every step and run slower
-(tfplace.allocator's docstring gives the counts).
+(tfplace.emulation.allocator's docstring gives the counts).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ def time_step(bundle: str, steps: int, seed: int = 0):
 
     import numpy as np
     import tensorflow as tf
-    from tfplace.graph_loader import load_op_graph
-    from tfplace.profiler import synthetic_feed
-    from tfplace.runtime import step_session_config
+    from tfplace.ir.loader import load_op_graph
+    from tfplace.profiling.profiler import synthetic_feed
+    from tfplace.runtime.step_runner import step_session_config
     graph = load_op_graph(bundle)
     g = tf.Graph()
     with g.as_default():
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--cpu", type=int, default=0, help="CPU every process is pinned to")
     p.add_argument("--allocator", choices=("steady", "default"), default="steady",
-                   help="malloc as the servers run it (tfplace.allocator) or glibc's default")
+                   help="malloc as the servers run it (tfplace.emulation.allocator) or glibc's default")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.processes < 1 or args.steps < 1:
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
             p.error(f"--bundle {args.bundle}: no such file")
     if args.child:
         if args.allocator == "steady":
-            from tfplace.allocator import steady_allocator
+            from tfplace.emulation.allocator import steady_allocator
             steady_allocator()
         fb.pin_this_process({args.cpu})
         times, faults = time_step(bundle, args.steps)

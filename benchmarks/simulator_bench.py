@@ -24,7 +24,7 @@ The Rust simulator of the original tool needs about 30 ms (VGG-19), 410 ms (ResN
 610 ms (Inception-V3) to rewrite and simulate one 4-device data-parallel strategy on a 2-core
 machine; `x` is that figure divided by our cold time for dp-even on 4 devices.
 
-Costs: `tfplace.device_model.default_profile` (the model's bundled measured profile derived to
+Costs: `tfplace.profiling.device_model.default_profile` (the model's bundled measured profile derived to
 the cluster's GPU kinds, else the roofline device model). The speed of an evaluation barely
 depends on the costs; the `step` column is the simulated iteration time, for orientation.
 Benchmarks report numbers; they never fail on timing.
@@ -39,14 +39,14 @@ import time
 
 import numpy as np
 
-from tfplace.cluster import load_cluster
+from tfplace.formats.cluster import load_cluster
 from tfplace.graph_defs.export import ensure_bundle
-from tfplace.graph_loader import load_op_graph
-from tfplace.grouping import make_grouping
-from tfplace.lowering import Lowerer, lower
-from tfplace.device_model import default_profile
+from tfplace.ir.loader import load_op_graph
+from tfplace.ir.grouping import make_grouping
+from tfplace.lowering.lower import Lowerer, lower
+from tfplace.profiling.device_model import default_profile
 from tfplace.simulator import simulate
-from tfplace.strategy import Strategy, decision
+from tfplace.formats.strategy import Strategy, decision
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUST_DP4_MS = {"vgg19": 30.0, "resnet50": 410.0, "inception_v3": 610.0}

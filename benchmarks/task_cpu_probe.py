@@ -5,7 +5,7 @@
 
 fidelity_bench's overheads give the servers' CPU summed over the tasks, and its table each task's
 CPU per step of a whole strategy. This probe splits the runtime's work by task, so that the
-simulator's per-device CPU demand (tfplace.cpu_demand) can be checked term by term. Per pass it
+simulator's per-device CPU demand (tfplace.overheads.cpu_demand) can be checked term by term. Per pass it
 prints, for each item, the wall per unit and each task's CPU per unit (the scheduler's counters,
 fidelity_bench.task_cpu_seconds), each the difference of two steps that differ only in it
 (fidelity_bench.step_costs):
@@ -87,9 +87,9 @@ def runtime_rows(lc, steps: int) -> list:
 
 def model_rows(lc, cluster, model: str, steps: int) -> list:
     """(name, median wall seconds, CPU seconds per task [T]) per step of `model` on each task alone."""
-    from tfplace.graph_loader import load_op_graph
-    from tfplace.rewrite import rewrite_step
-    from tfplace.strategy import Strategy, decision
+    from tfplace.ir.loader import load_op_graph
+    from tfplace.rewrite.graph_rewrite import rewrite_step
+    from tfplace.formats.strategy import Strategy, decision
     graph = load_op_graph(os.path.join(fb.ROOT, fb.bundle_path(model)))
     batch = int(graph.reference_batch_size)
     rows = []
@@ -103,7 +103,7 @@ def model_rows(lc, cluster, model: str, steps: int) -> list:
 def rewritten_step_costs(lc, step, batch: int, steps: int) -> tuple:
     """(median wall seconds, CPU seconds per task [T]) of `steps` steps of a RewrittenStep on `lc`
     (its variables initialised, a random feed of `batch` samples), after 5 warm-up steps."""
-    from tfplace.runtime import StepRunner, random_feed
+    from tfplace.runtime.step_runner import StepRunner, random_feed
     with initialized(StepRunner(lc, step, timeout_s=120)) as runner:
         feed = random_feed(step.inputs, batch, 0)
         fb.warm_up(lambda: runner.run_steps(1, feed), 5)
@@ -145,11 +145,11 @@ def recorded_rows(lc, cluster, record_path: str, pairs, steps: int) -> list:
     without its all-reduces (without_collectives), `steps` steps each after warm-up."""
     import dataclasses
     from tfplace.baselines.problem import make_problem
-    from tfplace.graph_loader import load_op_graph
-    from tfplace.jsonio import FieldReader
-    from tfplace.profile import profile_from_reader
-    from tfplace.rewrite import rewrite_step
-    from tfplace.strategy import strategy_from_reader
+    from tfplace.ir.loader import load_op_graph
+    from tfplace.formats.jsonio import FieldReader
+    from tfplace.formats.profile import profile_from_reader
+    from tfplace.rewrite.graph_rewrite import rewrite_step
+    from tfplace.formats.strategy import strategy_from_reader
     record = FieldReader.from_file(record_path, expected_format=fb.RECORD_FORMAT).data
     rows = []
     for model, name in pairs:
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     if any(len(x) != 2 for x in pairs):
         p.error("--strategies: each entry is model:strategy, e.g. tiny_cnn:dp_even_allreduce")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from tfplace.local_cluster import LocalCluster
+    from tfplace.runtime.local_cluster import LocalCluster
     cluster, lc_kwargs = fb.local_cluster_setup(args.hetero)
     with LocalCluster(**lc_kwargs) as lc:
         tasks = " ".join(f"{'task ' + str(t):>8}" for t in range(lc.num_tasks))

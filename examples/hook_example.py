@@ -1,4 +1,4 @@
-"""A tf.compat.v1 training script made distributed by one hook (tfplace.hook.PlacementHook).
+"""A tf.compat.v1 training script made distributed by one hook (tfplace.rewrite.hook.PlacementHook).
 
     python examples/hook_example.py [strategy.json] [steps]
 
@@ -27,8 +27,8 @@ def build(batch_features=16):
 
 
 def main(strategy_path, steps=5):
-    from tfplace.hook import PlacementHook
-    from tfplace.local_cluster import LocalCluster
+    from tfplace.rewrite.hook import PlacementHook
+    from tfplace.runtime.local_cluster import LocalCluster
     tf.compat.v1.disable_eager_execution()
     rng = np.random.default_rng(0)
     with LocalCluster(num_tasks=3) as lc, tf.Graph().as_default():

@@ -9,7 +9,7 @@ A bundle is two files in one folder:
   <stem>.json  metadata (keys in REQUIRED_FIELDS; see write_bundle). `graph_file` is relative
                to the JSON file.
 
-This module is the contract with the graph IR (tfplace.graph_loader); keep the key names and
+This module is the contract with the graph IR (tfplace.ir.loader); keep the key names and
 meanings stable and bump FORMAT_VERSION on any incompatible change.
 """
 

@@ -185,7 +185,7 @@ def ensure_bundle(model, *, out_dir=ZOO_DIR, **opts):
 
 
 def bundle_for_entry(entry):
-    """Bundle path for a config graph entry (`tfplace.config.GraphEntry`): its `graph` path as
+    """Bundle path for a config graph entry (`tfplace.formats.config.GraphEntry`): its `graph` path as
     given, or the zoo `model` exported on demand with the entry's sizes and optimizer."""
     if entry.graph is not None:
         return entry.graph

@@ -28,7 +28,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 from tf_agents.specs import array_spec
 
-from tfplace.strategy import GroupDecision, Strategy, proportional_shares
+from tfplace.formats.strategy import GroupDecision, Strategy, proportional_shares
 
 SHARE_LEVELS: Tuple[float, ...] = (0.0, 0.5, 1.0, 2.0)
 ACTION_KEYS = ("micro", "priority", "ps_device", "shares", "sync")

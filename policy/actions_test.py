@@ -3,7 +3,7 @@ import pytest
 
 from tfplace.policy import actions as A
 from tfplace.policy.testing_fixtures import tiny_task
-from tfplace.strategy import validate_strategy
+from tfplace.formats.strategy import validate_strategy
 
 
 @pytest.mark.parametrize("seed,batch", [(0, 8), (1, 3), (2, 64), (3, 1)])

@@ -18,8 +18,8 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from tfplace.config import RLConfig
-from tfplace.errors import InputError
+from tfplace.formats.config import RLConfig
+from tfplace.formats.errors import InputError
 
 from tfplace.policy.network import PlacementNetwork, entropy, log_prob
 

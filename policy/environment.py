@@ -25,14 +25,14 @@ from tf_agents.environments import py_environment
 from tf_agents.specs import array_spec
 from tf_agents.trajectories import time_step as ts
 
-from tfplace.cluster import Cluster
-from tfplace.graph_ir import OpGraph
-from tfplace.grouping import Grouping
-from tfplace.lowering import Lowerer
-from tfplace.profile import Profile
-from tfplace.reports import SimReport
+from tfplace.formats.cluster import Cluster
+from tfplace.ir.graph_ir import OpGraph
+from tfplace.ir.grouping import Grouping
+from tfplace.lowering.lower import Lowerer
+from tfplace.formats.profile import Profile
+from tfplace.formats.reports import SimReport
 from tfplace.simulator import SimOptions, simulate
-from tfplace.strategy import Strategy
+from tfplace.formats.strategy import Strategy
 
 from tfplace.policy import actions as A
 from tfplace.policy.features import GraphFeatures, build_features

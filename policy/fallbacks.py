@@ -1,7 +1,7 @@
 """LOCAL FALLBACKS — stand-ins for interfaces other issues own, removed once those land.
 
-  * `relative_speed(kind)`  stands in for `tfplace.device_model.relative_speed`
-  * `default_profile(graph, kinds)` stands in for `tfplace.device_model.default_profile`
+  * `relative_speed(kind)`  stands in for `tfplace.profiling.device_model.relative_speed`
+  * `default_profile(graph, kinds)` stands in for `tfplace.profiling.device_model.default_profile`
   * `baseline_strategies(...)` calls `tfplace.baselines.registry.baseline_factories` (landed;
     the local list below is only used if it is missing)
 
@@ -17,10 +17,10 @@ from typing import Callable, Dict, Sequence
 
 import numpy as np
 
-from tfplace.cluster import Cluster
-from tfplace.graph_ir import OpGraph
-from tfplace.profile import Profile
-from tfplace.strategy import Strategy, even_strategy, proportional_strategy, decision
+from tfplace.formats.cluster import Cluster
+from tfplace.ir.graph_ir import OpGraph
+from tfplace.formats.profile import Profile
+from tfplace.formats.strategy import Strategy, even_strategy, proportional_strategy, decision
 
 # Peak FP32 TFLOP/s from the vendors' datasheets (V100 SXM2 15.7, P100 PCIe 9.3, GTX 1080 Ti
 # 11.3, T4 8.1, A100 19.5, H100 SXM 67, H200 67, K80 per GPU 4.4); CPU: a few-core host ~1.
@@ -38,7 +38,7 @@ def _real(module: str, name: str):
 
 def relative_speed(kind: str) -> float:
     """Relative compute speed of a device kind (unitless; only ratios matter)."""
-    real = _real("tfplace.device_model", "relative_speed")
+    real = _real("tfplace.profiling.device_model", "relative_speed")
     if real is not None:
         return float(real(kind))
     return _PEAK_TFLOPS.get(kind, 5.0)
@@ -52,7 +52,7 @@ def default_profile(graph: OpGraph, kinds: Sequence[str]) -> Profile:
     kind's relative speed normalised to V100. Batch-dependent ops with batched outputs scale
     linearly with the per-device batch; others are constant.
     """
-    real = _real("tfplace.device_model", "default_profile")
+    real = _real("tfplace.profiling.device_model", "default_profile")
     if real is not None:
         return real(graph, kinds)
     ref = graph.reference_batch_size

@@ -33,10 +33,10 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from tfplace.cluster import Cluster
-from tfplace.graph_ir import OpGraph
-from tfplace.grouping import Grouping, group_graph
-from tfplace.profile import Profile
+from tfplace.formats.cluster import Cluster
+from tfplace.ir.graph_ir import OpGraph
+from tfplace.ir.grouping import Grouping, group_graph
+from tfplace.formats.profile import Profile
 
 from tfplace.policy.fallbacks import relative_speed
 

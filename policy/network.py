@@ -28,7 +28,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 from tf_agents.networks import network
 
-from tfplace.config import NetworkConfig
+from tfplace.formats.config import NetworkConfig
 from tfplace.policy import features as F
 from tfplace.policy.actions import ActionLayout
 

@@ -1,7 +1,7 @@
 import numpy as np
 import tensorflow as tf
 
-from tfplace.config import NetworkConfig, RLConfig
+from tfplace.formats.config import NetworkConfig, RLConfig
 from tfplace.policy.actions import ActionLayout, action_array_spec
 from tfplace.policy.agent import ReinforceLearner, batch_observation
 from tfplace.policy.network import PlacementNetwork

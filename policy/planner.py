@@ -15,9 +15,9 @@ from typing import Dict, Optional
 import numpy as np
 import tensorflow as tf
 
-from tfplace.config import load_train_config
-from tfplace.errors import InputError
-from tfplace.strategy import save_strategy
+from tfplace.formats.config import load_train_config
+from tfplace.formats.errors import InputError
+from tfplace.formats.strategy import save_strategy
 
 from tfplace.policy import actions as A
 from tfplace.policy.agent import ReinforceLearner
@@ -99,11 +99,11 @@ def plan(run_dir: str, *, graph: Optional[str], model: Optional[str], batch_size
          out: Optional[str] = None, resolve_bundle=None) -> PlanResult:
     learner, config, ckpt = load_policy(run_dir)
     if model is not None:
-        from tfplace.config import GraphEntry
+        from tfplace.formats.config import GraphEntry
         bundle = train_lib.graph_bundle(GraphEntry(batch_size or 64, model=model), resolve_bundle)
     else:
         bundle = graph
-    from tfplace.graph_loader import load_op_graph
+    from tfplace.ir.loader import load_op_graph
     batch = batch_size or load_op_graph(bundle).reference_batch_size
     label = os.path.splitext(os.path.basename(bundle))[0]
     task = train_lib.build_task(label, bundle, batch, cluster, profile, config)

@@ -1,8 +1,8 @@
 import json
 import os
 
-from tfplace.config import load_train_config
-from tfplace.strategy import load_strategy, validate_strategy
+from tfplace.formats.config import load_train_config
+from tfplace.formats.strategy import load_strategy, validate_strategy
 from tfplace.policy import planner, train_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,8 +14,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from tfplace.jsonio import FieldReader
-from tfplace.strategy import Strategy, strategy_from_reader
+from tfplace.formats.jsonio import FieldReader
+from tfplace.formats.strategy import Strategy, strategy_from_reader
 
 from tfplace.policy import actions as A
 

@@ -2,7 +2,7 @@ import json
 
 from tfplace.policy import actions as A
 from tfplace.policy.pool import PoolEntry, StrategyPool
-from tfplace.strategy import decision, Strategy
+from tfplace.formats.strategy import decision, Strategy
 
 
 def _s(a_share):

@@ -36,7 +36,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tfplace.strategy import GroupDecision, Strategy
+from tfplace.formats.strategy import GroupDecision, Strategy
 
 MOVES = ("shift", "shift", "shift", "drop", "sync", "copy", "copy", "micro", "priority")
 MEMORY_MOVES = ("mb_split", "mb_split", "offload", "offload", "offload", "ps_free", "drop_full")

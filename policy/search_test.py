@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from tfplace import testing
-from tfplace.cluster import Device, build_cluster
-from tfplace.grouping import make_grouping
-from tfplace.strategy import even_strategy, validate_strategy
+from tfplace.formats.cluster import Device, build_cluster
+from tfplace.ir.grouping import make_grouping
+from tfplace.formats.strategy import even_strategy, validate_strategy
 
 from tfplace.policy import search as S
 from tfplace.policy.environment import PlacementTask

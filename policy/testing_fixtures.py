@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tfplace import testing
-from tfplace.grouping import make_grouping
+from tfplace.ir.grouping import make_grouping
 
 from tfplace.policy.environment import PlacementTask
 from tfplace.policy.fallbacks import default_profile

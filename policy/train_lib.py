@@ -15,10 +15,10 @@ Outputs, under output_dir:
   train.log                  messages
   <label>/time.log           one line per step: step, mean and min sampled time, best time (s)
   <label>/best_time.log      JSON: best time, its strategy, every baseline's time, speed-ups
-  <label>/best_strategy.json the best strategy (tfplace.strategy format)
+  <label>/best_strategy.json the best strategy (tfplace.formats.strategy format)
   <label>/best_trace.json    simulated Chrome trace of the best strategy
   <label>/training.png       sampled and best time over the steps
-  <label>/best_graph.pb      only once the rewrite pass (tfplace.rewrite) exists
+  <label>/best_graph.pb      only once the rewrite pass (tfplace.rewrite.graph_rewrite) exists
 A checkpoint (state.json last, atomically) is written every `checkpoint_every_steps`, at the end
 and on Ctrl-C; a restarted run continues from it with the same step counter, pools and RNG.
 """
@@ -37,15 +37,15 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from tfplace.cluster import load_cluster
-from tfplace.config import GraphEntry, TrainConfig, save_train_config
-from tfplace.errors import InputError
-from tfplace.graph_loader import load_op_graph
-from tfplace.grouping import make_grouping
-from tfplace.jsonio import write_json
-from tfplace.profile import load_profile
+from tfplace.formats.cluster import load_cluster
+from tfplace.formats.config import GraphEntry, TrainConfig, save_train_config
+from tfplace.formats.errors import InputError
+from tfplace.ir.loader import load_op_graph
+from tfplace.ir.grouping import make_grouping
+from tfplace.formats.jsonio import write_json
+from tfplace.formats.profile import load_profile
 from tfplace.simulator import SimOptions, write_trace
-from tfplace.strategy import save_strategy
+from tfplace.formats.strategy import save_strategy
 
 from tfplace.policy import actions as A
 from tfplace.policy.agent import ReinforceLearner
@@ -282,7 +282,7 @@ class Trainer:
 
 # ---- per-task outputs --------------------------------------------------------------------------
 def rewrite_available() -> bool:
-    return importlib.util.find_spec("tfplace.rewrite") is not None
+    return importlib.util.find_spec("tfplace.rewrite.graph_rewrite") is not None
 
 
 def write_outputs(run: TaskRun, folder: str) -> None:
@@ -310,11 +310,11 @@ def write_rewritten_graph(run: TaskRun, best: PoolEntry, path: str) -> str:
     """Writes the rewritten GraphDef of the best strategy (only when the best changed); returns
     what best_time.log says about it."""
     if not rewrite_available():
-        return "not written: the rewrite pass (tfplace.rewrite) does not exist yet"
+        return "not written: the rewrite pass (tfplace.rewrite.graph_rewrite) does not exist yet"
     key = json.dumps(best.strategy.to_json(), sort_keys=True)
     if getattr(run, "_rewritten_key", None) == key and os.path.exists(path):
         return "best_graph.pb"
-    from tfplace import rewrite  # optional: the rewrite pass is another issue's module
+    from tfplace.rewrite import graph_rewrite as rewrite  # optional: the rewrite pass is another issue's module
     try:
         graph_def = rewrite.rewrite(run.task.graph, best.strategy, run.task.cluster,
                                     grouping=run.task.grouping, profile=run.task.profile)

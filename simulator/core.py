@@ -14,7 +14,7 @@ the cluster file lets at most that many of its CPU devices run a task at once (e
 on a 2-core machine); GPUs and hosts without `cpu_cores` have no such limit.
 
 CPU bound: when the lowering gives each device's CPU demand (PlacedGraph.device_cpu_seconds,
-from the runtime overheads' collective and message CPU, tfplace.cpu_demand), the iteration lasts
+from the runtime overheads' collective and message CPU, tfplace.overheads.cpu_demand), the iteration lasts
 at least the time that CPU takes under each device's CPU fraction and its host's cores
 (`cpu_bound_s` in the report; the makespan of the events when that is longer).
 
@@ -33,12 +33,12 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from tfplace.cluster import Cluster, is_cpu_kind
-from tfplace.cpu_demand import cpu_bound_seconds
-from tfplace.errors import InputError
-from tfplace.placed_graph import (DEVICE_KINDS, TASK_COLLECTIVE, TASK_COMPUTE, TASK_TRANSFER, PlacedGraph,
+from tfplace.formats.cluster import Cluster, is_cpu_kind
+from tfplace.overheads.cpu_demand import cpu_bound_seconds
+from tfplace.formats.errors import InputError
+from tfplace.lowering.placed_graph import (DEVICE_KINDS, TASK_COLLECTIVE, TASK_COMPUTE, TASK_TRANSFER, PlacedGraph,
                                   csr_from_pairs)
-from tfplace.reports import SimReport
+from tfplace.formats.reports import SimReport
 
 ENGINES = ("auto", "fast", "reference")
 

@@ -12,10 +12,10 @@ from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
-from tfplace.cluster import Device, Host, build_cluster
-from tfplace.graph_ir import OpGraph, Variable
-from tfplace.grouping import Grouping
-from tfplace.profile import Profile
+from tfplace.formats.cluster import Device, Host, build_cluster
+from tfplace.ir.graph_ir import OpGraph, Variable
+from tfplace.ir.grouping import Grouping
+from tfplace.formats.profile import Profile
 
 
 def op_graph(ops: Sequence[Tuple], edges: Sequence[Tuple[str, str]], batch: int = 8,

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Union
 
 import numpy as np
 
-from tfplace.placed_graph import DEVICE_KINDS, TASK_COLLECTIVE, TASK_KIND_NAMES, PlacedGraph
+from tfplace.lowering.placed_graph import DEVICE_KINDS, TASK_COLLECTIVE, TASK_KIND_NAMES, PlacedGraph
 
 PID_DEVICES, PID_LINKS, PID_COLLECTIVES = 0, 1, 2
 

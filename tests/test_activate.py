@@ -20,7 +20,7 @@ def _write(path, obj):
 
 @pytest.mark.multiprocess
 def test_activate_runs_good_entries_and_reports_the_bad_one(tmp_path, monkeypatch):
-    from tfplace.activate import run
+    from tfplace.cli.activate import run
     good = _write(tmp_path / "good.json", {
         "format": "tfplace.strategy", "global_batch_size": 16, "max_groups": 4,
         "default": {"shares": {"cpu0": 8, "cpu1": 4, "cpu2": [2, 2]}, "sync": "allreduce"}})
@@ -62,12 +62,12 @@ def test_activate_runs_good_entries_and_reports_the_bad_one(tmp_path, monkeypatc
 def test_activate_baselines_are_the_registry_strategies(name):
     """activate builds its baselines with make_problem + registry.generate (compare's grouping
     level), so its strategy is the one compare and training evaluate."""
-    from tfplace.activate import BASELINE_MAX_GROUPS, baseline_plan
+    from tfplace.cli.activate import BASELINE_MAX_GROUPS, baseline_plan
     from tfplace.baselines import registry
     from tfplace.baselines.problem import make_problem
-    from tfplace.cluster import load_cluster
-    from tfplace.device_model import default_profile
-    from tfplace.graph_loader import load_op_graph
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.profiling.device_model import default_profile
+    from tfplace.ir.loader import load_op_graph
     graph = load_op_graph(os.path.join(ROOT, "graph_defs", "zoo", "tiny_mlp_b16_sgd.json"))
     cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
     profile = default_profile(graph, cluster.kinds)

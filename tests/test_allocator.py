@@ -1,4 +1,4 @@
-"""tfplace.allocator: the fixed malloc thresholds are set where the C library is glibc, and a
+"""tfplace.emulation.allocator: the fixed malloc thresholds are set where the C library is glibc, and a
 process with them keeps the memory a large tensor freed (no page faults when it is allocated
 again), which glibc's default may hand back."""
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tfplace import allocator
+from tfplace.emulation import allocator
 
 # A child that frees a 16 MiB block and counts the minor faults of touching a fresh one of the
 # same size, with or without steady_allocator. By default glibc serves a block that large with a
@@ -17,7 +17,7 @@ from tfplace import allocator
 _PROBE = """
 import ctypes, json, resource, sys
 if sys.argv[1] == "steady":
-    from tfplace.allocator import steady_allocator
+    from tfplace.emulation.allocator import steady_allocator
     assert steady_allocator()
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p

@@ -11,11 +11,11 @@ import os
 
 import pytest
 
-from tfplace.cluster import load_cluster
-from tfplace.config import load_activate_config, load_train_config
-from tfplace.errors import InputError
-from tfplace.profile import load_profile
-from tfplace.strategy import load_strategy, validate_strategy
+from tfplace.formats.cluster import load_cluster
+from tfplace.formats.config import load_activate_config, load_train_config
+from tfplace.formats.errors import InputError
+from tfplace.formats.profile import load_profile
+from tfplace.formats.strategy import load_strategy, validate_strategy
 
 CLUSTER = {
     "format": "tfplace.cluster", "version": 1, "name": "two_hosts",

@@ -3,7 +3,7 @@
 import json
 import os
 
-from tfplace import compare
+from tfplace.cli import compare
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_MLP = os.path.join(REPO, "graph_defs", "zoo", "tiny_mlp_b16_sgd.json")

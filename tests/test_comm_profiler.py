@@ -3,9 +3,9 @@ sweep (p2p and a 2-task all-reduce) on a local cluster."""
 
 import pytest
 
-from tfplace import comm_profiler
-from tfplace.errors import InputError
-from tfplace.profile import CommModel, Profile
+from tfplace.profiling import comm_profiler
+from tfplace.formats.errors import InputError
+from tfplace.formats.profile import CommModel, Profile
 
 
 def test_fit_recovers_latency_and_bandwidth_despite_an_outlier():
@@ -27,7 +27,7 @@ def test_fit_needs_two_points():
 
 
 def test_comm_model_round_trips_through_profile_json(tmp_path):
-    from tfplace.profile import LinearCost, load_profile, save_profile
+    from tfplace.formats.profile import LinearCost, load_profile, save_profile
     comm = CommModel(p2p=LinearCost(5e-5, 2.5e9), allreduce={2: LinearCost(7e-4, 6e8), 3: LinearCost(1e-3, 4e8)})
     save_profile(Profile(ops={}, comm=comm), tmp_path / "c.json")
     assert load_profile(tmp_path / "c.json").comm == comm

@@ -1,4 +1,4 @@
-"""tfplace.cpu_demand: the CPU a step asks of each device (kernels under a quota, message bytes,
+"""tfplace.overheads.cpu_demand: the CPU a step asks of each device (kernels under a quota, message bytes,
 CPU all-reduces) and the simulator's CPU bound on the step. Hand-built graphs (simulator.fakes),
 hand-computed demands."""
 
@@ -7,14 +7,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tfplace.cpu_demand import check_curve, cpu_bound_seconds, cpu_fractions, curve_seconds
-from tfplace.errors import InputError
-from tfplace.lowering import lower
-from tfplace.placed_graph import DEVICE_KINDS, TASK_COLLECTIVE
-from tfplace.profile import Profile
+from tfplace.overheads.cpu_demand import check_curve, cpu_bound_seconds, cpu_fractions, curve_seconds
+from tfplace.formats.errors import InputError
+from tfplace.lowering.lower import lower
+from tfplace.lowering.placed_graph import DEVICE_KINDS, TASK_COLLECTIVE
+from tfplace.formats.profile import Profile
 from tfplace.simulator import simulate
 from tfplace.simulator import fakes as fk
-from tfplace.strategy import Strategy, decision
+from tfplace.formats.strategy import Strategy, decision
 
 W = 1_200_000  # fakes.dp_graph's weight / gradient bytes
 
@@ -184,7 +184,7 @@ def test_message_cpu_counts_once_in_the_demand_on_the_lanes_or_beside_them(threa
     # beside them and the demand adds it to each end; either way a device's demand holds its
     # kernels, the bytes' CPU and its end's part of the message CPU once (half, or the end's kind's
     # message_cpu_share)
-    from tfplace.placed_graph import TASK_TRANSFER
+    from tfplace.lowering.placed_graph import TASK_TRANSFER
     ops = [("x", "Placeholder", 8000, True, True), ("a", "Op", 8000, True, True), ("c", "Op", 8000, True, True)]
     g = fk.op_graph(ops, [("x", "a"), ("a", "c")])
     pr = fk.profile_table(g, {n: {"V100": s, "P100": s} for n, s in {"x": 0.0, "a": 1e-3, "c": 1e-3}.items()})
@@ -257,7 +257,7 @@ def _cpu_pair(overheads, strategy=None, fraction=0.5):
     """fakes.dp_graph on two CPU devices, "cpu0" (kind CPU) and "cpu1" (kind CPU_half, profiled
     under a `fraction` quota), 6 + 2 samples all-reduced (or `strategy`), f and g at 1e-4 s per
     sample on both kinds."""
-    from tfplace.cluster import Device, Host, build_cluster
+    from tfplace.formats.cluster import Device, Host, build_cluster
     g = fk.dp_graph(W)
     gr = fk.grouping(g, [["x", "f", "g"], ["w", "r", "apply", "lr", "train_op"]])
     cluster = build_cluster("cpu_pair", [Host("h0", intra_bandwidth_bytes_per_s=1.2e10, intra_latency_s=5e-6)],
@@ -275,7 +275,7 @@ def _cpu_pair(overheads, strategy=None, fraction=0.5):
 
 @pytest.mark.parametrize("cpu_ms", [0.2, 1.0])
 def test_collective_cpu_runs_on_each_participants_lane_gating_nothing(cpu_ms):
-    from tfplace.placed_graph import TASK_HANDLER
+    from tfplace.lowering.placed_graph import TASK_HANDLER
     s = cpu_ms * 1e-3
     placed, _ = _cpu_pair({"collective_cpu_s": {"2": {"bytes": [0], "seconds": [s]}}})
     plain, _ = _cpu_pair({"collective_cpu_s": {"2": {"bytes": [0], "seconds": [0.0]}}})
@@ -311,7 +311,7 @@ def test_collective_cpu_delays_the_lane_only_beyond_the_collective(cpu_ms):
 
 
 def test_message_bytes_cpu_runs_on_both_ends_lanes():
-    from tfplace.placed_graph import TASK_HANDLER, TASK_TRANSFER
+    from tfplace.lowering.placed_graph import TASK_HANDLER, TASK_TRANSFER
     rate = 1e-8
     st = Strategy(8, 2, None, {"x": decision({"cpu0": 8}), "w": decision({"cpu1": 8})})  # weights on cpu1
     placed, _ = _cpu_pair({"message_cpu_s_per_byte": rate}, strategy=st)
@@ -328,7 +328,7 @@ def test_message_bytes_cpu_runs_on_both_ends_lanes():
 
 def test_gpus_carry_no_side_cpu_on_their_lanes():
     # the same overheads on the V100 / P100 pair: the bound counts the CPU, the lanes do not
-    from tfplace.placed_graph import TASK_HANDLER
+    from tfplace.lowering.placed_graph import TASK_HANDLER
     placed, _ = _dp({"collective_cpu_s": {"2": CURVE}, "message_cpu_s_per_byte": 1e-8})
     assert (placed.task_kind == TASK_HANDLER).sum() == 0 and placed.device_cpu_seconds.sum() > 0
 
@@ -349,7 +349,7 @@ def test_gpus_carry_no_side_cpu_on_their_lanes():
     ({"step_cpu_s": 1e-4, "master_worker_cpu_s": 5e-5}, 3, [0, 3], [1e-4 + 5e-5, 0.0, 0.0, -1e-3]),
 ])
 def test_dispatch_cpu_replaces_the_wall_with_each_tasks_cpu(over, wall_device, used, want):
-    from tfplace.cpu_demand import dispatch_cpu_seconds
+    from tfplace.overheads.cpu_demand import dispatch_cpu_seconds
     fraction = np.array([1.0, 0.5, 0.5, 1.0])[:len(want)]
     cpu_device = np.array([True, True, True, False])[:len(want)]
     got = dispatch_cpu_seconds(over, 1e-3, wall_device, np.array(used), fraction, cpu_device)
@@ -357,7 +357,7 @@ def test_dispatch_cpu_replaces_the_wall_with_each_tasks_cpu(over, wall_device, u
 
 
 def test_dispatch_cpu_gives_a_gpu_as_device_0_no_master_work():
-    from tfplace.cpu_demand import dispatch_cpu_seconds
+    from tfplace.overheads.cpu_demand import dispatch_cpu_seconds
     got = dispatch_cpu_seconds({"step_cpu_s": 1e-4, "worker_cpu_s": 3e-4}, 1e-3, 0, np.array([0, 1]),
                                np.ones(2), np.array([False, True]))
     assert got == pytest.approx([-1e-3, 3e-4], rel=1e-12)

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from tfplace import cpu_quota
-from tfplace.cpu_quota import CpuQuota, measure_throttle, period_for
-from tfplace.errors import InputError
+from tfplace.emulation import cpu_quota
+from tfplace.emulation.cpu_quota import CpuQuota, measure_throttle, period_for
+from tfplace.formats.errors import InputError
 
 needs_cgroups = pytest.mark.skipif(not cpu_quota.available(),
                                    reason="no writable cgroups with the cpu controller (needs root)")

@@ -5,10 +5,10 @@ import dataclasses
 
 import pytest
 
-from tfplace import device_model as dm
-from tfplace import profile_fit
-from tfplace.errors import InputError
-from tfplace.profile import Profile, interpolate_seconds
+from tfplace.profiling import device_model as dm
+from tfplace.profiling import fits as profile_fit
+from tfplace.formats.errors import InputError
+from tfplace.formats.profile import Profile, interpolate_seconds
 from tfplace.testing import chain_graph
 
 F32 = "float32"

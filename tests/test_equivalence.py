@@ -19,12 +19,12 @@ import os
 import numpy as np
 import pytest
 
-from tfplace.cluster import load_cluster
-from tfplace.graph_loader import load_op_graph
-from tfplace.grouping import Grouping, make_grouping
-from tfplace.rewrite import rewrite_step
-from tfplace.runtime import StepRunner, random_feed, reference_run
-from tfplace.strategy import even_strategy
+from tfplace.formats.cluster import load_cluster
+from tfplace.ir.loader import load_op_graph
+from tfplace.ir.grouping import Grouping, make_grouping
+from tfplace.rewrite.graph_rewrite import rewrite_step
+from tfplace.runtime.step_runner import StepRunner, random_feed, reference_run
+from tfplace.formats.strategy import even_strategy
 from tfplace.testing import tiny_graph
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -118,7 +118,7 @@ def check(lc, graph, strategy, cluster, grouping, model, seed=0, batch=BATCH):
 
 @pytest.fixture(scope="module")
 def local_cluster():
-    from tfplace.local_cluster import LocalCluster
+    from tfplace.runtime.local_cluster import LocalCluster
     with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1]) as lc:
         yield lc
 
@@ -171,11 +171,11 @@ def test_lowering_sends_the_messages_the_real_step_sends(local_cluster, model):
     """The simulator times the messages the step really sends: per receiving task, the
     PlacedGraph's TRANSFER tasks equal the cross-task _Recv ops of the partition graphs. A
     model-parallel step's learning rate is read on every task and crosses none (TensorFlow
-    replicates small constants: tfplace.lowering_graph CLS_SMALL_CONST). Feeds reach the master
+    replicates small constants: tfplace.lowering.graph_index CLS_SMALL_CONST). Feeds reach the master
     (task 0) first: an input group that starts on task 1 costs each input a whole-batch hop there,
     and its instances on other tasks are read where they run, not where they were cut."""
-    from tfplace.placed_graph import TASK_TRANSFER
-    from tfplace.strategy import Strategy, decision
+    from tfplace.lowering.placed_graph import TASK_TRANSFER
+    from tfplace.formats.strategy import Strategy, decision
     cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
     graph = model_graph(model, "sgd")
     grouping = make_grouping(graph, GROUPS)
@@ -268,8 +268,8 @@ def _bias_before_batch_norm(graph):
 @pytest.mark.parametrize("kind", ["dp_even", "dp_proportional"])
 def test_resnet50_data_parallel_equals_per_replica_reference(local_cluster, kind):
     import sys
-    from tfplace.runtime import per_replica_reference_run
-    from tfplace.strategy import proportional_strategy
+    from tfplace.runtime.step_runner import per_replica_reference_run
+    from tfplace.formats.strategy import proportional_strategy
     sys.path.insert(0, ROOT)
     from tfplace.graph_defs.export import ensure_bundle
     graph = load_op_graph(ensure_bundle("resnet50", batch_size=RESNET_BATCH, image_size=32))

@@ -7,12 +7,12 @@ import os
 
 import pytest
 
-from tfplace.cluster import load_cluster
-from tfplace.graph_loader import load_op_graph
-from tfplace.jsonio import write_json
-from tfplace.lowering import lower
+from tfplace.formats.cluster import load_cluster
+from tfplace.ir.loader import load_op_graph
+from tfplace.formats.jsonio import write_json
+from tfplace.lowering.lower import lower
 from tfplace.simulator import simulate
-from tfplace.strategy import even_strategy
+from tfplace.formats.strategy import even_strategy
 from tfplace.testing import uniform_profile
 
 import fidelity_bench as fb
@@ -55,7 +55,7 @@ def test_replay_compares_recorded_real_steps_with_the_simulator(tmp_path, capsys
 
 
 def test_replay_rejects_a_file_of_another_format(tmp_path):
-    from tfplace.errors import InputError
+    from tfplace.formats.errors import InputError
     path = tmp_path / "run.json"
     write_json(path, {"format": "tfplace.strategy", "version": 1})
     with pytest.raises(InputError):

@@ -8,12 +8,12 @@ import os
 import numpy as np
 import pytest
 
-from tfplace.cluster import Device, Host, build_cluster, load_cluster, save_cluster
-from tfplace.config import (BASELINES, load_activate_config, load_train_config, save_train_config,
+from tfplace.formats.cluster import Device, Host, build_cluster, load_cluster, save_cluster
+from tfplace.formats.config import (BASELINES, load_activate_config, load_train_config, save_train_config,
                             train_config_defaults, validate_entries)
-from tfplace.errors import InputError
-from tfplace.profile import interpolate_seconds, load_profile, save_profile
-from tfplace.strategy import (even_strategy, load_strategy, proportional_shares, proportional_strategy,
+from tfplace.formats.errors import InputError
+from tfplace.formats.profile import interpolate_seconds, load_profile, save_profile
+from tfplace.formats.strategy import (even_strategy, load_strategy, proportional_shares, proportional_strategy,
                               save_strategy, validate_strategy)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

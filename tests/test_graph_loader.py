@@ -1,4 +1,4 @@
-"""Tests of tfplace.graph_loader: loading tiny TF training steps built here, batch-axis
+"""Tests of tfplace.ir.loader: loading tiny TF training steps built here, batch-axis
 detection against shapes at two batch sizes and against real runs, variables/updaters/slots,
 TF1 ref variables, control edges, and one clear InputError per kind of bad input."""
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfplace.errors import InputError, UnsupportedGraphError
+from tfplace.formats.errors import InputError, UnsupportedGraphError
 from tfplace.graph_defs.models import model_names as zoo_model_names
-from tfplace.graph_loader import load_op_graph
+from tfplace.ir.loader import load_op_graph
 from tfplace.testing import tiny_graph, tiny_graph_def
 
 v1 = tf.compat.v1

@@ -1,4 +1,4 @@
-"""Tests of tfplace.grouping (base groups, coarsening, group graph) and of the shared fakes in
+"""Tests of tfplace.ir.grouping (base groups, coarsening, group graph) and of the shared fakes in
 tfplace.testing. Hand-computed references use `chain_graph` (pure numpy, no TensorFlow)."""
 
 import dataclasses
@@ -9,8 +9,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import pytest
 
-from tfplace.errors import InputError
-from tfplace.grouping import Grouping, base_groups, coarsen, group_graph, make_grouping
+from tfplace.formats.errors import InputError
+from tfplace.ir.grouping import Grouping, base_groups, coarsen, group_graph, make_grouping
 from tfplace.testing import (chain_graph, four_device_cluster, tiny_graph, two_device_cluster,
                              uniform_profile)
 
@@ -227,7 +227,7 @@ def test_uniform_profile_covers_every_op_and_scales_batched_ops():
 def test_groups_cli_prints_and_writes_json(tmp_path, capsys):
     import json
 
-    from tfplace.groups import main
+    from tfplace.cli.groups import main
     from tfplace.testing import tiny_graph_def
 
     pb = tmp_path / "step.pb"
@@ -246,7 +246,7 @@ def test_groups_cli_prints_and_writes_json(tmp_path, capsys):
 
 
 def test_groups_cli_bad_input_exit_code(tmp_path, capsys):
-    from tfplace.groups import main
+    from tfplace.cli.groups import main
 
     assert main(["--graph", str(tmp_path / "missing.pb"), "--sinks", "t", "--max-groups", "3"]) == 2
     assert "missing.pb" in capsys.readouterr().err

@@ -38,7 +38,7 @@ def _feeds():
 
 @pytest.fixture(scope="module")
 def local_cluster():
-    from tfplace.local_cluster import LocalCluster
+    from tfplace.runtime.local_cluster import LocalCluster
     with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1]) as lc:
         yield lc
 
@@ -50,8 +50,8 @@ def _rel(a, b):
 @pytest.mark.multiprocess
 def test_hooked_steps_equal_the_rewritten_graph(local_cluster, tmp_path):
     import tensorflow as tf
-    from tfplace.hook import PlacementHook
-    from tfplace.runtime import StepRunner
+    from tfplace.rewrite.hook import PlacementHook
+    from tfplace.runtime.step_runner import StepRunner
     strategy = os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json")
     cluster = os.path.join(ROOT, "clusters", "local_cpu.json")
     feeds = _feeds()
@@ -93,10 +93,10 @@ def test_hooked_steps_equal_the_rewritten_graph(local_cluster, tmp_path):
 def test_run_steps_trains_and_times_every_step(local_cluster):
     """StepRunner.run_steps (what the fidelity bench times) runs train_op once per step: n wall
     times, and the variables move exactly as n direct steps move them."""
-    from tfplace.cluster import load_cluster
-    from tfplace.rewrite import rewrite_step
-    from tfplace.runtime import StepRunner, random_feed
-    from tfplace.strategy import even_strategy
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.rewrite.graph_rewrite import rewrite_step
+    from tfplace.runtime.step_runner import StepRunner, random_feed
+    from tfplace.formats.strategy import even_strategy
     from tfplace.testing import tiny_graph
     cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
     graph = tiny_graph("mlp", 6, "sgd")

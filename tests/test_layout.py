@@ -24,6 +24,29 @@ PACKAGES = {
 }
 SUBPACKAGES = {pkg for pkg, _ in PACKAGES.values()} - {"tfplace"}
 
+# tfplace's own sub-packages, in the order data flows through them: each may import only the
+# ones named here (besides itself). `cli` is the edge: it may import everything, nothing imports
+# it but the `python -m tfplace.X` shims at the top level.
+CORE = {
+    "formats": set(),
+    "emulation": {"formats"},
+    "ir": {"formats"},
+    "runtime": {"formats", "ir", "emulation"},
+    "profiling": {"formats", "ir", "runtime", "emulation"},
+    "lowering": {"formats", "ir", "profiling"},
+    "overheads": {"formats", "ir", "lowering", "profiling"},
+    "rewrite": {"formats", "ir", "lowering", "runtime", "profiling"},
+    "cli": None,  # everything
+}
+# which core sub-packages the other layout packages may import
+OUTER_CORE = {
+    "tfplace.simulator": {"formats", "lowering"},
+    "tfplace.baselines": {"formats", "ir", "lowering", "profiling", "runtime", "emulation", "overheads"},
+    "tfplace.policy": {"formats", "ir", "lowering", "profiling", "overheads", "rewrite"},
+    "tfplace.graph_defs": {"formats", "ir"},
+}
+TOP_SHIMS = {"train", "plan", "simulate", "compare", "profile"}  # `python -m tfplace.X` -> tfplace.cli.X
+
 
 def _owner(module: str) -> str:
     """The layout package a dotted tfplace module name belongs to."""
@@ -31,6 +54,14 @@ def _owner(module: str) -> str:
         if module == sub or module.startswith(sub + "."):
             return sub
     return "tfplace"
+
+
+def _core_part(module: str):
+    """The core sub-package (or top-level module) of a dotted tfplace module name, else None."""
+    parts = module.split(".")
+    if parts[0] != "tfplace" or len(parts) < 2 or _owner(module) != "tfplace":
+        return None
+    return parts[1]
 
 
 def _tfplace_imports(path):
@@ -74,15 +105,18 @@ def test_no_bare_folder_imports():
     assert not bad, "import these as tfplace.<folder>:\n" + "\n".join(bad)
 
 
-def _is_entry_point(path):
-    with open(path, encoding="utf-8") as f:
-        return 'if __name__ == "__main__":' in f.read()
-
-
 def test_top_level_layout():
     for name in ["tfplace", "graph_defs", "policy", "simulator", "baselines", "tests",
                  "activate.py", "BUILD", "WORKSPACE", "setup.py", "README.md", ".ci/run"]:
         assert os.path.exists(os.path.join(REPO, name)), f"missing {name}"
+
+
+def _production_files(folder):
+    """Non-test .py files of a layout folder (test fakes included: they are importable code)."""
+    for root, _, files in os.walk(os.path.join(REPO, folder)):
+        for fname in files:
+            if fname.endswith(".py") and not (fname.startswith("test_") or fname.endswith("_test.py")):
+                yield os.path.join(root, fname)
 
 
 @pytest.mark.parametrize("folder", sorted(PACKAGES))
@@ -90,23 +124,67 @@ def test_import_rules(folder):
     package, allowed = PACKAGES[folder]
     allowed = allowed | {package}
     bad = []
-    for root, _, files in os.walk(os.path.join(REPO, folder)):
-        for fname in files:
-            if not fname.endswith(".py") or fname.startswith("test_") or fname.endswith("_test.py"):
-                continue
-            path = os.path.join(root, fname)
-            if folder == "tfplace" and _is_entry_point(path):
-                continue  # command-line entry points sit at the edge and wire the parts together
-            for lineno, module in _tfplace_imports(path):
-                owner = _owner(module)
-                if owner not in allowed:
-                    bad.append(f"{os.path.relpath(path, REPO)}:{lineno} imports {module}")
+    for path in _production_files(folder):
+        if folder == "tfplace" and os.sep + "cli" + os.sep in path:
+            continue  # the command lines sit at the edge and wire the parts together
+        for lineno, module in _tfplace_imports(path):
+            owner = _owner(module)
+            if owner not in allowed:
+                bad.append(f"{os.path.relpath(path, REPO)}:{lineno} imports {module}")
     assert not bad, f"{folder}/ may import only {sorted(allowed)}:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("module", ["tfplace", "tfplace.simulator", "tfplace.graph_ir",
-                                    "tfplace.cluster", "tfplace.strategy", "tfplace.profile",
-                                    "tfplace.lowering", "tfplace.grouping", "tfplace.testing"])
+def _core_rule_violations(path, source_part, may_import):
+    for lineno, module in _tfplace_imports(path):
+        part = _core_part(module)
+        if part is None or part == source_part:
+            continue
+        if part == "testing":
+            yield f"{os.path.relpath(path, REPO)}:{lineno} imports {module} (test fakes are for tests only)"
+        elif part in TOP_SHIMS or part == "cli":
+            yield f"{os.path.relpath(path, REPO)}:{lineno} imports {module} (nothing imports the command lines)"
+        elif may_import is not None and part not in may_import:
+            yield f"{os.path.relpath(path, REPO)}:{lineno} imports {module} (allowed: {sorted(may_import)})"
+
+
+def test_core_flows_one_way():
+    """formats <- ir <- profiling <- lowering <- overheads / rewrite <- cli; no back-edges."""
+    bad = []
+    for part, may_import in CORE.items():
+        assert os.path.isdir(os.path.join(REPO, "tfplace", part)), f"tfplace/{part}/ is missing"
+        for path in _production_files(os.path.join("tfplace", part)):
+            if part == "cli":
+                continue
+            bad += list(_core_rule_violations(path, part, may_import))
+    for fname in os.listdir(os.path.join(REPO, "tfplace")):
+        stem = fname[:-3]
+        if fname.endswith(".py") and stem not in TOP_SHIMS and stem != "__init__":
+            may = {"formats", "ir"} if stem == "testing" else set()
+            bad += list(_core_rule_violations(os.path.join(REPO, "tfplace", fname), stem, may))
+    for folder, (package, _) in PACKAGES.items():
+        if folder == "tfplace":
+            continue
+        for path in _production_files(folder):
+            is_fake = os.path.basename(path) in ("testing.py", "fakes.py", "testing_fixtures.py")
+            # test fakes build whole test problems (graphs, groupings): only the CLI is off limits
+            bad += [v for v in _core_rule_violations(path, None, None if is_fake else OUTER_CORE[package])
+                    if not (is_fake and "test fakes" in v)]
+    assert not bad, "back-edges in the core's data flow:\n" + "\n".join(bad)
+
+
+def test_top_level_modules_are_few():
+    """tfplace/ itself holds the package marker, the `python -m` shims and the test fakes only."""
+    modules = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "tfplace")) if f.endswith(".py"))
+    assert set(modules) <= TOP_SHIMS | {"__init__", "testing"}, modules
+    for stem in TOP_SHIMS:
+        with open(os.path.join(REPO, "tfplace", stem + ".py"), encoding="utf-8") as f:
+            assert f"from tfplace.cli.{stem} import run" in f.read(), f"tfplace/{stem}.py is not a thin shim"
+
+
+@pytest.mark.parametrize("module", ["tfplace", "tfplace.simulator", "tfplace.ir.graph_ir",
+                                    "tfplace.formats.cluster", "tfplace.formats.strategy",
+                                    "tfplace.formats.profile", "tfplace.lowering", "tfplace.lowering.lower",
+                                    "tfplace.ir.grouping", "tfplace.testing"])
 def test_pure_modules_do_not_load_tensorflow(module):
     code = f"import sys, {module}; sys.exit(1 if 'tensorflow' in sys.modules else 0)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

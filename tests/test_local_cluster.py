@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tfplace.errors import InputError
-from tfplace.local_cluster import LocalCluster, WorkerDiedError
+from tfplace.formats.errors import InputError
+from tfplace.runtime.local_cluster import LocalCluster, WorkerDiedError
 
 pytestmark = pytest.mark.multiprocess
 tf = pytest.importorskip("tensorflow")
@@ -126,7 +126,7 @@ def test_exception_inside_the_block_shuts_down():
 
 _LAUNCHER = textwrap.dedent("""
     import os, signal, sys, time
-    from tfplace.local_cluster import LocalCluster
+    from tfplace.runtime.local_cluster import LocalCluster
     mode = sys.argv[1]
     # Ctrl-C as in a terminal, even when this runs from a shell's background job (which starts
     # its children with SIGINT ignored, and Python then keeps it ignored)
@@ -183,7 +183,7 @@ def test_no_orphans_after_ctrl_c_or_a_killed_launcher(mode):
 _LEFT_OPEN = textwrap.dedent("""
     import sys
     import tensorflow as tf
-    from tfplace.local_cluster import LocalCluster
+    from tfplace.runtime.local_cluster import LocalCluster
     g = tf.Graph()
     with g.as_default():
         with tf.device("/job:worker/task:1"):
@@ -256,7 +256,7 @@ def _matmul_steps_s(lc, tasks, repeats=9, matmuls=24):
     return [statistics.median(ts) for ts in times]
 
 
-@pytest.mark.skipif(not __import__("tfplace.cpu_quota").cpu_quota.available(),
+@pytest.mark.skipif(not __import__("tfplace.emulation.cpu_quota", fromlist=["available"]).available(),
                     reason="no writable cgroups with the cpu controller (needs root)")
 def test_cpu_quota_makes_a_slow_task():
     # Both tasks pinned to the same core and run one after the other; task 1 may use half of it.

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from tfplace import testing
-from tfplace.errors import InputError
-from tfplace.lowering import Lowerer, LoweringOptions, lower
-from tfplace.lowering_costs import ComputeCosts
-from tfplace.lowering_graph import ROLE_MIRROR, ROLE_REPLICA, ROLE_UPDATE, GraphIndex
-from tfplace.placed_graph import TASK_COLLECTIVE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER
-from tfplace.profile import Profile
-from tfplace.strategy import Strategy, decision
+from tfplace.formats.errors import InputError
+from tfplace.lowering.lower import Lowerer, LoweringOptions, lower
+from tfplace.lowering.costs import ComputeCosts
+from tfplace.lowering.graph_index import ROLE_MIRROR, ROLE_REPLICA, ROLE_UPDATE, GraphIndex
+from tfplace.lowering.placed_graph import TASK_COLLECTIVE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER
+from tfplace.formats.profile import Profile
+from tfplace.formats.strategy import Strategy, decision
 
 from tfplace.simulator import fakes as fk
 
@@ -127,7 +127,7 @@ def test_control_edges_cross_devices_only_as_messages(shares, sync, messages):
 ])
 def test_step_messages(shares, sync, feeds, dones):
     # The runtime feeds the global batch on the feed device (the first input's first instance)
-    # and cuts each replica's slice there (tfplace.rewrite "inputs"): another device's input
+    # and cuts each replica's slice there (tfplace.rewrite.graph_rewrite "inputs"): another device's input
     # instance waits for its slice, a message of its bytes (x: 1000 bytes per sample). Every
     # other device sends one empty "done" to the feed device after its last tasks (the train op).
     g, placed = _dp(shares, sync, "p100_0" if sync == "ps" else None)
@@ -326,7 +326,7 @@ def test_incremental_lowering_equals_fresh_lowering(seed):
 
 
 def test_real_tf_graph_with_momentum_lowers_and_simulates():
-    from tfplace.grouping import make_grouping
+    from tfplace.ir.grouping import make_grouping
     from tfplace.simulator import simulate
     g = testing.tiny_mlp_graph(8, "momentum")
     gr = make_grouping(g, 4)
@@ -398,7 +398,7 @@ def test_changing_one_group_re_resolves_only_its_signatures():
 def _sum_mlp_graph(batch=12, reduction="sum"):
     """Tiny MLP whose loss is tf.reduce_sum (or reduce_mean) of per-example cross entropy."""
     import tensorflow as tf
-    from tfplace.graph_loader import load_op_graph
+    from tfplace.ir.loader import load_op_graph
     v1 = tf.compat.v1
     with tf.Graph().as_default() as g:
         v1.set_random_seed(0)
@@ -439,7 +439,7 @@ def test_gradient_weights_follow_the_loss_reduction_in_a_tf_graph(reduction):
 
 
 def _grouping4(g, groups=4):
-    from tfplace.grouping import make_grouping
+    from tfplace.ir.grouping import make_grouping
     return make_grouping(g, groups)
 
 
@@ -458,7 +458,7 @@ def test_placed_graph_carries_rows_per_sample_of_flattened_batch_axes():
     # The zoo transformer flattens activations to [N*L, d]: samples [lo, hi) of such a tensor
     # are rows [lo*L, hi*L), which the rewrite's slices of resplits and transfers need.
     import os
-    from tfplace.graph_loader import load_op_graph
+    from tfplace.ir.loader import load_op_graph
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     g = load_op_graph(os.path.join(root, "graph_defs", "zoo", "tiny_transformer_b16_t8_n2_sgd.json"))
     ix = GraphIndex(g, _grouping4(g))
@@ -478,7 +478,7 @@ def test_placed_graph_carries_rows_per_sample_of_flattened_batch_axes():
 
 
 def _attention_placed(shares_a, shares_b):
-    from tfplace.grouping import make_grouping
+    from tfplace.ir.grouping import make_grouping
     g = testing.tiny_graph("attention", 12, "sgd")
     gr = make_grouping(g, 4)
     cluster = testing.four_device_cluster()
@@ -491,7 +491,7 @@ def _attention_placed(shares_a, shares_b):
 def test_metadata_is_computed_per_consumer_replica():
     # Shape-derived values (the shape fed to a mean's BroadcastTo, its 1/B) depend on the
     # replica size: a consumer replica must never read one computed for another size.
-    from tfplace.lowering_meta import CLONE_SUFFIX, metadata_ops
+    from tfplace.lowering.meta import CLONE_SUFFIX, metadata_ops
     cluster = testing.four_device_cluster()
     d = list(cluster.device_names)
     g, lowerer, placed = _attention_placed({d[0]: 7, d[1]: 5}, {d[0]: 2, d[1]: [4, 6]})
@@ -568,7 +568,7 @@ def _const_transfers(const_bytes=4, consumers=("a", "b"), control=False, cluster
     """Transfers of the constant `lr` when `a` (with x) runs on the first device and `b` on the
     second, `lr` (a Const of const_bytes) beside `a` and read by `consumers`."""
     import os
-    from tfplace.cluster import load_cluster
+    from tfplace.formats.cluster import load_cluster
     ops = [("x", "Placeholder", 8000, True, True), ("lr", "Const", const_bytes, False, False),
            ("a", "Op", 8000, True, True), ("b", "Op", 8000, True, True), ("sink", "NoOp", None, False, False)]
     edges = [("x", "a"), ("a", "b")] + [("lr", c) for c in consumers]
@@ -623,12 +623,12 @@ def test_weighting_cost_follows_the_rewrites_multiplies(name, make):
     CPU tasks: its 25.6 M gradients' weighting took 7.4 ms per task)."""
     import os
 
-    from tfplace.cluster import load_cluster
-    from tfplace.grouping import make_grouping
-    from tfplace.lowering_assemble import placed_weighted_reads
-    from tfplace.lowering_meta import split_metadata
-    from tfplace.placed_graph import TASK_COMPUTE
-    from tfplace.rewrite import rewrite_step
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.ir.grouping import make_grouping
+    from tfplace.lowering.assemble import placed_weighted_reads
+    from tfplace.lowering.meta import split_metadata
+    from tfplace.lowering.placed_graph import TASK_COMPUTE
+    from tfplace.rewrite.graph_rewrite import rewrite_step
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cluster = load_cluster(os.path.join(root, "clusters", "local_cpu.json"))
     graph = testing.tiny_graph("mlp", 12, "momentum")
@@ -667,8 +667,8 @@ def test_weighting_cost_follows_the_rewrites_multiplies(name, make):
 def test_memory_bandwidth_of_cpu_kinds_follows_their_quota(kind, fraction, expected):
     from types import SimpleNamespace
 
-    from tfplace.device_model import device_spec
-    from tfplace.lowering_costs import memory_bandwidth
+    from tfplace.profiling.device_model import device_spec
+    from tfplace.lowering.costs import memory_bandwidth
     cpu = device_spec("CPU").memory_bandwidth_bytes_per_s * device_spec("CPU").memory_efficiency
     cluster = SimpleNamespace(devices=[SimpleNamespace(kind=kind)])  # all memory_bandwidth reads
     conditions = {"by_kind": {kind: {"emulation": {"cpu_fraction": fraction}}}} if fraction else {}
@@ -697,7 +697,7 @@ def _diamond():
     (("x", "b", "a", "c", "sink"), ["d", "x", "b", "a", "c", "sink"]),        # unlisted d: once ready
 ])
 def test_run_order_rank_is_the_topological_order_that_follows_the_run_order(run_order, expected):
-    from tfplace.lowering_graph import run_order_rank
+    from tfplace.lowering.graph_index import run_order_rank
     g = _diamond()
     rank = run_order_rank(g, run_order)
     assert sorted(rank.tolist()) == list(range(g.num_ops))
@@ -707,8 +707,8 @@ def test_run_order_rank_is_the_topological_order_that_follows_the_run_order(run_
 
 
 def test_a_metadata_clone_runs_where_its_original_is_listed():
-    from tfplace.lowering_graph import run_order_rank
-    from tfplace.lowering_meta import CLONE_SUFFIX
+    from tfplace.lowering.graph_index import run_order_rank
+    from tfplace.lowering.meta import CLONE_SUFFIX
     g = _diamond()
     names = list(g.names)
     names[2] = "a" + CLONE_SUFFIX + "1"   # b stands as a's clone: it takes a's place in the order

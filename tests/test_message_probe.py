@@ -3,7 +3,7 @@ on one task, so it is a message's cost, positive, and grows with the bytes moved
 
 import pytest
 
-from tfplace.local_cluster import LocalCluster
+from tfplace.runtime.local_cluster import LocalCluster
 
 import message_probe as probe
 

@@ -8,9 +8,11 @@ import os
 import numpy as np
 import pytest
 
-from tfplace import device_model, profiler, profiler_cli
-from tfplace.errors import InputError
-from tfplace.profile import load_profile
+from tfplace.profiling import device_model, profiler
+
+from tfplace.cli import profile as profiler_cli
+from tfplace.formats.errors import InputError
+from tfplace.formats.profile import load_profile
 
 tf = pytest.importorskip("tensorflow")
 
@@ -34,7 +36,7 @@ NO_KERNEL = {"Placeholder"}
 
 @pytest.mark.parametrize("model", ["tiny_mlp", "tiny_cnn"])
 def test_profile_has_every_op_of_the_step(model, tiny_cnn_profile):
-    from tfplace.graph_loader import load_op_graph
+    from tfplace.ir.loader import load_op_graph
     path = _bundle(model)
     result = tiny_cnn_profile if model == "tiny_cnn" else profiler.profile_bundle(
         path, profiler.ProfileOptions(batch_sizes=(2, 4), repeats=2, warmup=1))
@@ -173,13 +175,13 @@ def test_run_order_puts_a_fused_op_before_its_kernel(order, fused, expected):
     ((), (), ()),
 ])
 def test_merged_profiles_keep_one_run_order(base, extra, expected):
-    from tfplace.profile import Profile
+    from tfplace.formats.profile import Profile
     merged = profiler.merge_profiles(Profile(ops={}, run_order=base), Profile(ops={}, run_order=extra))
     assert merged.run_order == expected
 
 
 def test_run_order_is_every_op_of_the_step_after_its_inputs(tiny_cnn_profile):
-    from tfplace.graph_loader import load_op_graph
+    from tfplace.ir.loader import load_op_graph
     prof = tiny_cnn_profile.profile
     graph = load_op_graph(_bundle("tiny_cnn"))
     order = prof.run_order
@@ -240,7 +242,7 @@ def test_synthetic_feed_respects_dtype_shape_and_range():
 
 
 def test_measured_profile_derives_faster_gpu_profiles(tiny_cnn_profile):
-    from tfplace.graph_loader import load_op_graph
+    from tfplace.ir.loader import load_op_graph
     graph = load_op_graph(_bundle("tiny_cnn"))
     measured = tiny_cnn_profile.profile
     derived = device_model.derive_profile(measured, graph, "CPU", ["V100", "P100"])
@@ -263,14 +265,14 @@ def test_cli_writes_a_profile_with_derived_kinds(tmp_path, capsys):
     assert "measured" in capsys.readouterr().out
     raw = json.loads(out.read_text())
     assert raw["conditions"]["by_kind"]["CPU"]["repeats"] == 1
-    # measured with malloc set as the servers run (tfplace.allocator), and the profile says so
+    # measured with malloc set as the servers run (tfplace.emulation.allocator), and the profile says so
     # (every setting where the C library is glibc; no entry where it sets none)
-    from tfplace.allocator import steady_allocator
+    from tfplace.emulation.allocator import steady_allocator
     assert raw["conditions"].get("allocator", {}) == steady_allocator()
 
 
 def test_scaled_kind_multiplies_one_kind_only():
-    from tfplace.profile import Profile
+    from tfplace.formats.profile import Profile
     prof = Profile(ops={"a": {"CPU": ((1, 2), (1.0, 2.0)), "CPU_half": ((1, 2), (1.0, 3.0))}})
     got = profiler.scaled_kind(prof, "CPU_half", 2.5)
     assert got.ops["a"]["CPU_half"] == ((1, 2), (2.5, 7.5)) and got.ops["a"]["CPU"] == ((1, 2), (1.0, 2.0))
@@ -282,7 +284,7 @@ def test_cli_cpu_fraction_scales_unlimited_op_times_by_the_measured_throttle(tmp
     # The ops are timed without the quota (this process is never limited) and multiplied by the
     # slowdown measured under it; the conditions say so. The probe itself is tested in
     # test_cpu_quota; here it reports a fixed 2.5 so that the scaling can be checked exactly.
-    from tfplace import cpu_quota
+    from tfplace.emulation import cpu_quota
     calls, raw = [], {}
     monkeypatch.setattr(cpu_quota, "measure_throttle", lambda fraction, cpus=None: calls.append((fraction, cpus)) or 2.5)
     measure = profiler.profile_bundle
@@ -332,8 +334,8 @@ def test_options_validation():
 def test_kernel_replay_op_table_and_profile():
     """The GPU replay's TensorFlow-side halves: the op table carries shapes and small constants;
     a replay result becomes a profile keyed by the GPU kind with host ops missing."""
-    from tfplace import kernel_replay
-    from tfplace.graph_loader import load_op_graph
+    from tfplace.profiling import kernel_replay
+    from tfplace.ir.loader import load_op_graph
     graph = load_op_graph(_bundle("tiny_cnn"))
     table = kernel_replay.export_op_table(graph)
     by_name = {op["name"]: op for op in table["ops"]}

@@ -3,9 +3,9 @@ import os
 
 import pytest
 
-from tfplace.cluster import load_cluster
-from tfplace.rewrite import rewrite_step
-from tfplace.strategy import Strategy, decision, even_strategy
+from tfplace.formats.cluster import load_cluster
+from tfplace.rewrite.graph_rewrite import rewrite_step
+from tfplace.formats.strategy import Strategy, decision, even_strategy
 from tfplace.testing import tiny_graph
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,9 +76,9 @@ def test_message_handlers_emit_nothing(overheads):
     # without them.
     import dataclasses
 
-    from tfplace.grouping import make_grouping
-    from tfplace.lowering import lower
-    from tfplace.placed_graph import TASK_HANDLER
+    from tfplace.ir.grouping import make_grouping
+    from tfplace.lowering.lower import lower
+    from tfplace.lowering.placed_graph import TASK_HANDLER
     from tfplace.testing import uniform_profile
     for strategy in (None, Strategy(12, 4, decision({"cpu0": 6, "cpu1": [3, 3]}, "ps", "cpu2"), {})):
         graph, cluster, plain = _step(strategy)
@@ -114,7 +114,7 @@ def test_priority_chains_follow_the_profiles_run_order():
     run order (here the legal order that takes the highest op index first) where it has one."""
     import dataclasses
     import numpy as np
-    from tfplace.lowering_graph import run_order_rank
+    from tfplace.lowering.graph_index import run_order_rank
     from tfplace.testing import uniform_profile
     cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
     graph = tiny_graph("mlp", 12, "sgd")

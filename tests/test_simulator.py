@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from tfplace import testing
-from tfplace.device_model import device_spec
-from tfplace.errors import InputError
-from tfplace.lowering import Lowerer, lower
-from tfplace.profile import CommModel, LinearCost, Profile
+from tfplace.profiling.device_model import device_spec
+from tfplace.formats.errors import InputError
+from tfplace.lowering.lower import Lowerer, lower
+from tfplace.formats.profile import CommModel, LinearCost, Profile
 from tfplace.simulator import SimOptions, schedule, simulate, write_trace
-from tfplace.strategy import Strategy, decision
+from tfplace.formats.strategy import Strategy, decision
 
 from tfplace.simulator import fakes as fk
 
@@ -63,7 +63,7 @@ def _hand_cases():
     #    P100's 2 samples of x (2000 bytes) come from the feed device, the V100, first (5.2 µs:
     #    hidden, the P100 is the faster to finish anyway); the step ends when the P100's "done"
     #    reaches the V100 (5 µs). Before the all-reduce each device multiplies its partial by its
-    #    aggregation weight (6/8, 2/8; tfplace.rewrite "weights"): 5 µs launch + W read and W
+    #    aggregation weight (6/8, 2/8; tfplace.rewrite.graph_rewrite "weights"): 5 µs launch + W read and W
     #    written at its memory bandwidth, on the V100 after its 1.2 ms.
     g, gr, st = _dp_setup()
     cases.append(("dp_unequal_allreduce", g, gr, fk.dp_profile(g), st,
@@ -275,15 +275,15 @@ def test_utilisation_summary():
 
 
 def test_importing_the_simulator_does_not_import_tensorflow():
-    code = "import sys, tfplace.simulator, tfplace.lowering; assert 'tensorflow' not in sys.modules; print('ok')"
+    code = "import sys, tfplace.simulator, tfplace.lowering.lower; assert 'tensorflow' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
 # ---- command line ------------------------------------------------------------------------------
 def _cli_files(tmp_path):
-    from tfplace.graph_loader import load_op_graph
-    from tfplace.profile import save_profile
+    from tfplace.ir.loader import load_op_graph
+    from tfplace.formats.profile import save_profile
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     meta = os.path.join(repo, "graph_defs", "zoo", "tiny_mlp_b16_sgd.json")
     graph = load_op_graph(meta)
@@ -295,7 +295,7 @@ def _cli_files(tmp_path):
 
 
 def test_cli_prints_the_report_and_writes_the_trace(tmp_path, capsys):
-    from tfplace.simulate import main
+    from tfplace.cli.simulate import main
     meta, cluster = _cli_files(tmp_path)
     code = main(["--graph", meta, "--cluster", cluster, "--strategy", str(tmp_path / "strategy.json"),
                  "--profile", str(tmp_path / "profile.json"), "--trace", str(tmp_path / "t.json"),
@@ -307,7 +307,7 @@ def test_cli_prints_the_report_and_writes_the_trace(tmp_path, capsys):
 
 
 def test_cli_without_profile_uses_the_device_model(tmp_path, capsys):
-    from tfplace.simulate import main
+    from tfplace.cli.simulate import main
     meta, cluster = _cli_files(tmp_path)
     code = main(["--graph", meta, "--cluster", cluster, "--strategy", str(tmp_path / "strategy.json")])
     out = capsys.readouterr().out
@@ -315,7 +315,7 @@ def test_cli_without_profile_uses_the_device_model(tmp_path, capsys):
 
 
 def test_cli_bad_strategy_is_one_message(tmp_path, capsys):
-    from tfplace.simulate import main
+    from tfplace.cli.simulate import main
     meta, cluster = _cli_files(tmp_path)
     bad = json.loads((tmp_path / "strategy.json").read_text())
     bad["default"]["shares"] = {"tpu_0": 16}
@@ -328,7 +328,7 @@ def test_cli_bad_strategy_is_one_message(tmp_path, capsys):
 
 # ---- reports -----------------------------------------------------------------------------------
 def test_sim_and_run_reports_share_field_names():
-    from tfplace.reports import SHARED_FIELDS, RunReport, compare_rows, report_row
+    from tfplace.formats.reports import SHARED_FIELDS, RunReport, compare_rows, report_row
     g, gr, st = _dp_setup()
     cluster = fk.pair_cluster()
     sim = simulate(lower(g, gr, cluster, st, fk.dp_profile(g)), cluster)
@@ -378,7 +378,7 @@ def test_fast_loop_matches_reference_with_link_hold_and_core_slots(seed):
 
 
 def _cpu_cluster(cores):
-    from tfplace.cluster import Device, Host, build_cluster
+    from tfplace.formats.cluster import Device, Host, build_cluster
     host = Host("h0", intra_bandwidth_bytes_per_s=INTRA_BW, intra_latency_s=LAT, cpu_cores=cores)
     return build_cluster("cpus", [host], [Device(f"cpu{i}", "CPU", "h0", 10**9, task=i) for i in range(3)])
 
@@ -410,7 +410,7 @@ def test_host_cores_limit_the_cpu_devices_running_at_once(cores, expected_s):
 
 
 def test_local_cpu_cluster_declares_its_shared_cores():
-    from tfplace.cluster import load_cluster
+    from tfplace.formats.cluster import load_cluster
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cluster = load_cluster(os.path.join(root, "clusters", "local_cpu.json"))
     assert cluster.hosts[0].cpu_cores == 2
@@ -460,7 +460,7 @@ def test_a_further_device_starts_when_its_rungraph_arrives(worker_ms):
     """The master sends every RunGraph at once: the feed device's lane carries step_s, and each
     further device's lane starts worker_s (per further task) after the step begins, in
     parallel with it (the fork-join graph: x, a, b, d on the V100, c on the P100)."""
-    from tfplace.placed_graph import TASK_HANDLER
+    from tfplace.lowering.placed_graph import TASK_HANDLER
     g, gr, pr, st = _fork_join()
     pr = dataclasses.replace(pr, conditions={**pr.conditions,
                                              "runtime_overheads": {"step_s": 2e-4, "worker_s": worker_ms * 1e-3}})
@@ -506,7 +506,7 @@ def test_one_thread_message_cpu_sender_half_is_a_handler_receiver_half_on_the_ne
     # one inter-op thread (the default): the sending half of each message's CPU is a HANDLER task
     # on the source lane, the receiving half goes on the first task the message feeds there, and
     # a 0 s hand-back on the destination lane sits between the message and what waits for it
-    from tfplace.placed_graph import TASK_HANDLER, TASK_TRANSFER
+    from tfplace.lowering.placed_graph import TASK_HANDLER, TASK_TRANSFER
     base, _ = _two_sends({"transfer_gap_s": 0.0})
     placed, _ = _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4})
     m = base.num_tasks
@@ -535,7 +535,7 @@ def test_message_cpu_share_splits_each_message_between_its_ends_by_kind(share):
     # message_cpu_share: the V100 end of a V100-P100 message pays share["V100"] of its CPU (its
     # HANDLER task when it sends), the P100 end the rest (on c, which both messages feed); none
     # given: half each. a -> c and b -> c leave the V100, the P100's "done" leaves the P100.
-    from tfplace.placed_graph import TASK_HANDLER, TASK_TRANSFER
+    from tfplace.lowering.placed_graph import TASK_HANDLER, TASK_TRANSFER
     cpu_s = 4e-4
     over = {"transfer_gap_s": 0.0, "message_cpu_s": cpu_s}
     if share is not None:
@@ -578,7 +578,7 @@ def test_message_cpu_share_that_is_not_an_object_is_one_error_naming_the_field()
 def test_one_thread_handler_waits_until_its_lane_has_nothing_else_ready():
     # a and b (1 ms each) on the V100 are both ready at 0; a's message is served only after b
     # (the executor runs the ops it has before a handler): a -> c leaves at 2.2 ms, not 1.2 ms
-    from tfplace.placed_graph import TASK_TRANSFER
+    from tfplace.lowering.placed_graph import TASK_TRANSFER
     from tfplace.simulator.core import schedule
     placed, cluster = _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4})
     sched = schedule(placed, np.ones(placed.num_devices))
@@ -595,7 +595,7 @@ def test_one_thread_handler_waits_until_its_lane_has_nothing_else_ready():
 def test_with_two_or_more_inter_op_threads_message_cpu_lengthens_the_transfer_not_the_lanes(threads):
     # the servers' RPC handlers run beside the ops then: each message lasts its CPU longer (the
     # hop as measured), the lanes keep their kernels, the links are held as long as before
-    from tfplace.placed_graph import TASK_HANDLER, TASK_TRANSFER
+    from tfplace.lowering.placed_graph import TASK_HANDLER, TASK_TRANSFER
     base, _ = _two_sends({"transfer_gap_s": 0.0})
     one, _ = _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4, "inter_op_threads": 1})
     off, _ = _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4, "inter_op_threads": threads})
@@ -620,7 +620,7 @@ def test_bad_inter_op_threads_is_one_error_naming_the_field(value):
 def test_negative_transfer_overhead_shortens_a_message_but_never_below_zero(transfer_s):
     # transfer_s is what a message takes beyond the link fit and the message CPU the lanes carry,
     # so it may be negative (fidelity_bench.measure_overheads); the 2 ms latency link here
-    from tfplace.placed_graph import TASK_TRANSFER
+    from tfplace.lowering.placed_graph import TASK_TRANSFER
     placed, _ = _two_sends({"transfer_gap_s": 0.0, "transfer_s": transfer_s})
     x = placed.task_kind == TASK_TRANSFER
     fit = 2e-3 + placed.task_bytes[x] / INTRA_BW  # 8000-byte tensors and the 0-byte "done"
@@ -631,7 +631,7 @@ def test_negative_transfer_overhead_shortens_a_message_but_never_below_zero(tran
 def _dp_collectives(shares, overheads):
     """fakes.dp_graph data-parallel over `shares` of the quad cluster's V100s, all-reduced: one
     collective of len(shares) participants; returns its lowered seconds."""
-    from tfplace.placed_graph import TASK_COLLECTIVE
+    from tfplace.lowering.placed_graph import TASK_COLLECTIVE
     g, gr, st = _dp_setup(shares=shares)
     pr = fk.dp_profile(g)
     pr = dataclasses.replace(pr, conditions={**pr.conditions, "runtime_overheads": overheads})

@@ -5,7 +5,7 @@ all-reduces costs each participant CPU and the task left out of it nothing. Mult
 import numpy as np
 import pytest
 
-from tfplace.local_cluster import LocalCluster
+from tfplace.runtime.local_cluster import LocalCluster
 
 import fidelity_bench as fb
 import task_cpu_probe as probe

@@ -1,49 +1,6 @@
-"""One strategy for a graph and cluster from a trained policy, zero-shot, optionally improved by
-search: `python -m tfplace.plan --checkpoint RUN_DIR --graph bundle.json|--model NAME
---batch_size B --cluster cluster.json [--profile profile.json] [--search_seconds N] --out strategy.json`.
-
-RUN_DIR is the output_dir of `python -m tfplace.train` (its config.json gives the network sizes
-and max_groups, its state.json the checkpoint). The result is the best of: the policy's greedy
-strategy, `--samples` policy samples, every baseline, and (with --search_seconds) local search
-around the best action; it is never worse than the best baseline.
-"""
-
-from __future__ import annotations
-
-import os
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from absl import app, flags  # noqa: E402
-
-FLAGS = flags.FLAGS
-flags.DEFINE_string("checkpoint", None, "output_dir of a training run", required=True)
-flags.DEFINE_string("graph", None, "graph bundle .json (or use --model)")
-flags.DEFINE_string("model", None, "zoo model name (exported on demand)")
-flags.DEFINE_integer("batch_size", None, "global batch size (default: the bundle's)")
-flags.DEFINE_string("cluster", None, "cluster .json", required=True)
-flags.DEFINE_string("profile", None, "profile .json (default: derived by the device model)")
-flags.DEFINE_float("search_seconds", 0.0, "seconds of sampling + local search after the zero-shot plan")
-flags.DEFINE_integer("samples", 8, "policy samples evaluated zero-shot")
-flags.DEFINE_integer("seed", 0, "sampling / search seed")
-flags.DEFINE_string("out", "strategy.json", "where to write the strategy")
-flags.mark_flags_as_mutual_exclusive(["graph", "model"], required=True)
-
-
-def main(argv):
-    del argv
-    from tfplace.errors import InputError
-    from tfplace.graph_defs.export import bundle_for_entry
-    from tfplace.policy import planner
-    try:
-        result = planner.plan(FLAGS.checkpoint, graph=FLAGS.graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
-                              cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
-                              samples=FLAGS.samples, seed=FLAGS.seed, out=FLAGS.out,
-                              resolve_bundle=bundle_for_entry)
-    except InputError as e:
-        raise SystemExit(f"error: {e}") from None
-    print(planner.format_result(result))
-
+"""`python -m tfplace.plan`: the command line of tfplace.cli.plan (flags and help live there)."""
 
 if __name__ == "__main__":
-    app.run(main)
+    from tfplace.cli.plan import run
+
+    run()

@@ -18,9 +18,9 @@ from typing import Sequence
 
 import numpy as np
 
-from tfplace.cluster import Cluster, Device, Host, build_cluster
-from tfplace.graph_ir import DTYPE_BYTES, OpGraph, Variable
-from tfplace.profile import Profile
+from tfplace.formats.cluster import Cluster, Device, Host, build_cluster
+from tfplace.ir.graph_ir import DTYPE_BYTES, OpGraph, Variable
+from tfplace.formats.profile import Profile
 
 # Memory sizes from the vendor datasheets: Tesla V100 SXM2 16 GB, Tesla P100 PCIe 12 GB.
 V100_MEMORY_BYTES = 16 * 10**9
@@ -184,7 +184,7 @@ def tiny_mlp_graph_def(optimizer: str = "sgd"):
 @functools.lru_cache(maxsize=None)
 def tiny_graph(model: str = "mlp", batch_size: int = 8, optimizer: str = "sgd") -> OpGraph:
     """`tiny_graph_def(model, optimizer)` loaded at `batch_size` (cached per process)."""
-    from tfplace.graph_loader import load_op_graph
+    from tfplace.ir.loader import load_op_graph
     return load_op_graph(tiny_graph_def(model, optimizer), sinks=["train_op"], batch_size=batch_size,
                          loss="loss", source=f"tiny_{model}_{optimizer}")
 
@@ -246,7 +246,7 @@ def random_strategy(rng: np.random.Generator, group_names, device_names, batch: 
     device with `ps_probability` (else all-reduce), a priority in 0..2 with
     `priority_probability`. A probability of 0 draws no random number for that choice.
     """
-    from tfplace.strategy import Strategy, decision
+    from tfplace.formats.strategy import Strategy, decision
     devices = list(device_names)
     groups = {}
     for name in group_names:

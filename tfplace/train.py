@@ -1,49 +1,6 @@
-"""Trains the placement policy: `python -m tfplace.train --config config.json [--output_dir DIR]`.
-
-Thin binary over tfplace.policy.train_lib (flags live only here). Re-running with the same
-output_dir resumes from its last checkpoint.
-"""
-
-from __future__ import annotations
-
-import os
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads (binary only)
-
-from absl import app, flags  # noqa: E402
-
-FLAGS = flags.FLAGS
-flags.DEFINE_string("config", None, "train config JSON (format tfplace.train_config)", required=True)
-flags.DEFINE_string("output_dir", None, "overrides the config's output_dir")
-flags.DEFINE_boolean("progress", True, "show the progress bar on stderr")
-flags.register_validator("config", lambda p: p is None or os.path.isfile(p), message="--config must be a file")
-
-
-def main(argv):
-    del argv
-    import dataclasses
-
-    from tfplace.config import load_train_config
-    from tfplace.errors import InputError
-    from tfplace.graph_defs.export import bundle_for_entry
-    from tfplace.policy import train_lib
-    try:
-        config = load_train_config(FLAGS.config)
-        if FLAGS.output_dir:
-            config = dataclasses.replace(config, output_dir=os.path.abspath(FLAGS.output_dir))
-        log = train_lib.file_logger(config.output_dir)
-        summary = train_lib.train(config, log, FLAGS.progress, resolve_bundle=bundle_for_entry)
-    except InputError as e:
-        raise SystemExit(f"error: {e}") from None
-    for label, t in summary["tasks"].items():
-        log(f"{label}: best {t['best_time_s'] * 1e3:.3f} ms ({t['best_source']}); best baseline "
-            f"{t['best_baseline']} {t['best_baseline_time_s'] * 1e3:.3f} ms; speed-up x{t['speedup_over_best_baseline']:.3f}")
-    if not train_lib.rewrite_available():
-        log("best_graph.pb not written: the rewrite pass (tfplace.rewrite) does not exist yet")
-    else:
-        log("best_graph.pb: see rewritten_graph in each best_time.log")
-    log(f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s; outputs in {config.output_dir}")
-
+"""`python -m tfplace.train`: the command line of tfplace.cli.train (flags and help live there)."""
 
 if __name__ == "__main__":
-    app.run(main)
+    from tfplace.cli.train import run
+
+    run()

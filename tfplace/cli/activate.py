@@ -1,0 +1,170 @@
+"""`python activate.py activate_config.txt`: deploy strategies and baselines on a real cluster.
+
+For every entry (strategy files, then baselines on every graph): rewrite (tfplace.rewrite.graph_rewrite),
+warm-up, timed steps, mean ± std per-iteration time, a Chrome timeline of one FULL_TRACE step
+(`<output_dir>/<entry>.timeline.json`), the simulated time of the same PlacedGraph, and a final
+table with measured time, simulated time and their ratio. A bad entry is reported (its error
+in the table and in results.json) and the others still run. Results: `<output_dir>/results.json`.
+
+Clusters whose hosts are all loopback run on a LocalCluster started here (one server process
+per task); horovod_* baselines call baselines/horovod_runner.py.
+Config keys: examples/formats/README.md (loader: tfplace.formats.config.load_activate_config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import traceback
+from typing import Any, Dict, List, Optional
+
+from tfplace.formats.cluster import Cluster, load_cluster
+from tfplace.formats.config import ActivateConfig, load_activate_config, validate_entries
+from tfplace.formats.strategy import load_strategy
+
+
+# The grouping level of baseline strategies: compare's default (`python -m tfplace.compare
+# --max-groups`), so a baseline here is the very strategy compare and training evaluate.
+BASELINE_MAX_GROUPS = 64
+
+
+def baseline_plan(name: str, graph, cluster: Cluster, profile, batch: Optional[int] = None,
+                  max_groups: int = BASELINE_MAX_GROUPS):
+    """(strategy, grouping) of a non-Horovod baseline, from tfplace.baselines.registry:
+    `make_problem` + `registry.generate(name, problem)`, exactly as compare and training build
+    them (same profile, same grouping level)."""
+    from tfplace.baselines import registry
+    from tfplace.baselines.problem import make_problem
+    problem = make_problem(graph, cluster, profile, max_groups=max_groups, global_batch_size=batch)
+    return registry.generate(name, problem), problem.grouping
+
+
+def _speed_weights(cluster: Cluster) -> List[float]:
+    from tfplace.profiling.device_model import relative_speed
+    return [float(relative_speed(d.kind)) for d in cluster.devices]
+
+
+def _graph_path(graph: Optional[str], model: Optional[str], batch: int) -> str:
+    from tfplace.formats.config import GraphEntry
+    from tfplace.graph_defs.export import bundle_for_entry
+    return bundle_for_entry(GraphEntry(batch, model=model, graph=graph or None))
+
+
+def _jobs(config: ActivateConfig, errors: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """One dict per run: name, graph bundle path (or error), strategy (or baseline name)."""
+    jobs, graphs = [], []
+    for e in config.strategies:
+        job = {"name": e.name, "kind": "strategy", "error": errors.get(e.name)}
+        if job["error"] is None:
+            try:
+                s = load_strategy(e.strategy)
+                job.update(strategy=s, graph=_graph_path(e.graph, e.model, s.global_batch_size))
+                graphs.append((job["graph"], s.global_batch_size))
+            except Exception as err:  # reported per entry
+                job["error"] = err
+        jobs.append(job)
+    for g in config.graphs:
+        try:
+            graphs.append((_graph_path(g.graph, g.model, g.batch_size), g.batch_size))
+        except Exception as err:
+            jobs.append({"name": g.label, "kind": "graph", "error": err})
+    for base in config.baselines:
+        for path, batch in dict.fromkeys(graphs):
+            stem = os.path.splitext(os.path.basename(path))[0]
+            jobs.append({"name": f"{base}.{stem}", "kind": "baseline", "baseline": base, "graph": path,
+                         "batch": batch, "error": errors.get(base)})
+    return jobs
+
+
+def _run_one(job, cluster: Cluster, lc, config: ActivateConfig) -> Dict[str, Any]:
+    from tfplace.simulator import simulate
+    from tfplace.ir.loader import load_op_graph
+    from tfplace.rewrite.graph_rewrite import rewrite_step
+    from tfplace.runtime.step_runner import StepRunner, random_feed
+    graph = load_op_graph(job["graph"])
+    if job["kind"] == "baseline" and job["baseline"].startswith("horovod"):
+        from tfplace.baselines.horovod_runner import even_batches, proportional_batches, run_horovod
+        n, b = cluster.num_devices, job["batch"]
+        per = even_batches(b, n) if job["baseline"] == "horovod_even" else \
+            proportional_batches(b, _speed_weights(cluster))
+        res = run_horovod(job["graph"], per, steps=config.steps, warmup_steps=config.warmup_steps)
+        return {"step_times_s": list(res.report.step_times_s), "simulated_s": None, "timeline": ""}
+    from tfplace.profiling.device_model import default_profile
+    # The simulated time uses the device model's profile (the bundled measured one when the
+    # graph has it, else the roofline model), the same one the search would use.
+    profile = default_profile(graph, cluster.kinds)
+    strategy, grouping = job.get("strategy"), None
+    if strategy is None:
+        strategy, grouping = baseline_plan(job["baseline"], graph, cluster, profile, job["batch"])
+    step = rewrite_step(graph, strategy, cluster, profile=profile, grouping=grouping)
+    sim = simulate(step.placed, cluster).iteration_time_s
+    feed = random_feed(step.inputs, strategy.global_batch_size, 0)
+    with StepRunner(lc, step) as runner:
+        runner.initialize()
+        times, trace = runner.timed(config.steps, config.warmup_steps, feed)
+    path = ""
+    if config.trace:
+        path = os.path.join(config.output_dir, f"{job['name']}.timeline.json")
+        with open(path, "w") as f:
+            f.write(trace)
+    return {"step_times_s": times, "simulated_s": sim, "timeline": path}
+
+
+def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
+    """Runs every entry of the config; returns (and writes) the result rows."""
+    from tfplace.runtime.local_cluster import LocalCluster
+    config = load_activate_config(config_path, strict=False)
+    errors = {name: err for name, err in validate_entries(config) if err is not None}
+    cluster = load_cluster(config.cluster)
+    os.makedirs(config.output_dir, exist_ok=True)
+    jobs = _jobs(config, errors)
+    rows = []
+    with LocalCluster(num_tasks=cluster.num_tasks) as lc:
+        for job in jobs:
+            row = {"name": job["name"], "kind": job["kind"], "error": None}
+            if job.get("error") is None:
+                try:
+                    row.update(_run_one(job, cluster, lc, config))
+                    t = row["step_times_s"]
+                    row["mean_s"], row["std_s"] = statistics.fmean(t), statistics.pstdev(t)
+                    sim = row["simulated_s"]
+                    row["ratio"] = sim / row["mean_s"] if sim else None
+                except Exception as err:  # one bad entry must not stop the others
+                    row["error"] = f"{type(err).__name__}: {err}"
+                    traceback.print_exc(file=sys.stderr)
+            else:
+                row["error"] = str(job["error"])
+            print(f"{row['name']}: " + (row["error"] or f"{row['mean_s'] * 1e3:.2f} ± {row['std_s'] * 1e3:.2f} ms"),
+                  file=out, flush=True)
+            rows.append(row)
+    print_table(rows, out)
+    with open(os.path.join(config.output_dir, "results.json"), "w") as f:
+        json.dump({"config": os.path.abspath(config_path), "cluster": config.cluster, "results": rows}, f, indent=1)
+    return rows
+
+
+def print_table(rows, out=sys.stdout) -> None:
+    print(f"{'entry':40s} {'measured ms':>16s} {'simulated ms':>13s} {'sim/real':>9s}", file=out)
+    for r in rows:
+        if r["error"]:
+            print(f"{r['name']:40s} FAILED: {r['error'].splitlines()[0][:100]}", file=out)
+            continue
+        sim = f"{r['simulated_s'] * 1e3:13.2f}" if r.get("simulated_s") else f"{'-':>13s}"
+        ratio = f"{r['ratio']:9.3f}" if r.get("ratio") else f"{'-':>9s}"
+        print(f"{r['name']:40s} {r['mean_s'] * 1e3:8.2f} ± {r['std_s'] * 1e3:5.2f} {sim} {ratio}", file=out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="activate.py", description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="activate_config.txt (JSON), see examples/formats/README.md")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    rows = run(args.config)
+    return 1 if rows and all(r["error"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Compares every baseline and planner on one graph and cluster, in the simulator.
+
+    python -m tfplace.compare --graph vgg19 --cluster clusters/heterog_testbed.json --out out/vgg19
+    python -m tfplace.compare --graph graph_defs/zoo/resnet50_b64_s224_sgd.json \
+        --cluster clusters/two_kind_4gpu.json --profile resnet50.profile.json --max-groups 64
+
+--graph is a bundle .json or a zoo model name (exported on demand at --batch-size, or at the
+model's default batch). Without --profile the device model's default profile is used
+(tfplace.profiling.device_model.default_profile: a bundled measured profile scaled to each device kind
+when one exists, else the roofline model); `--profile roofline` forces the roofline model.
+While tfplace.profiling.device_model is missing, a uniform profile (every op equally fast on every kind)
+stands in and the command says so.
+
+Prints one table: strategy, simulated step time, the largest per-device peak memory, OOM,
+speed-up over DP-EV with all-reduce, fraction of the ideal compute bound (bound / time; 1.0 would
+be perfect), and the time the generator took. Writes to --out (default
+./compare_<graph>_<cluster>): table.txt, compare.json (rows + bounds), compare.png (bar chart:
+step time with the ideal bound, peak memory with the smallest device memory), and
+strategies/<name>.json for every strategy (deployable with activate.py).
+
+Exit status 0 (OOM and failed generators are rows of the table), 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, Optional, Sequence
+
+from tfplace.formats.errors import InputError, exit_code_of
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tfplace.compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("--graph", required=True, help="bundle .json or zoo model name (e.g. vgg19)")
+    p.add_argument("--cluster", required=True, help="cluster.json")
+    p.add_argument("--profile", default=None,
+                   help="profile.json, or 'roofline' for the pure roofline model (default: the device "
+                        "model's default profile: a bundled measured profile scaled per kind, else roofline)")
+    p.add_argument("--max-groups", type=int, default=64, help="grouping level K (default 64)")
+    p.add_argument("--batch-size", type=int, default=None, help="global batch (default: the graph's)")
+    p.add_argument("--strategies", default=None,
+                   help="comma-separated baseline names (default: all; see tfplace.baselines.registry)")
+    p.add_argument("--out", default=None, help="output folder (default ./compare_<graph>_<cluster>)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    return p
+
+
+def _load_graph(spec: str, batch_size: Optional[int]):
+    from tfplace.ir.loader import load_op_graph
+    path = spec
+    if not (spec.endswith(".json") or os.path.exists(spec)):
+        from tfplace.graph_defs.export import ensure_bundle
+        try:
+            path = ensure_bundle(spec, batch_size=batch_size) if batch_size else ensure_bundle(spec)
+        except (KeyError, ValueError) as err:
+            raise InputError("argument --graph", "", f"{spec!r} is neither a file nor a zoo model ({err})",
+                             "give a bundle .json path or a zoo model name such as vgg19") from None
+    return load_op_graph(path, batch_size=batch_size)
+
+
+def _row(name: str, problem, generate) -> Dict[str, Any]:
+    t0 = time.perf_counter()
+    try:
+        strategy = generate(name, problem)
+    except (InputError, RuntimeError) as err:
+        return {"strategy": name, "error": str(err), "plan_s": time.perf_counter() - t0}
+    plan_s = time.perf_counter() - t0
+    report = problem.evaluate(strategy)
+    return {"strategy": name, "time_s": report.iteration_time_s, "peak_bytes": max(report.peak_memory_bytes),
+            "oom": report.oom, "oom_devices": list(report.oom_devices), "plan_s": plan_s,
+            "devices_used": len(strategy.all_devices()), "_strategy": strategy}
+
+
+def compare(problem, names: Sequence[str]) -> Dict[str, Any]:
+    """Rows (one per name) and bounds; speed-ups over registry.REFERENCE."""
+    from tfplace.baselines import bounds, registry
+    rows = [_row(n, problem, registry.generate) for n in names]
+    ideal = bounds.ideal_compute_s(problem)
+    ref = next((r for r in rows if r["strategy"] == registry.REFERENCE and "time_s" in r), None)
+    if ref is None and registry.REFERENCE not in names:
+        ref = _row(registry.REFERENCE, problem, registry.generate)
+        ref = ref if "time_s" in ref else None
+    for r in rows:
+        if "time_s" in r:
+            r["speedup_vs_dp_even"] = ref["time_s"] / r["time_s"] if ref else None
+            r["fraction_of_ideal"] = ideal / r["time_s"] if r["time_s"] > 0 else None
+    return {"rows": rows, "ideal_compute_s": ideal, "reference": registry.REFERENCE}
+
+
+def format_table(result: Dict[str, Any], title: str) -> str:
+    lines = [title, f"ideal compute bound: {result['ideal_compute_s'] * 1e3:.3f} ms",
+             f"{'strategy':<28}{'sim ms':>10}{'peak GB':>9}{'OOM':>5}{'vs DP-EV':>10}{'of ideal':>10}{'plan s':>8}"]
+    for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"{r['strategy']:<28}  not applicable: {r['error'][:90]}")
+            continue
+        speed = f"{r['speedup_vs_dp_even']:.2f}x" if r.get("speedup_vs_dp_even") else "-"
+        frac = f"{r['fraction_of_ideal']:.2f}" if r.get("fraction_of_ideal") is not None else "-"
+        lines.append(f"{r['strategy']:<28}{r['time_s'] * 1e3:>10.3f}{r['peak_bytes'] / 1e9:>9.2f}"
+                     f"{'yes' if r['oom'] else 'no':>5}{speed:>10}{frac:>10}{r['plan_s']:>8.2f}")
+    return "\n".join(lines)
+
+
+def plot(result: Dict[str, Any], min_capacity_bytes: float, title: str, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [r for r in result["rows"] if "time_s" in r]
+    names = [r["strategy"] for r in rows]
+    colors = ["tab:red" if r["oom"] else "tab:blue" for r in rows]
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(13, 0.42 * len(rows) + 1.8), sharey=True)
+    y = range(len(rows))
+    times_ms = [r["time_s"] * 1e3 for r in rows]
+    ax_t.barh(y, times_ms, color=colors)
+    ax_t.axvline(result["ideal_compute_s"] * 1e3, color="k", ls="--", lw=1, label="ideal compute bound")
+    if times_ms and max(times_ms) > 20 * max(min(times_ms), 1e-12):
+        ax_t.set_xscale("log")  # the spread between planners spans orders of magnitude
+    for i, t in enumerate(times_ms):
+        ax_t.annotate(f"{t:.0f}" if t >= 100 else f"{t:.3g}", (t, i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+    ax_t.set_yticks(list(y), names)
+    ax_t.invert_yaxis()
+    ax_t.set_xlabel("simulated step time (ms); red = OOM")
+    ax_t.legend(loc="lower right", fontsize=8)
+    ax_m.barh(y, [r["peak_bytes"] / 1e9 for r in rows], color=colors)
+    ax_m.axvline(min_capacity_bytes / 1e9, color="k", ls=":", lw=1, label="smallest device memory (capacities differ)")
+    ax_m.set_xlabel("largest per-device peak memory (GB); red = OOM")
+    ax_m.legend(loc="lower right", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def execute(args) -> int:
+    from tfplace.baselines import registry
+    from tfplace.baselines.problem import make_problem
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.formats.profile import load_profile
+    from tfplace.formats.strategy import save_strategy
+
+    if args.max_groups < 1:
+        raise InputError("argument --max-groups", "", f"must be >= 1, got {args.max_groups}", "give K >= 1")
+    names = registry.names() if args.strategies is None else tuple(x.strip() for x in args.strategies.split(",") if x.strip())
+    for n in names:
+        registry.is_runtime(n)  # raises for unknown names
+    names = tuple(n for n in names if not registry.is_runtime(n))  # Horovod rows equal their DP strategies
+    cluster = load_cluster(args.cluster)
+    graph = _load_graph(args.graph, args.batch_size)
+    if args.profile == "roofline":
+        from tfplace.profiling.device_model import roofline_profile
+        profile, profile_label = roofline_profile(graph, cluster.kinds), "roofline device model"
+    elif args.profile:
+        profile = load_profile(args.profile)
+        profile_label = args.profile
+    else:
+        profile = registry.default_profile(graph, cluster.kinds)
+        bundled = profile.conditions.get("bundled") if isinstance(profile.conditions, dict) else None
+        profile_label = (f"device model ({'bundled ' + bundled + ' scaled per kind' if bundled else 'roofline'})"
+                         if registry.has_device_model() else
+                         "UNIFORM profile (no tfplace.profiling.device_model yet: every kind equally fast)")
+    problem = make_problem(graph, cluster, profile, max_groups=args.max_groups, global_batch_size=args.batch_size)
+    model = problem.graph_name
+    title = (f"{model} (batch {problem.global_batch_size}, {problem.num_groups} groups) on {cluster.name} "
+             f"({cluster.num_devices} devices); profile: {profile_label}")
+    result = compare(problem, names)
+    table = format_table(result, title)
+    print(table)
+    out = args.out or f"compare_{model}_{cluster.name}"
+    os.makedirs(os.path.join(out, "strategies"), exist_ok=True)
+    for r in result["rows"]:
+        strategy = r.pop("_strategy", None)
+        if strategy is not None:
+            save_strategy(strategy, os.path.join(out, "strategies", f"{r['strategy']}.json"))
+    with open(os.path.join(out, "table.txt"), "w", encoding="utf-8") as f:
+        f.write(table + "\n")
+    with open(os.path.join(out, "compare.json"), "w", encoding="utf-8") as f:
+        json.dump(dict(result, title=title, graph=args.graph, cluster=args.cluster), f, indent=1)
+    if not args.no_plot:
+        plot(result, float(cluster.memory_bytes.min()), title, os.path.join(out, "compare.png"))
+    print(f"wrote {out}/table.txt, compare.json{'' if args.no_plot else ', compare.png'}, strategies/")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return exit_code_of(execute, _parser().parse_args(argv))
+
+
+def run() -> None:
+    """Entry point for `python -m`."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,398 @@
+"""Cluster: devices, hosts and the links between them, with the topology the simulator uses.
+
+File format `cluster.json` (every field, with units, in examples/formats/README.md; the bundled
+clusters and their datasheet figures in clusters/README.md):
+
+    {"format": "tfplace.cluster", "version": 1, "name": "two_kind_4gpu",
+     "hosts": [{"name": "h0", "address": "127.0.0.1",
+                "nic_bandwidth_bytes_per_s": 6.25e9, "nic_latency_s": 1e-5,
+                "intra_bandwidth_bytes_per_s": 1.2e10, "intra_latency_s": 5e-6,
+                "cpu_cores": 2}],                                                   # optional
+     "devices": [{"name": "v100_0", "kind": "V100", "host": "h0", "memory_bytes": 16000000000,
+                  "task": 0, "straggle_probability": 0.0, "straggle_factor": 1.0}],
+     "links": {"bandwidth_bytes_per_s": [[...]], "latency_s": [[...]]}}   # optional matrices
+
+Units: bytes, bytes per second, seconds. Host fields left out take the `Host` defaults.
+
+Topology (when no explicit matrix is given):
+  * two devices on one host talk over a dedicated link per ordered pair (intra bandwidth);
+  * devices on different hosts go up the source host's NIC and down the destination host's NIC
+    into a non-blocking switch: each host has an "up" and a "down" link (full duplex), shared by
+    every transfer that leaves or enters the host. The path is [up(src host), down(dst host)].
+With an explicit matrix every ordered device pair gets its own link (the diagonal is ignored);
+the matrices are kept on the Cluster so that `to_json` writes them back unchanged.
+
+A transfer of S bytes on a free path takes sum(latencies) + S / min(bandwidths).
+
+Devices map onto TensorFlow tasks: `task` is the index of the TF server process that owns the
+device (default: one task per host, in host order), and `tf_device` is the full device name
+`/job:worker/replica:0/task:<t>/device:<GPU|CPU>:<k>`. Tasks must be numbered 0..T-1 and a task
+lives on one host (it is one process).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from tfplace.formats.errors import InputError
+from tfplace.formats.jsonio import FieldReader, write_json
+
+FORMAT = "tfplace.cluster"
+CPU_KINDS = ("CPU",)
+
+
+def is_cpu_kind(kind: str) -> bool:
+    """CPU devices: kind "CPU", or "CPU_<label>" for CPUs of another speed (e.g. "CPU_half", a
+    local-cluster task under a CPU quota, profiled under the same quota)."""
+    return kind in CPU_KINDS or kind.startswith("CPU_")
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """One machine. Defaults: 10 GbE NIC (1.25e9 B/s), PCIe-class intra-host links.
+
+    cpu_cores: cores the host's CPU devices share (e.g. 2 for three TF tasks on a 2-core
+    machine): the simulator runs at most that many of them at once. None (the default): every
+    device has its own processor, as GPUs do."""
+    name: str
+    address: str = "127.0.0.1"
+    nic_bandwidth_bytes_per_s: float = 1.25e9
+    nic_latency_s: float = 1e-5
+    intra_bandwidth_bytes_per_s: float = 1.0e10
+    intra_latency_s: float = 5e-6
+    cpu_cores: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """One accelerator (or CPU) that runs ops.
+
+    Attributes:
+      name: short unique name used in strategies ("v100_0").
+      kind: device kind, a key of the device-model table and of profiles ("V100", "CPU").
+      host: name of the host it sits in.
+      memory_bytes: memory available to tensors and variables (bytes, GB = 1e9).
+      task: TF server task index that owns it; None (the default) means the index of its host,
+        i.e. one task per host (filled in by `build_cluster`).
+      tf_device: full TF device string (filled in by `build_cluster`).
+      straggle_probability: chance per step that the device runs slow (simulator noise).
+      straggle_factor: slowdown factor (>= 1) when it does.
+    """
+    name: str
+    kind: str
+    host: str
+    memory_bytes: int
+    task: Optional[int] = None
+    tf_device: str = ""
+    straggle_probability: float = 0.0
+    straggle_factor: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Cluster:
+    """Devices plus the link table and a path (tuple of link ids) for every ordered device pair.
+
+    Arrays: link_bandwidth_bytes_per_s[L], link_latency_s[L], link_names[L];
+    paths[i][j]: tuple of link indices a transfer from device i to device j occupies (empty for
+    i == j). bandwidth_matrix_bytes_per_s / latency_matrix_s: the [D, D] matrices the cluster
+    was built from, or None for the host topology. Compare clusters with `to_json()`.
+    """
+    name: str
+    hosts: Tuple[Host, ...]
+    devices: Tuple[Device, ...]
+    link_names: Tuple[str, ...]
+    link_bandwidth_bytes_per_s: np.ndarray
+    link_latency_s: np.ndarray
+    paths: Tuple[Tuple[Tuple[int, ...], ...], ...]
+    source: str = ""
+    bandwidth_matrix_bytes_per_s: Optional[np.ndarray] = None
+    latency_matrix_s: Optional[np.ndarray] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "_index", {d.name: i for i, d in enumerate(self.devices)})
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def device_names(self) -> Tuple[str, ...]:
+        return tuple(d.name for d in self.devices)
+
+    @property
+    def kinds(self) -> Tuple[str, ...]:
+        """Distinct device kinds, in order of first appearance."""
+        return tuple(dict.fromkeys(d.kind for d in self.devices))
+
+    @property
+    def num_tasks(self) -> int:
+        return max(d.task for d in self.devices) + 1
+
+    @property
+    def memory_bytes(self) -> np.ndarray:
+        return np.array([d.memory_bytes for d in self.devices], dtype=np.int64)
+
+    def device_index(self, name: str, source: str = "", field: str = "device") -> int:
+        try:
+            return self._index[name]
+        except KeyError:
+            raise InputError(source or self.source or "cluster", field, f"unknown device {name!r}",
+                             f"use one of the cluster's devices {list(self._index)}") from None
+
+    def host_of(self, device: int) -> Host:
+        name = self.devices[device].host
+        return next(h for h in self.hosts if h.name == name)
+
+    def path_bandwidth_bytes_per_s(self, src: int, dst: int) -> float:
+        """Bottleneck bandwidth from device src to dst (inf on the same device)."""
+        links = self.paths[src][dst]
+        return float(self.link_bandwidth_bytes_per_s[list(links)].min()) if links else float("inf")
+
+    def path_latency_s(self, src: int, dst: int) -> float:
+        """Sum of the latencies of the links on the path (0 on the same device)."""
+        links = self.paths[src][dst]
+        return float(self.link_latency_s[list(links)].sum()) if links else 0.0
+
+    def transfer_seconds(self, src: int, dst: int, num_bytes: float) -> float:
+        """Time to move num_bytes from src to dst on otherwise idle links."""
+        if src == dst:
+            return 0.0
+        return self.path_latency_s(src, dst) + num_bytes / self.path_bandwidth_bytes_per_s(src, dst)
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {
+            "format": FORMAT, "version": 1, "name": self.name,
+            "hosts": [{k: v for k, v in dataclasses.asdict(h).items() if not (k == "cpu_cores" and v is None)}
+                      for h in self.hosts],
+            "devices": [_device_json(d) for d in self.devices],
+        }
+        if self.bandwidth_matrix_bytes_per_s is not None:
+            links = {"bandwidth_bytes_per_s": self.bandwidth_matrix_bytes_per_s.tolist()}
+            if self.latency_matrix_s is not None:
+                links["latency_s"] = self.latency_matrix_s.tolist()
+            out["links"] = links
+        return out
+
+
+def _device_json(d: Device) -> Dict[str, Any]:
+    out = {"name": d.name, "kind": d.kind, "host": d.host, "memory_bytes": int(d.memory_bytes),
+           "task": d.task}
+    if d.straggle_probability or d.straggle_factor != 1.0:
+        out.update(straggle_probability=d.straggle_probability, straggle_factor=d.straggle_factor)
+    return out
+
+
+def tf_device_string(task: int, kind: str, ordinal: int) -> str:
+    device_type = "CPU" if is_cpu_kind(kind) else "GPU"
+    return f"/job:worker/replica:0/task:{task}/device:{device_type}:{ordinal}"
+
+
+# ---- validation (one place for files and for code that builds clusters directly) -------------
+def _check_hosts(src: str, hosts: Sequence[Host]) -> Dict[str, int]:
+    index: Dict[str, int] = {}
+    for i, h in enumerate(hosts):
+        f = f"hosts[{i}]"
+        if not h.name.strip():
+            raise InputError(src, f"{f}.name", "is empty", "give the host a name")
+        if h.name in index:
+            raise InputError(src, f"{f}.name", f"duplicate host name {h.name!r}", "give every host a unique name")
+        if not h.address.strip() or any(c.isspace() for c in h.address):
+            raise InputError(src, f"{f}.address", f"must be a host name or IP address, got {h.address!r}",
+                             'give e.g. "127.0.0.1" or "gpu-node-3.example.org"')
+        for key in ("nic_bandwidth_bytes_per_s", "intra_bandwidth_bytes_per_s"):
+            value = getattr(h, key)
+            if not (np.isfinite(value) and value > 0):
+                raise InputError(src, f"{f}.{key}", f"must be > 0, got {value}",
+                                 "give the bandwidth in bytes per second, e.g. 6.25e9 for 50 GbE")
+        for key in ("nic_latency_s", "intra_latency_s"):
+            value = getattr(h, key)
+            if not (np.isfinite(value) and value >= 0):
+                raise InputError(src, f"{f}.{key}", f"must be >= 0, got {value}", "give the latency in seconds, e.g. 5e-6")
+        if h.cpu_cores is not None and not (isinstance(h.cpu_cores, int) and h.cpu_cores >= 1):
+            raise InputError(src, f"{f}.cpu_cores", f"must be an integer >= 1, got {h.cpu_cores!r}",
+                             "give the number of cores the host's CPU devices share, or leave it out")
+        index[h.name] = i
+    return index
+
+
+def _check_device(src: str, i: int, d: Device, host_index: Dict[str, int], seen: set) -> None:
+    f = f"devices[{i}]"
+    if not d.name.strip():
+        raise InputError(src, f"{f}.name", "is empty", "give the device a name")
+    if d.name in seen:
+        raise InputError(src, f"{f}.name", f"duplicate device name {d.name!r}", "give every device a unique name")
+    if not d.kind.strip():
+        raise InputError(src, f"{f}.kind", "is empty", 'give the device kind, e.g. "V100" or "CPU"')
+    if d.host not in host_index:
+        raise InputError(src, f"{f}.host", f"unknown host {d.host!r}",
+                         f"use one of the hosts {list(host_index)} or add the host")
+    if not d.memory_bytes > 0:
+        raise InputError(src, f"{f}.memory_bytes", f"must be > 0, got {d.memory_bytes}",
+                         "give the device memory in bytes, e.g. 16000000000 for 16 GB")
+    if d.task is not None and d.task < 0:
+        raise InputError(src, f"{f}.task", f"must be >= 0, got {d.task}", "number the TF tasks from 0")
+    if not 0 <= d.straggle_probability <= 1:
+        raise InputError(src, f"{f}.straggle_probability", f"must be in [0, 1], got {d.straggle_probability}",
+                         "give a probability per step")
+    if not d.straggle_factor >= 1:
+        raise InputError(src, f"{f}.straggle_factor", f"must be >= 1, got {d.straggle_factor}",
+                         "give the slowdown factor (2.0 = twice as slow)")
+
+
+def _check_tasks(src: str, devices: Sequence[Device]) -> None:
+    """A task is one TF server process: it lives on one host, and tasks are numbered 0..T-1."""
+    task_host: Dict[int, str] = {}
+    for i, d in enumerate(devices):
+        if task_host.setdefault(d.task, d.host) != d.host:
+            raise InputError(src, f"devices[{i}].task", f"task {d.task} is on host {task_host[d.task]!r} "
+                             f"and on host {d.host!r}", "give devices of different hosts different tasks")
+    missing = sorted(set(range(max(task_host) + 1)) - set(task_host))
+    if missing:
+        raise InputError(src, "devices", f"tasks must be numbered 0..T-1 without gaps; no device has task {missing[0]}",
+                         "renumber the devices' tasks")
+
+
+def _check_matrix(src: str, field: str, m: np.ndarray, n: int, positive: bool) -> None:
+    if m.shape != (n, n):
+        raise InputError(src, field, f"must be a {n}x{n} matrix (one row per device), got shape {m.shape}",
+                         "give one row and one column per device, in device order")
+    for i in range(n):
+        for j in range(n):
+            if i != j and not (np.isfinite(m[i, j]) and (m[i, j] > 0 if positive else m[i, j] >= 0)):
+                raise InputError(src, f"{field}[{i}][{j}]", f"must be {'> 0' if positive else '>= 0'}, got {m[i, j]}",
+                                 "give bytes per second" if positive else "give seconds")
+
+
+def build_cluster(name: str, hosts: Sequence[Host], devices: Sequence[Device],
+                  bandwidth_matrix: Optional[np.ndarray] = None,
+                  latency_matrix: Optional[np.ndarray] = None, source: str = "") -> Cluster:
+    """Validates, builds the link table and paths, and fills in each device's `tf_device`.
+
+    Raises InputError (field paths as in the file: `devices[2].host`) for duplicate names,
+    devices on unknown hosts, non-positive memory or bandwidth, bad task numbering and bad
+    matrices.
+    """
+    src = source or name
+    host_index = _check_hosts(src, hosts)
+    if not devices:
+        raise InputError(src, "devices", "no devices", "list at least one device")
+    seen: set = set()
+    ordinals: Dict[Tuple[int, bool], int] = {}
+    filled = []
+    for i, d in enumerate(devices):
+        _check_device(src, i, d, host_index, seen)
+        seen.add(d.name)
+        task = host_index[d.host] if d.task is None else d.task
+        key = (task, is_cpu_kind(d.kind))
+        ordinals[key] = ordinals.get(key, -1) + 1
+        filled.append(dataclasses.replace(d, task=task, tf_device=tf_device_string(task, d.kind, ordinals[key])))
+    _check_tasks(src, filled)
+    n = len(filled)
+    names: List[str] = []
+    bandwidth: List[float] = []
+    latency: List[float] = []
+    paths: List[List[Tuple[int, ...]]] = [[() for _ in range(n)] for _ in range(n)]
+
+    def add_link(link_name: str, bw: float, lat: float) -> int:
+        names.append(link_name); bandwidth.append(float(bw)); latency.append(float(lat))
+        return len(names) - 1
+
+    bw_m = lat_m = None
+    if bandwidth_matrix is not None:
+        bw_m = np.array(bandwidth_matrix, dtype=float)
+        _check_matrix(src, "links.bandwidth_bytes_per_s", bw_m, n, positive=True)
+        if latency_matrix is not None:
+            lat_m = np.array(latency_matrix, dtype=float)
+            _check_matrix(src, "links.latency_s", lat_m, n, positive=False)
+        for i in range(n):
+            for j in range(n):
+                if i != j:
+                    paths[i][j] = (add_link(f"{filled[i].name}->{filled[j].name}", bw_m[i, j],
+                                            0.0 if lat_m is None else lat_m[i, j]),)
+        for m in (bw_m, lat_m):
+            if m is not None:
+                m.setflags(write=False)  # shared with every copy of the Cluster
+    elif latency_matrix is not None:
+        raise InputError(src, "links.latency_s", "given without links.bandwidth_bytes_per_s",
+                         "give both matrices or neither")
+    else:
+        up, down = {}, {}
+        for h in hosts:  # link order: h0 up, h0 down, h1 up, ... (stable ids for traces)
+            up[h.name] = add_link(f"{h.name}/nic_up", h.nic_bandwidth_bytes_per_s, h.nic_latency_s)
+            down[h.name] = add_link(f"{h.name}/nic_down", h.nic_bandwidth_bytes_per_s, h.nic_latency_s)
+        for i, a in enumerate(filled):
+            for j, b in enumerate(filled):
+                if i == j:
+                    continue
+                if a.host == b.host:
+                    h = hosts[host_index[a.host]]
+                    paths[i][j] = (add_link(f"{a.name}->{b.name}", h.intra_bandwidth_bytes_per_s, h.intra_latency_s),)
+                else:
+                    paths[i][j] = (up[a.host], down[b.host])
+    return Cluster(name=name, hosts=tuple(hosts), devices=tuple(filled), link_names=tuple(names),
+                   link_bandwidth_bytes_per_s=np.array(bandwidth, dtype=float),
+                   link_latency_s=np.array(latency, dtype=float),
+                   paths=tuple(tuple(row) for row in paths), source=source,
+                   bandwidth_matrix_bytes_per_s=bw_m, latency_matrix_s=lat_m)
+
+
+# ---- file format --------------------------------------------------------------------------
+def load_cluster(path: Union[str, os.PathLike]) -> Cluster:
+    """Reads and validates a cluster.json file."""
+    return cluster_from_reader(FieldReader.from_file(path, expected_format=FORMAT))
+
+
+_HOST_KEYS = ("name", "address", "nic_bandwidth_bytes_per_s", "nic_latency_s",
+              "intra_bandwidth_bytes_per_s", "intra_latency_s", "cpu_cores")
+_DEVICE_KEYS = ("name", "kind", "host", "memory_bytes", "task", "straggle_probability", "straggle_factor")
+
+
+def _matrix(links: FieldReader, key: str, default: Any) -> Optional[np.ndarray]:
+    rows = links.get(key, list, default=default)
+    if rows is None:
+        return None
+    if not all(isinstance(row, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in row)
+               for row in rows) or len({len(row) for row in rows}) > 1:
+        raise links.error(key, "must be a list of equally long rows of numbers",
+                          "give one row per device with one number per device")
+    return np.array(rows, dtype=float)
+
+
+def cluster_from_reader(r: FieldReader) -> Cluster:
+    """Builds a Cluster from a parsed cluster.json; value checks live in `build_cluster`."""
+    r.expect_keys(("name", "hosts", "devices", "links"))
+    name = r.get("name", str)
+    hosts = []
+    for h in r.items("hosts", min_len=1):
+        h.expect_keys(_HOST_KEYS, also_allowed=("comment",))
+        defaults = Host(name="")
+        hosts.append(Host(name=h.get("name", str), cpu_cores=h.get("cpu_cores", int, default=None), **{
+            key: h.get(key, type(getattr(defaults, key)), default=getattr(defaults, key))
+            for key in _HOST_KEYS[1:-1]}))
+    devices = []
+    for d in r.items("devices", min_len=1):
+        d.expect_keys(_DEVICE_KEYS, also_allowed=("comment",))
+        host = d.get("host", str)
+        devices.append(Device(
+            name=d.get("name", str), kind=d.get("kind", str), host=host,
+            memory_bytes=d.get("memory_bytes", int, fix="give the device memory in bytes, e.g. 16000000000 for 16 GB"),
+            task=d.get("task", int, default=None),
+            straggle_probability=d.get("straggle_probability", float, default=0.0),
+            straggle_factor=d.get("straggle_factor", float, default=1.0)))
+    bw = lat = None
+    if r.has("links"):
+        links = r.child("links")
+        links.expect_keys(("bandwidth_bytes_per_s", "latency_s"), also_allowed=("comment",))
+        bw = _matrix(links, "bandwidth_bytes_per_s", default=None)
+        if bw is None:
+            raise links.error("bandwidth_bytes_per_s", "missing", "give the [device x device] bandwidth matrix")
+        lat = _matrix(links, "latency_s", default=None)
+    return build_cluster(name, hosts, devices, bw, lat, source=r.source)
+
+
+def save_cluster(cluster: Cluster, path: Union[str, os.PathLike]) -> None:
+    write_json(path, cluster.to_json())

@@ -1,0 +1,410 @@
+"""Run configurations: the train config (`config.json`, read by `python -m tfplace.train`) and
+the activate config (`activate_config.txt`, read by `activate.py`; JSON despite the extension,
+as in HeteroG). Every key, unit and default is described in examples/formats/README.md.
+
+Defaults live in one place: the dataclass defaults below (`train_config_defaults()` lists them).
+Path rules:
+  * input paths (graphs, clusters, profiles, strategies) are resolved against the folder of the
+    config file, then against the repository root, and must exist;
+  * output_dir is resolved against the current working directory (default `runs/<config
+    stem>`), so that a run never writes into the folder its inputs come from.
+The loaded values hold absolute paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+from tfplace.formats.cluster import load_cluster
+from tfplace.formats.errors import InputError
+from tfplace.formats.jsonio import FieldReader, resolve_path, write_json
+from tfplace.formats.strategy import load_strategy, validate_strategy
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tfplace/formats/ -> repo
+TRAIN_FORMAT = "tfplace.train_config"
+ACTIVATE_FORMAT = "tfplace.activate_config"
+RL_ALGORITHMS = ("reinforce", "ppo")
+ALLREDUCE_ALGORITHMS = ("ring", "tree")
+OPTIMIZERS = ("sgd", "momentum", "adam")  # as in graph_defs.bundle.OPTIMIZERS
+BASELINES = ("single", "dp_even_allreduce", "dp_even_ps", "dp_proportional_allreduce",
+             "dp_proportional_ps", "horovod_even", "horovod_proportional")
+DERIVE = "derive"
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # entry names become file names
+
+_pos = dict(check=lambda v: v > 0, must="be > 0")
+_non_neg = dict(check=lambda v: v >= 0, must="be >= 0")
+
+
+# ---- train config ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GraphEntry:
+    """One training graph: a zoo `model` (exported on demand) or a bundle .json `graph` path.
+    Sizes in samples (batch_size: global batch), pixels (image_size), tokens (seq_len)."""
+    batch_size: int
+    model: Optional[str] = None
+    graph: Optional[str] = None
+    image_size: Optional[int] = None
+    seq_len: Optional[int] = None
+    num_layers: Optional[int] = None
+    optimizer: Optional[str] = None
+
+    @property
+    def label(self) -> str:
+        """Short unique name used for output folders, e.g. "tiny_cnn_b64"."""
+        parts = [self.model or os.path.splitext(os.path.basename(self.graph or "graph"))[0], f"b{self.batch_size}"]
+        for tag, value in (("s", self.image_size), ("t", self.seq_len), ("n", self.num_layers)):
+            if value is not None:
+                parts.append(f"{tag}{value}")
+        return "_".join(parts + ([self.optimizer] if self.optimizer else []))
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """When training stops: after `steps` policy updates and/or `minutes` of wall time."""
+    steps: Optional[int] = 200
+    minutes: Optional[float] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkConfig:
+    """Graph-network sizes."""
+    hidden_size: int = 64
+    num_message_passing_steps: int = 3
+    num_heads: int = 4
+    mlp_layers: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    """Policy training. oom_penalty multiplies the simulated step time of a strategy that runs
+    out of memory, so that it ranks below feasible ones; baseline_decay is the moving-average
+    factor of the REINFORCE reward baseline; pool_size is the number of best strategies kept."""
+    algorithm: str = "reinforce"
+    learning_rate: float = 1e-3
+    entropy_coef: float = 0.01
+    samples_per_step: int = 4
+    oom_penalty: float = 10.0
+    pool_size: int = 8
+    baseline_decay: float = 0.95
+    ppo_clip: float = 0.2
+    ppo_epochs: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulatorConfig:
+    """straggler_seed None means: use the config's `seed`."""
+    straggler_seed: Optional[int] = None
+    allreduce_algorithm: str = "ring"
+
+
+# section field -> (JSON type, range check); the defaults are the dataclass defaults above.
+_RULES: Dict[type, Dict[str, Tuple[type, Dict[str, Any]]]] = {
+    NetworkConfig: {"hidden_size": (int, _pos), "num_message_passing_steps": (int, _pos),
+                    "num_heads": (int, _pos), "mlp_layers": (int, _pos)},
+    RLConfig: {"algorithm": (str, dict(check=lambda v: v in RL_ALGORITHMS, must=f"be one of {list(RL_ALGORITHMS)}")),
+               "learning_rate": (float, _pos), "entropy_coef": (float, _non_neg),
+               "samples_per_step": (int, _pos), "oom_penalty": (float, dict(check=lambda v: v >= 1, must="be >= 1")),
+               "pool_size": (int, _pos),
+               "baseline_decay": (float, dict(check=lambda v: 0 <= v < 1, must="be in [0, 1)")),
+               "ppo_clip": (float, dict(check=lambda v: 0 < v < 1, must="be in (0, 1)")),
+               "ppo_epochs": (int, _pos)},
+    SimulatorConfig: {"straggler_seed": (int, _non_neg),
+                      "allreduce_algorithm": (str, dict(check=lambda v: v in ALLREDUCE_ALGORITHMS,
+                                                        must=f"be one of {list(ALLREDUCE_ALGORITHMS)}"))},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """A loaded config.json. `profiles` has one entry per graph: an absolute path, or None to
+    derive the costs with the device model. Paths are absolute."""
+    graphs: Tuple[GraphEntry, ...]
+    clusters: Tuple[str, ...]
+    profiles: Tuple[Optional[str], ...]
+    output_dir: str
+    max_groups: int = 64
+    budget: Budget = Budget()
+    seed: int = 0
+    checkpoint_every_steps: int = 50
+    network: NetworkConfig = NetworkConfig()
+    rl: RLConfig = RLConfig()
+    simulator: SimulatorConfig = SimulatorConfig()
+    source: str = dataclasses.field(default="", compare=False)
+
+    def to_json(self) -> Dict[str, Any]:
+        """The config with every default filled in and absolute paths (loads back equal)."""
+        out = {"format": TRAIN_FORMAT, "version": 1}
+        for f in dataclasses.fields(self):
+            if f.name != "source":
+                out[f.name] = _plain(getattr(self, f.name))
+        out["profiles"] = [DERIVE if p is None else p for p in self.profiles]
+        out["graphs"] = [{k: v for k, v in g.items() if v is not None} for g in out["graphs"]]
+        return out
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def train_config_defaults() -> Dict[str, Any]:
+    """Every default of config.json, nested as in the file."""
+    out = {f.name: f.default for f in dataclasses.fields(TrainConfig)
+           if f.default is not dataclasses.MISSING and f.name != "source"}
+    return {k: _plain(v) for k, v in out.items()}
+
+
+def _section(r: FieldReader, key: str, cls: type) -> Any:
+    sub = r.child(key, default_empty=True)
+    rules = _RULES[cls]
+    sub.expect_keys(tuple(rules), also_allowed=("comment",))
+    defaults = cls()
+    return cls(**{name: sub.get(name, t, default=getattr(defaults, name), **checks)
+                  for name, (t, checks) in rules.items()})
+
+
+def _budget(r: FieldReader) -> Budget:
+    if not r.has("budget"):
+        return Budget()
+    b = r.child("budget")
+    b.expect_keys(("steps", "minutes"), also_allowed=("comment",))
+    budget = Budget(b.get("steps", int, default=None, **_pos), b.get("minutes", float, default=None, **_pos))
+    if budget.steps is None and budget.minutes is None:
+        raise b.error(None, "gives neither steps nor minutes", 'add "steps" (policy updates) and/or "minutes"')
+    return budget
+
+
+# check_model(name, batch_size, image_size=, seq_len=, num_layers=, optimizer=) raises ValueError
+# naming the problem, e.g. tfplace.graph_defs.export.resolve_options. Core may not import the zoo
+#, so callers that have it pass it in; without it model names are checked at export.
+ModelCheck = Callable[..., Any]
+
+
+def _check_zoo(g: FieldReader, e: GraphEntry, check_model: Optional[ModelCheck]) -> None:
+    if check_model is None:
+        return
+    try:
+        check_model(e.model, e.batch_size, image_size=e.image_size, seq_len=e.seq_len,
+                    num_layers=e.num_layers, optimizer=e.optimizer or "sgd")
+    except ValueError as err:
+        raise g.error("model", str(err), "use a zoo model name and options that apply to it") from None
+
+
+def _graph_entry(g: FieldReader, bases: List[str], check_model: Optional[ModelCheck]) -> GraphEntry:
+    g.expect_keys(("model", "graph", "batch_size", "image_size", "seq_len", "num_layers", "optimizer"),
+                  also_allowed=("comment",))
+    if g.has("model") == g.has("graph"):
+        raise g.error(None, 'needs exactly one of "model" (a zoo model name) and "graph" (a bundle .json path)',
+                      'keep one of the two keys')
+    options = {key: g.get(key, int, default=None, **_pos) for key in ("image_size", "seq_len", "num_layers")}
+    options["optimizer"] = g.get("optimizer", str, default=None, check=lambda v: v in OPTIMIZERS,
+                                 must=f"be one of {list(OPTIMIZERS)}")
+    batch = g.get("batch_size", int, **_pos)
+    if g.has("graph"):
+        for key, value in options.items():
+            if value is not None:
+                raise g.error(key, 'applies only to zoo models ("model"); a bundle fixes it',
+                              "remove it, or export a bundle with this option")
+        return GraphEntry(batch, graph=g.get_path("graph", bases, what="graph bundle"))
+    entry = GraphEntry(batch, model=g.get("model", str, check=lambda v: bool(v.strip()), must="be non-empty"),
+                       **options)
+    _check_zoo(g, entry, check_model)
+    return entry
+
+
+def _graph_entries(r: FieldReader, key: str, bases: List[str], min_len: int,
+                   check_model: Optional[ModelCheck]) -> Tuple[GraphEntry, ...]:
+    graphs = []
+    for g in r.items(key, default_empty=min_len == 0, min_len=min_len):
+        entry = _graph_entry(g, bases, check_model)
+        if any(e.label == entry.label for e in graphs):
+            raise g.error(None, f"graph {entry.label!r} is listed twice", "remove the second entry")
+        graphs.append(entry)
+    return tuple(graphs)
+
+
+def _profiles(r: FieldReader, bases: List[str], num_graphs: int) -> Tuple[Optional[str], ...]:
+    value = r.get("profiles", (str, list), default=DERIVE)
+    if isinstance(value, str):
+        if value != DERIVE:
+            raise r.error("profiles", f"must be {DERIVE!r} or a list, got {value!r}",
+                          f'write "{DERIVE}" or list one profile path (or "{DERIVE}") per graph')
+        return (None,) * num_graphs
+    if len(value) != num_graphs:
+        raise r.error("profiles", f"has {len(value)} entries for {num_graphs} graphs",
+                      f'give one profile path (or "{DERIVE}") per entry of "graphs", in the same order')
+    out = []
+    for i, p in enumerate(value):
+        if not isinstance(p, str) or not p:
+            raise r.error(f"profiles[{i}]", f"must be a path or {DERIVE!r}, got {p!r}", "give a string")
+        out.append(None if p == DERIVE else
+                   _resolve(r, f"profiles[{i}]", p, bases, "profile"))
+    return tuple(out)
+
+
+def _resolve(r: FieldReader, field: str, value: str, bases: List[str], what: str) -> str:
+    return resolve_path(value, r.source, r.field_path(field), bases, what)
+
+
+def _output_dir(r: FieldReader, workdir: Optional[str]) -> str:
+    stem = os.path.splitext(os.path.basename(r.source))[0]
+    value = r.get("output_dir", str, default=os.path.join("runs", stem),
+                  check=lambda v: bool(v.strip()), must="be non-empty")
+    return os.path.normpath(os.path.join(workdir or os.getcwd(), os.path.expanduser(value)))
+
+
+def load_train_config(path: Union[str, os.PathLike], workdir: Optional[str] = None,
+                      check_model: Optional[ModelCheck] = None) -> TrainConfig:
+    """Reads and validates config.json; loads every cluster it names (their errors name the
+    cluster file). workdir: base of a relative output_dir (default: the current directory);
+    check_model: see `ModelCheck`."""
+    r = FieldReader.from_file(path, expected_format=TRAIN_FORMAT)
+    bases = [os.path.dirname(os.path.abspath(r.source)), REPO_ROOT]
+    r.expect_keys(("graphs", "clusters", "profiles", "max_groups", "budget", "seed", "output_dir",
+                   "checkpoint_every_steps", "network", "rl", "simulator"))
+    graphs = _graph_entries(r, "graphs", bases, min_len=1, check_model=check_model)
+    clusters = tuple(_resolve(r, f"clusters[{i}]", c, bases, "cluster file")
+                     for i, c in enumerate(r.strings("clusters", min_len=1)))
+    for c in clusters:
+        load_cluster(c)
+    return TrainConfig(
+        graphs=graphs, clusters=clusters, profiles=_profiles(r, bases, len(graphs)),
+        output_dir=_output_dir(r, workdir),
+        max_groups=r.get("max_groups", int, default=TrainConfig.max_groups, **_pos),
+        budget=_budget(r), seed=r.get("seed", int, default=TrainConfig.seed, **_non_neg),
+        checkpoint_every_steps=r.get("checkpoint_every_steps", int, default=TrainConfig.checkpoint_every_steps, **_pos),
+        network=_section(r, "network", NetworkConfig), rl=_section(r, "rl", RLConfig),
+        simulator=_section(r, "simulator", SimulatorConfig), source=r.source)
+
+
+def save_train_config(config: TrainConfig, path: Union[str, os.PathLike]) -> None:
+    """Writes the resolved config (e.g. into the run's output_dir, for reproducibility)."""
+    write_json(path, config.to_json())
+
+
+# ---- activate config ------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class StrategyEntry:
+    """One strategy to deploy. `strategy`/`graph` are absolute paths; `model` is a zoo name
+    (exported at the strategy's global batch size) used when `graph` is None. `error` holds
+    the problem found while reading the entry when the config was loaded with strict=False."""
+    name: str
+    field: str
+    strategy: str = ""
+    graph: Optional[str] = None
+    model: Optional[str] = None
+    error: Optional[InputError] = dataclasses.field(default=None, compare=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivateConfig:
+    """A loaded activate_config.txt. Baselines run on every graph of the strategy entries
+    (at the strategy's batch size) and on every entry of `graphs`."""
+    cluster: str
+    strategies: Tuple[StrategyEntry, ...]
+    baselines: Tuple[str, ...]
+    graphs: Tuple[GraphEntry, ...]
+    output_dir: str
+    steps: int = 10
+    warmup_steps: int = 5
+    trace: bool = True
+    source: str = dataclasses.field(default="", compare=False)
+
+
+def _entry_name(s: FieldReader, i: int) -> str:
+    name = s.data.get("name")
+    return name if isinstance(name, str) and _NAME.fullmatch(name) else f"strategies[{i}]"
+
+
+def _strategy_entry(s: FieldReader, i: int, bases: List[str], check_model: Optional[ModelCheck]) -> StrategyEntry:
+    field = s.field_path()
+    try:
+        s.expect_keys(("name", "strategy", "graph", "model"), also_allowed=("comment",))
+        name = s.get("name", str, check=lambda v: bool(_NAME.fullmatch(v)),
+                     must="use only letters, digits, '_', '.', '-' (it names output files)",
+                     fix='rename the entry, e.g. "my_run"')
+        if s.has("model") == s.has("graph"):
+            raise s.error(None, 'needs exactly one of "graph" (a bundle .json path) and "model" (a zoo name)',
+                          "keep one of the two keys")
+        strategy = s.get_path("strategy", bases, what="strategy file")
+        graph = s.get_path("graph", bases, default=None, what="graph bundle")
+        model = s.get("model", str, default=None, check=lambda v: bool(v.strip()), must="be non-empty")
+        if model is not None and check_model is not None:
+            try:
+                check_model(model, None)
+            except ValueError as err:
+                raise s.error("model", str(err), "use a zoo model name") from None
+        return StrategyEntry(name, field, strategy, graph, model)
+    except InputError as e:
+        return StrategyEntry(_entry_name(s, i), field, error=e)
+
+
+def load_activate_config(path: Union[str, os.PathLike], strict: bool = True,
+                         workdir: Optional[str] = None, check_model: Optional[ModelCheck] = None) -> ActivateConfig:
+    """Reads activate_config.txt. Problems of the file as a whole always raise. Problems of one
+    strategy or baseline entry raise when strict; otherwise they are kept for
+    `validate_entries`, so that a run can skip the bad entry and do the others."""
+    r = FieldReader.from_file(path, expected_format=ACTIVATE_FORMAT)
+    bases = [os.path.dirname(os.path.abspath(r.source)), REPO_ROOT]
+    r.expect_keys(("cluster", "strategies", "baselines", "graphs", "steps", "warmup_steps",
+                   "output_dir", "trace"))
+    cluster = r.get_path("cluster", bases, default=None, what="cluster file") or \
+        os.path.join(REPO_ROOT, "clusters", "local_cpu.json")
+    load_cluster(cluster)
+    strategies = tuple(_strategy_entry(s, i, bases, check_model) for i, s in enumerate(r.items("strategies", default_empty=True)))
+    baselines = tuple(r.strings("baselines", default=[]))
+    graphs = _graph_entries(r, "graphs", bases, min_len=0, check_model=check_model)
+    if not strategies and not baselines:
+        raise r.error("strategies", "nothing to run: no strategies and no baselines",
+                      'list strategy entries and/or "baselines"')
+    if baselines and not strategies and not graphs:
+        raise r.error("baselines", "no graph to run the baselines on",
+                      'add a strategy entry or a "graphs" entry ({"model": ..., "batch_size": ...})')
+    config = ActivateConfig(
+        cluster=cluster, strategies=strategies, baselines=baselines, graphs=graphs,
+        output_dir=_output_dir(r, workdir),
+        steps=r.get("steps", int, default=ActivateConfig.steps, **_pos),
+        warmup_steps=r.get("warmup_steps", int, default=ActivateConfig.warmup_steps, **_non_neg),
+        trace=r.get("trace", bool, default=ActivateConfig.trace), source=r.source)
+    if strict:
+        for _, error in validate_entries(config):
+            if error is not None:
+                raise error
+    return config
+
+
+def validate_entries(config: ActivateConfig) -> List[Tuple[str, Optional[InputError]]]:
+    """(entry name, problem or None) for every strategy entry, then every baseline, in file
+    order. Strategy files are loaded and checked against the cluster's devices (the grouping
+    check needs the graph and happens when the entry runs)."""
+    src = config.source or "activate config"
+    devices = load_cluster(config.cluster).device_names
+    seen: set = set()
+    out: List[Tuple[str, Optional[InputError]]] = []
+    for e in config.strategies:
+        error = e.error
+        if error is None and e.name in seen:
+            error = InputError(src, f"{e.field}.name", f"entry name {e.name!r} is used twice", "rename one of them")
+        if error is None:
+            try:
+                validate_strategy(load_strategy(e.strategy), None, devices)
+            except InputError as err:
+                error = err
+        seen.add(e.name)
+        out.append((e.name, error))
+    for i, name in enumerate(config.baselines):
+        error = None
+        if name not in BASELINES:
+            error = InputError(src, f"baselines[{i}]", f"unknown baseline {name!r}", f"use one of {list(BASELINES)}")
+        elif name in seen:
+            error = InputError(src, f"baselines[{i}]", f"{name!r} is listed twice (or names a strategy entry too)",
+                               "list each baseline once and give strategy entries other names")
+        seen.add(name)
+        out.append((name, error))
+    return out

@@ -1,0 +1,152 @@
+"""Reports of one training iteration: simulated (SimReport) and measured (RunReport).
+
+Fields that mean the same thing carry the same name in both, so one table can hold a simulated
+and a measured row side by side (`report_row`):
+
+  iteration_time_s     seconds per training step (simulated makespan / mean of measured steps)
+  device_names         device order of every per-device tuple
+  peak_memory_bytes    per device, peak bytes in use during the step
+  oom, oom_devices     whether (and where) the peak exceeds the device's memory
+
+SimReport adds what only a simulator knows exactly: busy and compute seconds per device,
+bytes on the wire, capacities, and an optional Chrome trace. RunReport adds the measured step
+times and the path of the timeline the runtime wrote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class SimReport:
+    """One simulated iteration.
+
+    Attributes:
+      iteration_time_s: the step's seconds: the makespan of its events, or its CPU bound where
+        that is longer.
+      device_names: device order of the per-device tuples.
+      peak_memory_bytes: per device: resident variables + peak of live tensors, bytes.
+      memory_capacity_bytes: per device: `Device.memory_bytes`.
+      oom: True if any device's peak exceeds its capacity (a result, not an exception).
+      oom_devices: names of those devices.
+      comm_bytes: bytes sent over links: transfers plus, per ring all-reduce of S bytes over n
+        devices, 2(n-1)·S (every participant sends 2(n-1)/n·S).
+      busy_s: per device, seconds its compute lane was busy (ops + split/concat/sum tasks).
+      compute_s: per device, seconds of op compute tasks only.
+      num_tasks: tasks simulated.
+      seed: seed of the straggler noise.
+      trace: Chrome trace-event object ({"traceEvents": [...]}) when asked for, else None.
+      makespan_s: when the last task of the events finishes (None: not given, = iteration_time_s).
+      cpu_bound_s: the shortest step the devices' CPU demand allows (tfplace.overheads.cpu_demand; 0: none
+        given).
+    """
+    iteration_time_s: float
+    device_names: Tuple[str, ...]
+    peak_memory_bytes: Tuple[int, ...]
+    memory_capacity_bytes: Tuple[int, ...]
+    oom: bool
+    oom_devices: Tuple[str, ...]
+    comm_bytes: float
+    busy_s: Tuple[float, ...]
+    compute_s: Tuple[float, ...]
+    num_tasks: int = 0
+    seed: int = 0
+    trace: Optional[Dict[str, Any]] = dataclasses.field(default=None, repr=False, compare=False)
+    makespan_s: Optional[float] = None
+    cpu_bound_s: float = 0.0
+
+    def __post_init__(self):
+        n = len(self.device_names)
+        for name in ("peak_memory_bytes", "memory_capacity_bytes", "busy_s", "compute_s"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"SimReport.{name}: needs one entry per device ({n})")
+        if not (self.iteration_time_s >= 0 and math.isfinite(self.iteration_time_s)):
+            raise ValueError(f"SimReport.iteration_time_s: must be finite and >= 0, got {self.iteration_time_s}")
+
+    @property
+    def utilisation(self) -> Tuple[float, ...]:
+        """Busy fraction of each device's compute lane over the iteration."""
+        t = self.iteration_time_s
+        return tuple((b / t if t > 0 else 0.0) for b in self.busy_s)
+
+    def summary(self) -> str:
+        """A small human-readable table (iteration time, memory vs capacity, utilisation)."""
+        lines = [f"iteration time: {self.iteration_time_s * 1e3:.3f} ms   tasks: {self.num_tasks}   "
+                 f"comm: {self.comm_bytes / 1e6:.2f} MB   OOM: {'yes ' + ', '.join(self.oom_devices) if self.oom else 'no'}",
+                 f"{'device':<16}{'peak GB':>10}{'cap GB':>10}{'busy ms':>10}{'compute ms':>12}{'util':>7}"]
+        for i, name in enumerate(self.device_names):
+            flag = "  OOM" if name in self.oom_devices else ""
+            lines.append(f"{name:<16}{self.peak_memory_bytes[i] / 1e9:>10.3f}{self.memory_capacity_bytes[i] / 1e9:>10.3f}"
+                         f"{self.busy_s[i] * 1e3:>10.3f}{self.compute_s[i] * 1e3:>12.3f}{self.utilisation[i]:>7.0%}{flag}")
+        return "\n".join(lines)
+
+    def to_json(self) -> Dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("trace")
+        out["utilisation"] = list(self.utilisation)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class RunReport:
+    """Measured iterations of a strategy on a real cluster.
+
+    Attributes:
+      step_times_s: wall time of every timed step, seconds (warm-up steps excluded).
+      device_names: devices the run used.
+      peak_memory_bytes: per device peak, when the runtime could read it, else None.
+      oom: True if the run failed for lack of memory.
+      oom_devices: devices that ran out of memory, when known.
+      timeline_path: Chrome trace the runtime wrote ("" if none).
+    """
+    step_times_s: Tuple[float, ...]
+    device_names: Tuple[str, ...] = ()
+    peak_memory_bytes: Optional[Tuple[int, ...]] = None
+    oom: bool = False
+    oom_devices: Tuple[str, ...] = ()
+    timeline_path: str = ""
+
+    def __post_init__(self):
+        if not self.oom and not self.step_times_s:
+            raise ValueError("RunReport.step_times_s: at least one timed step unless the run hit OOM")
+        if any(not (t >= 0 and math.isfinite(t)) for t in self.step_times_s):
+            raise ValueError("RunReport.step_times_s: every step time must be finite and >= 0")
+
+    @property
+    def mean_s(self) -> float:
+        return sum(self.step_times_s) / len(self.step_times_s) if self.step_times_s else math.inf
+
+    @property
+    def std_s(self) -> float:
+        n = len(self.step_times_s)
+        if n < 2:
+            return 0.0
+        m = self.mean_s
+        return math.sqrt(sum((t - m) ** 2 for t in self.step_times_s) / (n - 1))
+
+    @property
+    def iteration_time_s(self) -> float:
+        """Same meaning as SimReport.iteration_time_s: the mean measured step."""
+        return self.mean_s
+
+
+SHARED_FIELDS = ("iteration_time_s", "device_names", "peak_memory_bytes", "oom", "oom_devices")
+
+
+def report_row(report, label: str = "") -> Dict[str, Any]:
+    """The fields both reports share (plus a label), for side-by-side tables."""
+    row: Dict[str, Any] = {"label": label, "kind": "simulated" if isinstance(report, SimReport) else "measured"}
+    for name in SHARED_FIELDS:
+        row[name] = getattr(report, name)
+    return row
+
+
+def compare_rows(rows: Sequence[Dict[str, Any]]) -> str:
+    """Text table of `report_row` rows: label, kind, ms per step, OOM."""
+    lines = [f"{'label':<24}{'kind':<11}{'ms/step':>10}  OOM"]
+    for r in rows:
+        lines.append(f"{r['label']:<24}{r['kind']:<11}{r['iteration_time_s'] * 1e3:>10.3f}  {'yes' if r['oom'] else 'no'}")
+    return "\n".join(lines)

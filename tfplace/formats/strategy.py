@@ -1,0 +1,304 @@
+"""Strategy: what every op group does — on which devices, with how many samples each, how its
+gradients are aggregated, and in which order it runs.
+
+File format `strategy.json` (a person can read and edit it):
+
+    {"format": "tfplace.strategy", "version": 1,
+     "graph": "vgg19", "global_batch_size": 64, "max_groups": 200,
+     "default": {"shares": {"v100_0": 24, "p100_0": 20, "k80_0": [10, 10]}, "sync": "allreduce"},
+     "groups": {
+        "block5_conv4/kernel": {"shares": {"v100_0": 64}, "sync": "ps", "ps_device": "v100_0",
+                                "priority": 3}}}
+
+Semantics: `shares` maps a device to its samples of the global batch, or to a list
+of micro-batch sizes run one after another on that device. Shares always sum to the global batch.
+Batch-split ops of the group run on every listed device with that many samples; non-batch ops
+(variables, optimizer updates) are mirrored on every listed device, and the gradients of a
+mirrored variable are aggregated by all-reduce among the holders (`"sync": "allreduce"`) or by
+the `ps_device`, which reduces, updates and sends back (`"sync": "ps"`). `priority` (lower runs
+first) orders the group's ops on each device. Groups not listed take `default`.
+
+Groups are named by the grouping (`tfplace.ir.grouping`) of the graph at `max_groups`.
+
+Data-parallel helpers for the baselines: `proportional_shares` (largest-remainder rounding of a
+batch over weights), `even_strategy` and `proportional_strategy` (one default decision).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import os
+from fractions import Fraction
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from tfplace.formats.errors import InputError
+from tfplace.formats.jsonio import FieldReader, write_json
+
+FORMAT = "tfplace.strategy"
+SYNC_METHODS = ("allreduce", "ps")
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupDecision:
+    """The decision for one group.
+
+    Attributes:
+      shares: ((device name, (micro-batch sizes...)), ...) in device order of the file; every
+        micro-batch size is > 0.
+      sync: "allreduce" or "ps".
+      ps_device: the PS device name when sync == "ps", else None.
+      priority: execution priority on each device (lower first), or None.
+    """
+    shares: Tuple[Tuple[str, Tuple[int, ...]], ...]
+    sync: str = "allreduce"
+    ps_device: Optional[str] = None
+    priority: Optional[int] = None
+
+    @property
+    def devices(self) -> Tuple[str, ...]:
+        return tuple(d for d, _ in self.shares)
+
+    @property
+    def total_samples(self) -> int:
+        return sum(sum(mb) for _, mb in self.shares)
+
+    def samples_on(self, device: str) -> int:
+        return sum(sum(mb) for d, mb in self.shares if d == device)
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"shares": {d: (mb[0] if len(mb) == 1 else list(mb)) for d, mb in self.shares},
+                               "sync": self.sync}
+        if self.ps_device is not None:
+            out["ps_device"] = self.ps_device
+        if self.priority is not None:
+            out["priority"] = self.priority
+        return out
+
+
+def decision(shares: Mapping[str, Union[int, Sequence[int]]], sync: str = "allreduce",
+             ps_device: Optional[str] = None, priority: Optional[int] = None) -> GroupDecision:
+    """Convenience constructor: `decision({"gpu0": 32, "gpu1": [16, 16]}, "ps", "gpu0")`."""
+    norm = tuple((d, (int(v),) if isinstance(v, numbers.Integral) else tuple(int(x) for x in v))
+                 for d, v in shares.items())
+    return GroupDecision(norm, sync, ps_device, priority)
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+    """A complete strategy for one graph at one global batch size.
+
+    Attributes:
+      global_batch_size: samples per training step.
+      max_groups: the coarsening level K the group names refer to.
+      default: decision for groups not in `groups` (None: every group must be listed).
+      groups: group name -> decision.
+      graph: model/graph name it was made for (informational).
+      source: file it came from (for messages).
+    """
+    global_batch_size: int
+    max_groups: int
+    default: Optional[GroupDecision]
+    groups: Mapping[str, GroupDecision]
+    graph: str = ""
+    source: str = ""
+
+    def __post_init__(self):
+        src = self.source or "strategy"
+        if not (isinstance(self.global_batch_size, numbers.Integral) and self.global_batch_size > 0):
+            raise InputError(src, "global_batch_size", f"must be an integer > 0, got {self.global_batch_size!r}",
+                             "give the samples per training step")
+        if not (isinstance(self.max_groups, numbers.Integral) and self.max_groups > 0):
+            raise InputError(src, "max_groups", f"must be an integer > 0, got {self.max_groups!r}",
+                             "give the grouping level K the group names refer to")
+        if self.default is None and not self.groups:
+            raise InputError(src, "groups", "no decisions at all", 'add a "default" decision or per-group decisions')
+        for field, d in self.decisions():
+            check_decision(d, src, field, self.global_batch_size)
+
+    def decisions(self) -> List[Tuple[str, GroupDecision]]:
+        """(field path, decision) for the default and every listed group, in file order."""
+        return ([("default", self.default)] if self.default else []) + \
+            [(f"groups.{n}", d) for n, d in self.groups.items()]
+
+    def decision_for(self, group_name: str) -> GroupDecision:
+        d = self.groups.get(group_name, self.default)
+        if d is None:
+            raise InputError(self.source or "strategy", f"groups.{group_name}", "no decision and no default",
+                             'add the group or a "default" decision')
+        return d
+
+    def all_devices(self) -> Tuple[str, ...]:
+        seen: Dict[str, None] = {}
+        for d in ([self.default] if self.default else []) + list(self.groups.values()):
+            for name in d.devices:
+                seen[name] = None
+            if d.ps_device:
+                seen[d.ps_device] = None
+        return tuple(seen)
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"format": FORMAT, "version": 1, "graph": self.graph,
+                               "global_batch_size": self.global_batch_size, "max_groups": self.max_groups}
+        if self.default is not None:
+            out["default"] = self.default.to_json()
+        out["groups"] = {name: d.to_json() for name, d in self.groups.items()}
+        return out
+
+
+def check_decision(d: GroupDecision, source: str, field: str, global_batch_size: int) -> None:
+    """Semantic checks of one decision (the single place for them; file and code alike)."""
+    if not d.shares:
+        raise InputError(source, f"{field}.shares", "is empty", "give at least one device with samples")
+    for device, sizes in d.shares:
+        if not sizes or not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) and x > 0 for x in sizes):
+            raise InputError(source, f"{field}.shares.{device}",
+                             f"must be a positive integer or a list of them, got {list(sizes)}",
+                             "give the samples this device processes (or its micro-batch sizes), each >= 1")
+    if len({dev for dev, _ in d.shares}) != len(d.shares):
+        raise InputError(source, f"{field}.shares", "lists a device twice", "give each device once")
+    if d.total_samples != global_batch_size:
+        raise InputError(source, f"{field}.shares",
+                         f"samples sum to {d.total_samples}, but the global batch size is {global_batch_size}",
+                         f"make the shares add up to {global_batch_size}")
+    if d.sync not in SYNC_METHODS:
+        raise InputError(source, f"{field}.sync", f"unknown sync method {d.sync!r}",
+                         f"use one of {list(SYNC_METHODS)}")
+    if d.sync == "ps" and d.ps_device is None:
+        raise InputError(source, f"{field}.ps_device", 'missing while "sync" is "ps"',
+                         "name the device that aggregates the gradients")
+    if d.sync == "allreduce" and d.ps_device is not None:
+        raise InputError(source, f"{field}.ps_device", 'given while "sync" is "allreduce"',
+                         'remove it or set "sync": "ps"')
+    if d.priority is not None and not (isinstance(d.priority, numbers.Integral) and not isinstance(d.priority, bool)):
+        raise InputError(source, f"{field}.priority", f"must be an integer, got {d.priority!r}",
+                         "give an integer (lower runs first)")
+
+
+def _decision_from_reader(r: FieldReader) -> GroupDecision:
+    """Type-level parsing only; `check_decision` (via Strategy) does the semantic checks."""
+    r.expect_keys(("shares", "sync", "ps_device", "priority"), also_allowed=("comment",))
+    shares_r = r.child("shares")
+    shares = []
+    for device, value in shares_r.data.items():
+        sizes = value if isinstance(value, list) else [value]
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in sizes):
+            raise InputError(r.source, shares_r.field_path(device),
+                             f"must be a positive integer or a list of them, got {value!r}",
+                             "give the samples this device processes (or its micro-batch sizes)")
+        shares.append((device, tuple(sizes)))
+    return GroupDecision(tuple(shares), r.get("sync", str, default="allreduce"),
+                         r.get("ps_device", str, default=None), r.get("priority", int, default=None))
+
+
+def strategy_from_reader(r: FieldReader) -> Strategy:
+    r.expect_keys(("graph", "global_batch_size", "max_groups", "default", "groups"))
+    batch = r.get("global_batch_size", int, check=lambda v: v > 0, must="be > 0")
+    max_groups = r.get("max_groups", int, check=lambda v: v > 0, must="be > 0")
+    graph = r.get("graph", str, default="")
+    default = _decision_from_reader(r.child("default")) if r.has("default") else None
+    groups = {name: _decision_from_reader(g) for name, g in r.child("groups", default_empty=True).entries()}
+    return Strategy(batch, max_groups, default, groups, graph, r.source)
+
+
+def load_strategy(path: Union[str, os.PathLike]) -> Strategy:
+    """Reads a strategy.json file and checks it on its own (see `validate_strategy` for the
+    checks against a graph and a cluster)."""
+    return strategy_from_reader(FieldReader.from_file(path, expected_format=FORMAT))
+
+
+def save_strategy(strategy: Strategy, path: Union[str, os.PathLike]) -> None:
+    write_json(path, strategy.to_json())
+
+
+def validate_strategy(strategy: Strategy, group_names: Optional[Sequence[str]], device_names: Sequence[str],
+                      global_batch_size: Optional[int] = None) -> None:
+    """Checks a strategy against a grouping and a cluster; raises InputError naming the field.
+
+    group_names None skips the grouping checks (e.g. before the graph is loaded).
+    """
+    src = strategy.source or "strategy"
+    known_devices = list(device_names)
+    if global_batch_size is not None and strategy.global_batch_size != global_batch_size:
+        raise InputError(src, "global_batch_size",
+                         f"is {strategy.global_batch_size}, the graph is set up for {global_batch_size}",
+                         "make a strategy for this batch size or change the batch size")
+    if group_names is not None:
+        known_groups = set(group_names)
+        for name in strategy.groups:
+            if name not in known_groups:
+                raise InputError(src, f"groups.{name}", "no such group in the graph at this max_groups",
+                                 "use group names of the graph's grouping at the same max_groups")
+    for field, d in strategy.decisions():
+        for device, _ in d.shares:
+            if device not in known_devices:
+                raise InputError(src, f"{field}.shares.{device}", f"unknown device {device!r}",
+                                 f"use one of the cluster's devices {known_devices}")
+        if d.ps_device is not None and d.ps_device not in known_devices:
+            raise InputError(src, f"{field}.ps_device", f"unknown device {d.ps_device!r}",
+                             f"use one of the cluster's devices {known_devices}")
+    if strategy.default is None and group_names is not None:
+        missing = [g for g in group_names if g not in strategy.groups]
+        if missing:
+            raise InputError(src, "groups", f"{len(missing)} groups have no decision, e.g. {missing[0]!r}",
+                             'add a "default" decision')
+
+
+# ---- data-parallel helpers (the baselines build on these) ----------------------------------
+def proportional_shares(weights: Sequence[float], global_batch_size: int) -> List[int]:
+    """Splits global_batch_size samples over devices in proportion to `weights`.
+
+    Rule (largest remainder, exact rational arithmetic so ties are real ties):
+      1. target_i = B * w_i / sum(w); share_i = floor(target_i).
+      2. The samples left over go one at a time to the device with the largest shortfall
+         target_i - share_i; ties go to the earlier device.
+      3. If every weight is > 0 and B >= n, no device ends with 0: each device at 0 takes one
+         sample from the device with the largest surplus share_j - target_j among those with
+         share_j >= 2 (ties: earlier device).
+    A weight of 0 gives 0 samples. Example: weights [1.8, 1], B = 64 -> [41, 23].
+    """
+    if global_batch_size < 0 or not weights:
+        raise InputError("argument", "weights", "need at least one weight and a batch size >= 0",
+                         "pass one weight per device and the global batch size")
+    if any(not (0 <= w < float("inf")) for w in weights) or not any(w > 0 for w in weights):
+        raise InputError("argument", "weights", f"must be finite, >= 0 and not all 0, got {list(weights)}",
+                         "pass a relative speed per device (e.g. its peak FLOP/s)")
+    ws = [Fraction(float(w)) for w in weights]
+    targets = [global_batch_size * w / sum(ws) for w in ws]
+    shares = [int(t) for t in targets]  # floor: targets are >= 0
+    for _ in range(global_batch_size - sum(shares)):
+        k = max(range(len(shares)), key=lambda i: (targets[i] - shares[i], -i))
+        shares[k] += 1
+    if all(w > 0 for w in ws) and global_batch_size >= len(ws):
+        for i in range(len(shares)):
+            if shares[i] == 0:
+                donors = [j for j in range(len(shares)) if shares[j] >= 2]
+                k = max(donors, key=lambda j: (shares[j] - targets[j], -j))
+                shares[k] -= 1
+                shares[i] += 1
+    return shares
+
+
+def proportional_strategy(device_names: Sequence[str], weights: Sequence[float], global_batch_size: int,
+                          max_groups: int, sync: str = "allreduce", ps_device: Optional[str] = None,
+                          graph: str = "") -> Strategy:
+    """One default decision: every group data-parallel with `proportional_shares` samples per
+    device (devices that get 0 samples are left out of the decision)."""
+    if len(weights) != len(device_names):
+        raise InputError("argument", "weights", f"{len(weights)} weights for {len(device_names)} devices",
+                         "pass one weight per device")
+    shares = proportional_shares(weights, global_batch_size)
+    default = decision({d: s for d, s in zip(device_names, shares) if s > 0}, sync, ps_device)
+    return Strategy(global_batch_size, max_groups, default, {}, graph)
+
+
+def even_strategy(device_names: Sequence[str], global_batch_size: int, max_groups: int,
+                  sync: str = "allreduce", ps_device: Optional[str] = None, graph: str = "") -> Strategy:
+    """Data parallel with equal shares (the remainder goes to the first devices: 64 over 3 ->
+    22, 21, 21). Needs at least one sample per device."""
+    if global_batch_size < len(device_names):
+        raise InputError("argument", "global_batch_size",
+                         f"{global_batch_size} samples cannot cover {len(device_names)} devices",
+                         "use a batch of at least one sample per device, or fewer devices")
+    return proportional_strategy(device_names, [1.0] * len(device_names), global_batch_size,
+                                 max_groups, sync, ps_device, graph)

@@ -1,0 +1,276 @@
+"""The lowering: the one place where a Strategy's meaning lives.
+
+    placed = lower(graph, grouping, cluster, strategy, profile)          # one-off
+    lowerer = Lowerer(graph, grouping, cluster, profile)                 # in a search loop
+    placed = lowerer.lower(strategy)       # re-lowers only what changed since the last call
+
+What a strategy means, task by task (PlacedGraph documents the arrays):
+  * compute: every op of a group runs per its role (tfplace.lowering.graph_index): batch-dependent ops
+    once per replica (each micro-batch is its own task) with that many samples and the profile's
+    seconds at that per-device batch; batch-independent ops once per holder device (mirrors,
+    costed at the measured batch nearest the global batch, never extrapolated);
+    variable updates (and the aggregated-gradient arithmetic feeding them) on the update devices.
+  * data: each tensor reaches each consumer instance through its edge pattern
+    (tfplace.lowering.patterns): transfers de-duplicated per (tensor, slice, destination), with
+    bytes proportional to the samples of a batched slice and the full size for everything else
+    (partial gradients included); re-splits between groups with different shares; aggregation of
+    partial values by ring all-reduce among the producing devices or by a PS (reduce there,
+    update there, send the updated variable back to every mirror).
+  * weights: combining replica r's partial value uses weight samples_r / B when the tensor
+    follows a mean-reduced loss (or is a batch statistic), else 1, so one step equals
+    single-device training on the global batch (PlacedGraph.task_weight, tensor_weight_mean).
+  * order: priority key = (group `priority` (default 0), micro-batch index on its device, run
+    rank), so micro-batch 0 flows through pipeline stages first (tfplace.lowering.assemble); the
+    run rank is a topological order that follows the profile's `run_order` where it has one
+    (tfplace.lowering.graph_index.run_order_rank).
+  * control edges: per replica where both ends share a layout, else all-to-all.
+  * memory: every copy of a variable is resident; optimizer slots only where updates run.
+
+Auxiliary tasks (re-split, sum) cost `aux_launch_s + traffic * bytes / memory bandwidth` on
+their device, never 0. So does each multiply of a partial by its aggregation weight that the
+rewrite emits (traffic 2: read and written; lowering_assemble.weighted_reads), charged to the
+op that made the partial on that device, else to the aggregating task.
+Pure: no files, no globals, no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from tfplace.formats.cluster import Cluster
+from tfplace.formats.errors import InputError
+from tfplace.ir.graph_ir import OpGraph
+from tfplace.lowering.assemble import assemble
+from tfplace.lowering.costs import ComputeCosts, LinkCosts, memory_bandwidth
+from tfplace.lowering.graph_index import PM_AGG, GraphIndex, run_order_rank
+from tfplace.lowering.layouts import LayoutTable
+from tfplace.lowering.meta import split_metadata
+from tfplace.lowering.patterns import PatternStore
+from tfplace.lowering.placed_graph import PlacedGraph
+from tfplace.formats.profile import Profile
+from tfplace.formats.strategy import Strategy
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweringOptions:
+    """Knobs of the lowering's cost model.
+
+    Attributes:
+      device_ports: model each device's single attachment (port) as a shared link, see
+        tfplace.lowering.costs.
+      aux_launch_s: fixed cost of one split/concat/sum task (a kernel launch is ~5 µs on
+        current GPUs, e.g. NVIDIA's CUDA best-practices guide).
+      missing_op_s: cost of ops the profile lists in `missing_ops` (no kernel was seen).
+      memory_bandwidth_bytes_per_s: device kind -> bytes/s a copy reaches in device memory;
+        None (default): the device model's datasheet table (tfplace.device_model).
+      default_memory_bandwidth_bytes_per_s: for kinds the table lacks (a mid-range GPU).
+    """
+    device_ports: bool = True
+    aux_launch_s: float = 5e-6
+    missing_op_s: float = 0.0
+    memory_bandwidth_bytes_per_s: Optional[Mapping[str, float]] = None
+    default_memory_bandwidth_bytes_per_s: float = 2.0e11
+
+
+@dataclasses.dataclass(frozen=True)
+class _RegroupedGrouping:
+    op_group: np.ndarray
+    group_names: Tuple[str, ...]
+
+
+class Lowerer:
+    """Lowers strategies for one (graph, grouping, cluster, profile); caches everything that
+    does not depend on the strategy, and the layouts and edge patterns of past strategies, so a
+    strategy that differs from the previous one in a few groups re-resolves only the tensors
+    touching those groups before the (vectorised) assembly."""
+
+    def __init__(self, graph: OpGraph, grouping, cluster: Cluster, profile: Profile,
+                 options: Optional[LoweringOptions] = None):
+        # Metadata (shapes and what derives from them) runs in each consumer's group: the
+        # lowered graph may carry clones of metadata ops after the original ops (lowering_meta).
+        self.original_graph = graph
+        graph, op_group = split_metadata(graph, grouping.op_group)
+        grouping = _RegroupedGrouping(op_group, tuple(grouping.group_names))
+        self.graph, self.cluster, self.profile = graph, cluster, profile
+        self.options = options or LoweringOptions()
+        self.index = GraphIndex(graph, grouping)
+        self.op_rank = run_order_rank(graph, profile.run_order)  # priority ties (lowering_assemble)
+        self.compute = ComputeCosts(graph, cluster, profile, self.options.missing_op_s)
+        self.links = LinkCosts(cluster, profile, self.options.device_ports)
+        self.mem_bw = memory_bandwidth(cluster, self.options.memory_bandwidth_bytes_per_s,
+                                       self.options.default_memory_bandwidth_bytes_per_s, profile)
+        self._sig_static = self.index.sig_keys
+        self._group_names = set(self.index.group_names)
+        self._tables: Dict[int, Tuple[LayoutTable, PatternStore]] = {}
+        self._decision_cache: Dict[int, tuple] = {}
+        self._last = None  # (batch, lay_of, sync, sig_pat) of the previous call
+        self._coll_arrays = None
+        self._col_ids: Dict[Tuple[int, int, bool], int] = {}
+        self._cols, self._stack = [], None
+        self._entry_cols: Dict[int, np.ndarray] = {}
+        # Pattern rows kept between strategies before the caches are dropped (~100 bytes each).
+        self.max_cache_rows = 4_000_000
+
+    def reset(self) -> None:
+        """Forgets every strategy-dependent cache (layouts, patterns, the previous strategy); the
+        graph analysis and cost tables stay. The next `lower` is a full lowering."""
+        self._tables.clear()
+        self._entry_cols.clear()
+        self._decision_cache.clear()
+        self._last = None
+
+    # ---- tables shared with the assembly -------------------------------------------------------
+    def layouts(self, batch: int) -> LayoutTable:
+        return self._table(batch)[0]
+
+    def patterns(self, batch: int) -> PatternStore:
+        return self._table(batch)[1]
+
+    def _table(self, batch: int):
+        if batch not in self._tables:
+            self._tables[batch] = (LayoutTable(self.cluster, batch), PatternStore(self.links, batch))
+        return self._tables[batch]
+
+    def entry_columns(self, batch: int):
+        """(column id per layout entry, cost stack [C, N]): an entry's ops cost stack[col, op],
+        the profile at that entry's device kind and per-device batch (for mirrors, which do not
+        split the batch: B, clamped to the measured range). Columns are computed once per
+        (kind, batch, clamp) and kept."""
+        lay_ptr, lay_size, lay_dev, lay_samp, _, _ = self.layouts(batch).arrays()
+        cols = self._entry_cols.get(batch, np.zeros(0, dtype=np.int64))
+        if len(cols) < len(lay_dev):
+            new = []
+            for d, s in zip(lay_dev[len(cols):].tolist(), lay_samp[len(cols):].tolist()):
+                key = (int(self.compute.dev_kind[d]), s if s > 0 else batch, s == 0)
+                cid = self._col_ids.get(key)
+                if cid is None:
+                    cid = self._col_ids[key] = len(self._cols)
+                    self._cols.append(self.compute.column(*key))
+                    self._stack = None
+                new.append(cid)
+            cols = self._entry_cols[batch] = np.concatenate([cols, np.array(new, dtype=np.int64)])
+        if self._stack is None:
+            self._stack = np.stack(self._cols)
+        return cols, self._stack
+
+    def collective_arrays(self):
+        """(link_ptr, link_idx, part_ptr, part_idx) over the collective groups made so far."""
+        links = self.links
+        if self._coll_arrays is None or self._coll_arrays[0] != len(links.coll_parts):
+            def csr(lists):
+                ptr = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
+                return ptr, np.array([v for x in lists for v in x], dtype=np.int64)
+            self._coll_arrays = (len(links.coll_parts),) + csr(links.coll_links) + csr(links.coll_parts)
+        return self._coll_arrays[1:]
+
+    # ---- lowering ------------------------------------------------------------------------------
+    def lower(self, strategy: Strategy) -> PlacedGraph:
+        """The PlacedGraph of `strategy` (raises InputError for unknown groups or devices, shares
+        that do not add up to the global batch, and ops missing from the profile)."""
+        batch = int(strategy.global_batch_size)
+        if batch <= 0:
+            raise InputError(strategy.source or "strategy", "global_batch_size", "must be > 0", "give the batch size")
+        if batch in self._tables and (self.patterns(batch).num_rows > self.max_cache_rows
+                                      or len(self.layouts(batch).entries) > self.max_cache_rows // 16):
+            self.reset()  # bound the caches in long searches; the next lowering is a full one
+        lay_of, sync, prio = self._decisions(strategy, batch)
+        sig_pat = self._resolve(batch, lay_of, sync)
+        return assemble(self.index, self, lay_of, sync, prio, sig_pat, batch)
+
+    def _decisions(self, strategy: Strategy, batch: int):
+        src = strategy.source or "strategy"
+        unknown = [name for name in strategy.groups if name not in self._group_names]
+        if unknown:
+            raise InputError(src, f"groups.{unknown[0]}", "no such group in the graph's grouping",
+                             "use group names of the same grouping (same max_groups)")
+        table = self.layouts(batch)
+        cache = self._decision_cache
+        if len(cache) > 100_000:
+            cache.clear()
+        rows = []
+        for name in self.index.group_names:
+            d = strategy.groups.get(name, strategy.default)
+            if d is None:
+                raise InputError(src, f"groups.{name}", "no decision and no default", 'add the group or a "default"')
+            hit = cache.get(id(d))
+            if hit is None or hit[0] is not d or hit[1] != batch:
+                field = f"groups.{name}" if name in strategy.groups else "default"
+                hit = cache[id(d)] = (d, batch, table.for_decision(d, field, src))
+            rows.append(hit[2])
+        lay_of = np.array([r[0] for r in rows], dtype=np.int64).reshape(-1, 4)
+        sync = np.array([r[1] for r in rows], dtype=np.int64)
+        prio = np.array([r[2] for r in rows], dtype=np.int64)
+        return lay_of, sync, prio
+
+    def _resolve(self, batch: int, lay_of: np.ndarray, sync: np.ndarray) -> np.ndarray:
+        """Pattern id per signature; only signatures touching changed groups are recomputed."""
+        ix = self.index
+        last = self._last
+        if last is not None and last[0] == batch and last[1].shape == lay_of.shape:
+            changed = np.nonzero((last[1] != lay_of).any(axis=1) | (last[2] != sync))[0]
+            dirty = ix.sigs_of_groups(changed.tolist())
+            sig_pat = last[3].copy()
+        else:
+            dirty = np.arange(ix.num_sigs)
+            sig_pat = np.zeros(ix.num_sigs, dtype=np.int64)
+        if len(dirty):
+            sig_pat[dirty] = self._patterns_for(dirty, batch, lay_of, sync)
+        self._last = (batch, lay_of, sync, sig_pat)
+        return sig_pat
+
+    _NARROW = 3  # signatures with at most this many consumer slots are keyed with numpy
+
+    def _patterns_for(self, sigs: np.ndarray, batch: int, lay_of: np.ndarray, sync: np.ndarray) -> np.ndarray:
+        """Pattern ids of `sigs`. A signature's key is (class, producer layout, ((consumer
+        layout, mode), ...)); the keys of narrow signatures are rows of a small integer matrix,
+        so only distinct rows reach Python (few for data parallelism, where groups share
+        layouts)."""
+        ix = self.index
+        store, entries = self.patterns(batch), self.layouts(batch).entries
+        mode = np.where(ix.slot_pmode < PM_AGG, ix.slot_pmode, PM_AGG + sync[ix.slot_group])
+        code = lay_of[ix.slot_group, ix.slot_lkind] * 4 + mode
+        nslot = ix.sig_slot_ptr[sigs + 1] - ix.sig_slot_ptr[sigs]
+        out = np.zeros(len(sigs), dtype=np.int64)
+        narrow = nslot <= self._NARROW
+        w = self._NARROW
+        mat = np.full((int(narrow.sum()), 3 + w), -1, dtype=np.int64)
+        ns, nn = sigs[narrow], nslot[narrow]
+        mat[:, 0], mat[:, 1], mat[:, 2] = ix.sig_cls[ns], lay_of[ix.sig_pgroup[ns], ix.sig_plkind[ns]], nn
+        for j in range(w):
+            has = nn > j
+            mat[has, 3 + j] = code[ix.sig_slot_ptr[ns[has]] + j]
+        if len(mat):
+            rows, inverse = _unique_rows(mat)
+            ids = [store.get((r[0], r[1], tuple((c >> 2, c & 3) for c in r[3:3 + r[2]])), entries)
+                   for r in rows.tolist()]
+            out[narrow] = np.array(ids, dtype=np.int64)[inverse]
+        wide = np.nonzero(~narrow)[0].tolist()
+        lay, sy, static = (lay_of.tolist(), sync.tolist(), self._sig_static) if wide else (None, None, None)
+        for k in wide:
+            cls, pg, pk, slots = static[int(sigs[k])]
+            key = (cls, lay[pg][pk], tuple((lay[cg][ck], pm if pm < PM_AGG else PM_AGG + sy[cg]) for cg, ck, pm in slots))
+            out[k] = store.get(key, entries)
+        return out
+
+
+def _unique_rows(mat: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(distinct rows, index of each row's distinct row); np.unique(axis=0) without its slow
+    comparison of void records: lexsort on the columns, then compare neighbours."""
+    order = np.lexsort(mat.T[::-1])
+    srt = mat[order]
+    new = np.ones(len(srt), dtype=bool)
+    new[1:] = (srt[1:] != srt[:-1]).any(axis=1)
+    group = np.cumsum(new) - 1
+    inverse = np.empty(len(mat), dtype=np.int64)
+    inverse[order] = group
+    return srt[new], inverse
+
+
+def lower(graph: OpGraph, grouping, cluster: Cluster, strategy: Strategy, profile: Profile,
+          options: Optional[LoweringOptions] = None) -> PlacedGraph:
+    """Lowers one strategy (see the module docstring). For many strategies on one graph, keep a
+    `Lowerer` instead: it caches the graph analysis and the patterns between calls."""
+    return Lowerer(graph, grouping, cluster, profile, options).lower(strategy)

@@ -1,0 +1,2 @@
+"""Profiles: per-op costs measured from step stats, fits over batch sizes, link and collective
+costs measured on a cluster, the roofline device model, kernel replay and the Grappler check."""

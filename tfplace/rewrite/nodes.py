@@ -1,0 +1,120 @@
+"""NodeDef builders for the rewrite pass (tfplace.rewrite.graph_rewrite): constants, slices, concatenation,
+weighted sums, collective all-reduce, variable reads and assignments. Each returns NodeDefs
+(protos) and never decides what a strategy means; that is the lowering's job.
+
+All builders take the full TF device string of the device the node runs on.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import List, Sequence
+
+import numpy as np
+
+
+def _tf():
+    import tensorflow as tf  # deferred so that importing tfplace stays TF-free
+    return tf
+
+
+def dtype_enum(dtype_name: str) -> int:
+    return _tf().as_dtype(dtype_name).as_datatype_enum
+
+
+def node(name: str, op: str, device: str, inputs: Sequence[str] = (), **attrs):
+    """A NodeDef; attrs are AttrValue protos or python values (int/float/str/bool/dtype enum via
+    the `type_` prefix: `type_T=enum`)."""
+    from tensorflow.core.framework import attr_value_pb2, node_def_pb2
+    n = node_def_pb2.NodeDef(name=name, op=op, device=device)
+    n.input.extend(inputs)
+    for key, value in attrs.items():
+        if key.startswith("type_"):
+            n.attr[key[5:]].CopyFrom(attr_value_pb2.AttrValue(type=value))
+        elif isinstance(value, attr_value_pb2.AttrValue):
+            n.attr[key].CopyFrom(value)
+        elif isinstance(value, bool):
+            n.attr[key].b = value
+        elif isinstance(value, int):
+            n.attr[key].i = value
+        elif isinstance(value, float):
+            n.attr[key].f = value
+        elif isinstance(value, str):
+            n.attr[key].s = value.encode()
+        else:
+            raise TypeError(f"attr {key}: unsupported value {value!r}")
+    return n
+
+
+def const(name: str, device: str, value, dtype_name: str):
+    tf = _tf()
+    from tensorflow.core.framework import attr_value_pb2
+    proto = tf.make_tensor_proto(np.asarray(value, dtype=tf.as_dtype(dtype_name).as_numpy_dtype))
+    return node(name, "Const", device, value=attr_value_pb2.AttrValue(tensor=proto),
+                type_dtype=dtype_enum(dtype_name))
+
+
+def batch_slice(name: str, device: str, src: str, axis: int, start: int, stop: int, dtype_name: str) -> List:
+    """Rows [start, stop) of `src` along `axis` (StridedSlice; axes before `axis` kept whole)."""
+    begin = [0] * axis + [start]
+    end = [0] * axis + [stop]
+    mask = (1 << axis) - 1
+    return [const(name + "/begin", device, begin, "int32"), const(name + "/end", device, end, "int32"),
+            const(name + "/strides", device, [1] * (axis + 1), "int32"),
+            node(name, "StridedSlice", device, [src, name + "/begin", name + "/end", name + "/strides"],
+                 type_T=dtype_enum(dtype_name), type_Index=dtype_enum("int32"), begin_mask=mask, end_mask=mask)]
+
+
+def concat(name: str, device: str, srcs: Sequence[str], axis: int, dtype_name: str) -> List:
+    if len(srcs) == 1:
+        return [node(name, "Identity", device, [srcs[0]], type_T=dtype_enum(dtype_name))]
+    return [const(name + "/axis", device, axis, "int32"),
+            node(name, "ConcatV2", device, list(srcs) + [name + "/axis"], N=len(srcs),
+                 type_T=dtype_enum(dtype_name), type_Tidx=dtype_enum("int32"))]
+
+
+def identity(name: str, device: str, src: str, dtype_name: str):
+    return node(name, "Identity", device, [src], type_T=dtype_enum(dtype_name))
+
+
+def scaled(name: str, device: str, src: str, weight: float, dtype_name: str) -> List:
+    """src * weight on `device` (the aggregation weight of one replica's partial value)."""
+    return [const(name + "/weight", device, weight, dtype_name),
+            node(name, "Mul", device, [src, name + "/weight"], type_T=dtype_enum(dtype_name))]
+
+
+def add_n(name: str, device: str, srcs: Sequence[str], dtype_name: str):
+    if len(srcs) == 1:
+        return identity(name, device, srcs[0], dtype_name)
+    return node(name, "AddN", device, list(srcs), N=len(srcs), type_T=dtype_enum(dtype_name))
+
+
+def group_key(devices: Sequence[str]) -> int:
+    """A stable collective group key per participant set (TF requires one device set per key)."""
+    return 1 + zlib.crc32("|".join(sorted(devices)).encode()) % (2 ** 30)
+
+
+def all_reduce(name: str, device: str, src: str, size: int, gkey: int, ikey: int, dtype_name: str,
+               nccl: bool) -> List:
+    """One participant of a sum all-reduce (CollectiveReduceV2, merge Add, final Id)."""
+    return [const(name + "/group_size", device, size, "int32"), const(name + "/group_key", device, gkey, "int32"),
+            const(name + "/instance_key", device, ikey, "int32"),
+            node(name, "CollectiveReduceV2", device,
+                 [src, name + "/group_size", name + "/group_key", name + "/instance_key"],
+                 type_T=dtype_enum(dtype_name), merge_op="Add", final_op="Id",
+                 communication_hint="nccl" if nccl else "auto", Nordering_token=0)]
+
+
+def read_variable(name: str, device: str, handle: str, dtype_name: str, control: Sequence[str] = ()):
+    return node(name, "ReadVariableOp", device, [handle] + ["^" + c for c in control],
+                type_dtype=dtype_enum(dtype_name))
+
+
+def assign_variable(name: str, device: str, handle: str, value: str, dtype_name: str,
+                    control: Sequence[str] = ()):
+    return node(name, "AssignVariableOp", device, [handle, value] + ["^" + c for c in control],
+                type_dtype=dtype_enum(dtype_name))
+
+
+def no_op(name: str, device: str, control: Sequence[str]):
+    return node(name, "NoOp", device, ["^" + c for c in dict.fromkeys(control)])

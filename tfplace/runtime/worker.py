@@ -1,0 +1,95 @@
+"""One TensorFlow server task of a local cluster (started by `tfplace.runtime.local_cluster`).
+
+    python -m tfplace.runtime.worker --cluster-spec '{"worker": ["127.0.0.1:4001", "127.0.0.1:4002"]}' \
+        --task 1 [--job worker] [--intra-threads 1] [--inter-threads 1] \
+        [--collective-leader /job:worker/replica:0/task:0] [--ready-file PATH] [--parent-pid PID]
+
+Starts a `tf.distribute.Server` for task `--task` of job `--job`, writes `--ready-file` (the
+address it serves) once the server listens, and then waits. It exits by itself, within
+`PARENT_POLL_S`, when the process that started it (`--parent-pid`) is gone, so a crashed or
+SIGKILLed launcher never leaves servers behind; the launcher still terminates it explicitly
+on a normal shutdown.
+
+Thread limits (`--intra-threads`, `--inter-threads`) apply to every op this task runs; they are
+how a local cluster emulates devices of different speeds on one machine. Its malloc keeps freed
+memory, as the profiler's does (tfplace.emulation.allocator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+PARENT_POLL_S = 0.5
+READY_PREFIX = "tfplace-worker-ready"
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="python -m tfplace.runtime.worker", description=__doc__.split("\n\n")[0])
+    p.add_argument("--cluster-spec", required=True, help="JSON object: job name -> list of host:port")
+    p.add_argument("--task", type=int, required=True, help="task index inside --job")
+    p.add_argument("--job", default="worker")
+    p.add_argument("--intra-threads", type=int, default=0, help="0 = TensorFlow's default")
+    p.add_argument("--inter-threads", type=int, default=0, help="0 = TensorFlow's default")
+    p.add_argument("--collective-leader", default="",
+                   help="task that leads collective groups, e.g. /job:worker/replica:0/task:0")
+    p.add_argument("--ready-file", default="", help="written with the address once serving")
+    p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
+    args = p.parse_args(argv)
+    try:
+        spec = json.loads(args.cluster_spec)
+    except json.JSONDecodeError as e:
+        p.error(f"--cluster-spec is not JSON ({e})")
+    if not isinstance(spec, dict) or args.job not in spec or not isinstance(spec[args.job], list):
+        p.error(f"--cluster-spec must map job {args.job!r} to a list of host:port addresses")
+    if not 0 <= args.task < len(spec[args.job]):
+        p.error(f"--task {args.task} out of range for {len(spec[args.job])} tasks")
+    if args.intra_threads < 0 or args.inter_threads < 0:
+        p.error("thread counts must be >= 0")
+    return args, spec
+
+
+def _parent_alive(pid: int) -> bool:
+    if pid <= 0:
+        return True
+    if os.getppid() != pid:  # re-parented: the launcher died
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main(argv=None) -> int:
+    args, spec = _parse(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tfplace.emulation.allocator import steady_allocator
+    steady_allocator()  # as the profiler measures: freed tensors stay in the heap (tfplace.emulation.allocator)
+    import tensorflow as tf  # deferred: argument errors come back without loading TF
+
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=args.intra_threads,
+                                      inter_op_parallelism_threads=args.inter_threads)
+    if args.collective_leader:
+        config.experimental.collective_group_leader = args.collective_leader
+    server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=args.job,
+                                  task_index=args.task, config=config, start=True)
+    address = spec[args.job][args.task]
+    if args.ready_file:
+        tmp = args.ready_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{READY_PREFIX} {address} {server.target}\n")
+        os.replace(tmp, args.ready_file)
+    # server.join() never returns; poll instead so the task dies with its launcher.
+    while _parent_alive(args.parent_pid):
+        time.sleep(PARENT_POLL_S)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
