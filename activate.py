@@ -1,7 +1,5 @@
 """Deploys strategies and baselines on a cluster: `python activate.py activate_config.txt`."""
-import sys
-
-from tfplace.cli.activate import main
+from tfplace.cli.activate import run_command
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command()

@@ -46,8 +46,6 @@ setup(
         "numpy>=1.26,<2",
         "protobuf>=4.25,<5",
         "absl-py>=2.0",
-        "dm-tree>=0.1.8",
-        "networkx>=3",
         "scipy>=1.11",
         "matplotlib>=3.7",
     ],

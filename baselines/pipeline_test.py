@@ -74,13 +74,19 @@ def test_memory_forces_a_pipeline():
         assert need <= cap
 
 
-def test_verified_plan_is_never_slower_in_the_simulator():
-    problem = small_problem(devices=4, batch=16)
+def test_verification_picks_a_plan_the_simulator_finds_faster_than_the_models_optimum():
+    # The tiny CNN on 4 devices: the analytic model's best plan (3 stages, 2 micro-batches) runs
+    # about 9% slower in the simulator than another plan of the short list, which verify=True
+    # returns; the DP time it reports is the simulated time of one stage over every device.
+    problem = small_problem(model="cnn", devices=4, batch=16)
     model_best = pipeline.plan_pipeline(problem, verify=False, log=None)
     verified = pipeline.plan_pipeline(problem, log=None)
-    assert verified.simulated_s <= problem.evaluate(model_best.strategy).iteration_time_s + 1e-12
-    assert verified.simulated_s <= verified.dp_simulated_s + 1e-12
+    assert verified.strategy.to_json() != model_best.strategy.to_json()
+    assert verified.simulated_s < 0.95 * problem.evaluate(model_best.strategy).iteration_time_s
     assert verified.simulated_s == pytest.approx(problem.evaluate(verified.strategy).iteration_time_s)
+    dp = pipeline.plan_pipeline(problem, max_stages=1, micro_batches=(1,), verify=False, log=None)
+    assert len(dp.stages) == 1 and dp.micro_batches == 1
+    assert verified.dp_simulated_s == pytest.approx(problem.evaluate(dp.strategy).iteration_time_s)
 
 
 def test_strategy_expresses_micro_batches():

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -44,10 +44,14 @@ from tfplace.ir.graph_ir import OpGraph
 from tfplace.ir.grouping import Grouping, make_grouping
 from tfplace.lowering.lower import Lowerer, LoweringOptions
 from tfplace.lowering.graph_index import ROLE_REPLICA
+from tfplace.lowering.placed_graph import PlacedGraph
 from tfplace.formats.profile import Profile
 from tfplace.formats.reports import SimReport
 from tfplace.simulator import SimOptions, simulate
 from tfplace.formats.strategy import Strategy, decision
+
+if TYPE_CHECKING:  # the overhead pass is imported only where a problem has overheads
+    from tfplace.overheads.model import RuntimeOverheads
 
 # Planners compare strategies without straggler noise (the noise is a property of the run).
 PLANNING_SIM_OPTIONS = SimOptions(seed=0, stragglers=False)
@@ -62,6 +66,8 @@ class Problem:
       global_batch_size: samples per step (defaults to the graph's reference batch).
       max_groups: the coarsening level K the grouping (and every strategy) refers to.
       lowering_options, sim_options: passed to the lowering and the simulator.
+      overheads: the runtime overheads of a CPU-emulated cluster (tfplace.overheads), applied to
+        every lowered strategy before it is simulated; None (GPU clusters): none.
     """
     graph: OpGraph
     grouping: Grouping
@@ -71,6 +77,7 @@ class Problem:
     max_groups: int
     lowering_options: Optional[LoweringOptions] = None
     sim_options: SimOptions = PLANNING_SIM_OPTIONS
+    overheads: Optional["RuntimeOverheads"] = None
 
     def __post_init__(self):
         if self.global_batch_size < 1:
@@ -107,9 +114,14 @@ class Problem:
     def graph_name(self) -> str:
         return str(self.graph.meta.get("model", self.graph.source))
 
+    def placed(self, strategy: Strategy) -> PlacedGraph:
+        """What the simulator runs for `strategy`: the lowering's PlacedGraph, with the runtime
+        overheads when the problem has them."""
+        return with_overheads(self.lowerer.lower(strategy), self.cluster, self.overheads)
+
     def evaluate(self, strategy: Strategy) -> SimReport:
-        """Simulated iteration of `strategy` (lowering + simulator; OOM is in the report)."""
-        return simulate(self.lowerer.lower(strategy), self.cluster, self.sim_options)
+        """Simulated iteration of `strategy` (lowering, overheads, simulator; OOM is in the report)."""
+        return simulate(self.placed(strategy), self.cluster, self.sim_options)
 
     def strategy(self, groups: Dict[str, object] = None, default=None) -> Strategy:
         """A Strategy for this problem from per-group decisions and/or a default."""
@@ -122,12 +134,22 @@ class Problem:
 def make_problem(graph: OpGraph, cluster: Cluster, profile: Profile, max_groups: int = 64,
                  global_batch_size: Optional[int] = None, grouping: Optional[Grouping] = None,
                  lowering_options: Optional[LoweringOptions] = None,
-                 sim_options: SimOptions = PLANNING_SIM_OPTIONS) -> Problem:
+                 sim_options: SimOptions = PLANNING_SIM_OPTIONS,
+                 overheads: Optional["RuntimeOverheads"] = None) -> Problem:
     """Builds the grouping (unless given) and the Problem."""
     if grouping is None:
         grouping = make_grouping(graph, max_groups)
     batch = graph.reference_batch_size if global_batch_size is None else int(global_batch_size)
-    return Problem(graph, grouping, cluster, profile, batch, max_groups, lowering_options, sim_options)
+    return Problem(graph, grouping, cluster, profile, batch, max_groups, lowering_options, sim_options, overheads)
+
+
+def with_overheads(placed: PlacedGraph, cluster: Cluster, overheads: Optional["RuntimeOverheads"]) -> PlacedGraph:
+    """`placed` through the runtime-overhead pass when there are overheads (imported only then:
+    GPU clusters never load it), else `placed` itself."""
+    if overheads is None:
+        return placed
+    from tfplace.overheads.apply import apply
+    return apply(placed, cluster, overheads)
 
 
 class GroupCosts:

@@ -57,12 +57,17 @@ def test_rebalance_even_dp_to_speed_ratio():
     assert problem.evaluate(result.strategy).iteration_time_s < even
 
 
-def test_rebalance_keeps_micro_batch_counts_and_never_loses():
-    problem = small_problem(devices=4, batch=16)
+def test_rebalance_speeds_up_a_pipeline_and_keeps_its_micro_batch_counts():
+    # The attention model's two-stage pipeline with 2 micro-batches (4 devices): the planner's
+    # speed-proportional shares leave the stages unbalanced; the LP's ratios run >= 5% faster in
+    # the simulator (about 10% here), so the re-balanced strategy is the one returned.
+    problem = small_problem(model="attention", devices=4, batch=16)
     plan = pipeline.plan_pipeline(problem, micro_batches=(2,), max_stages=2, log=None)
     result = ratio_lp.rebalance(problem, plan.strategy)
     before = problem.evaluate(plan.strategy).iteration_time_s
-    assert problem.evaluate(result.strategy).iteration_time_s <= before + 1e-12
+    assert result.improved and result.strategy.to_json() != plan.strategy.to_json()
+    assert problem.evaluate(result.strategy).iteration_time_s < 0.95 * before
+    validate_strategy(result.strategy, problem.group_names, problem.device_names, 16)
     for name in problem.group_names:
         for _, mb in result.strategy.decision_for(name).shares:
             assert len(mb) <= 2

@@ -25,7 +25,9 @@ from __future__ import annotations
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from tfplace.formats.errors import InputError
+from tfplace.formats.profile import Profile
 from tfplace.formats.strategy import Strategy
+from tfplace.profiling import device_model
 
 from tfplace.baselines import data_parallel, list_scheduling, model_parallel, pipeline, ratio_lp
 from tfplace.baselines.horovod_runner import HorovodResult, even_batches, proportional_batches, run_horovod
@@ -54,37 +56,23 @@ SIMULATED_AS = {"horovod_even": "dp_even_allreduce", "horovod_proportional": "dp
 REFERENCE = "dp_even_allreduce"  # speed-ups are reported over this one
 
 
-def default_profile(graph, kinds: Sequence[str]):
-    """The device model's roofline profile (tfplace.profiling.device_model.default_profile, or its
-    roofline_profile), or, while that module does not exist, every op the same on every kind
-    (tfplace.testing.uniform_profile, so DP-CP = DP-EV). `has_device_model()` tells which."""
-    model = _device_model()
-    if model is not None:
-        return model(graph, list(kinds))
-    from tfplace.testing import uniform_profile
-    return uniform_profile(graph, list(kinds))
-
-
-def _device_model():
-    try:
-        from tfplace.profiling import device_model
-    except ImportError:
-        return None
-    return getattr(device_model, "default_profile", None) or getattr(device_model, "roofline_profile", None)
-
-
-def has_device_model() -> bool:
-    return _device_model() is not None
+def default_profile(graph, kinds: Sequence[str]) -> Profile:
+    """The device model's profile (tfplace.profiling.device_model.default_profile): the graph's
+    bundled measured profile derived to each kind, else the roofline model. Raises InputError
+    for a kind the device model does not know."""
+    return device_model.default_profile(graph, list(kinds))
 
 
 def baseline_factories(graph, cluster, batch_size: int, max_groups: int, profile=None, grouping=None,
-                       include: Optional[Sequence[str]] = None) -> Dict[str, Callable[[], Strategy]]:
+                       include: Optional[Sequence[str]] = None, overheads=None) -> Dict[str, Callable[[], Strategy]]:
     """name -> zero-argument factory for every strategy generator (or those in `include`), over
-    one shared Problem (for seeding the policy's pool). profile None: `default_profile`. The
+    one shared Problem (for seeding the policy's pool). profile None: `default_profile`;
+    overheads: the cluster's RuntimeOverheads (the planners simulate with them), or None. The
     pipeline planner is quiet here. Names whose generator cannot apply (DP-EV with fewer samples
     than devices) are left out."""
     problem = make_problem(graph, cluster, profile if profile is not None else default_profile(graph, cluster.kinds),
-                           max_groups=max_groups, global_batch_size=batch_size, grouping=grouping)
+                           max_groups=max_groups, global_batch_size=batch_size, grouping=grouping,
+                           overheads=overheads)
     quiet = dict(GENERATORS, pipeline=lambda p: pipeline.plan_pipeline(p, log=None).strategy)
     wanted = [n for n in (include or GENERATORS) if n in GENERATORS]
     if batch_size < cluster.num_devices:

@@ -63,3 +63,15 @@ def test_importing_the_baselines_does_not_load_tensorflow():
     import sys
     code = "import sys, tfplace.baselines, tfplace.baselines.registry; sys.exit('tensorflow' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_default_profile_is_the_device_models():
+    from tfplace.baselines import data_parallel
+    from tfplace.profiling import device_model
+    graph = testing.tiny_graph("cnn", 16)
+    cluster = testing.four_device_cluster()  # v100_0, v100_1, p100_0, p100_1
+    profile = registry.default_profile(graph, cluster.kinds)
+    assert profile.to_json() == device_model.default_profile(graph, cluster.kinds).to_json()
+    # not every kind equally fast (what a uniform stand-in would give): the V100 is faster
+    weights = data_parallel.device_weights(registry.make_problem(graph, cluster, profile, max_groups=10))
+    assert weights[0] == weights[1] > weights[2] == weights[3]

@@ -103,9 +103,9 @@ def task_cpu_seconds(pids) -> np.ndarray:
 def cpu_bound_seconds(cpu_s_per_task, fractions=None) -> float:
     """The shortest step the tasks' measured CPU allows: a task that used c seconds of CPU in a
     step under a quota of f CPUs (fractions[i]; None or 1: no quota) needs at least c / f seconds
-    of wall time (tfplace.overheads.cpu_demand.cpu_bound_seconds, the simulator's bound, without its host
+    of wall time (tfplace.simulator.core.cpu_bound_seconds, the simulator's bound, without its host
     cores: tasks that share a core would bound it further; this bound ignores that)."""
-    from tfplace.overheads.cpu_demand import cpu_bound_seconds as bound
+    from tfplace.simulator.core import cpu_bound_seconds as bound
     quotas = fractions if fractions is not None else [None] * len(cpu_s_per_task)
     return bound(np.asarray(cpu_s_per_task, dtype=np.float64),
                  np.array([1.0 if f is None else float(f) for f in quotas]))
@@ -737,12 +737,19 @@ def attach_comm(path: str, comm: dict) -> str:
     return path
 
 
-def with_overheads(profile, overheads):
-    """`profile` with `overheads` as its conditions' `runtime_overheads` (None: unchanged)."""
-    import dataclasses
-    if overheads is None:
-        return profile
-    return dataclasses.replace(profile, conditions={**profile.conditions, "runtime_overheads": overheads})
+def typed_overheads(overheads, source: str = "measured runtime overheads"):
+    """The RuntimeOverheads of a measured or recorded overheads object (None: none)."""
+    from tfplace.overheads.model import overheads_from_json
+    return None if overheads is None else overheads_from_json(overheads, source)
+
+
+def simulate_with(graph, grouping, cluster, strategy, profile, overheads, sim_options=None):
+    """The SimReport of `strategy`: lowered, through the runtime-overhead pass, simulated."""
+    from tfplace.baselines.problem import with_overheads
+    from tfplace.lowering.lower import lower
+    from tfplace.simulator import SimOptions, simulate
+    placed = with_overheads(lower(graph, grouping, cluster, strategy, profile), cluster, overheads)
+    return simulate(placed, cluster, sim_options or SimOptions())
 
 
 def random_strategy(rng, devices, group_names, batch):
@@ -847,18 +854,16 @@ def bench_model(model, lc, lc_kwargs, cluster, args, out_rows, record=None):
     from tfplace.baselines.problem import make_problem
     from tfplace.ir.loader import load_op_graph
     from tfplace.runtime.local_cluster import LocalCluster
-    from tfplace.lowering.lower import lower
     from tfplace.rewrite.graph_rewrite import rewrite_step
     from tfplace.runtime.step_runner import StepRunner, random_feed
-    from tfplace.simulator import simulate
     bundle = os.path.join(ROOT, bundle_path(model))
     graph = load_op_graph(bundle)
     batch = int(graph.reference_batch_size)
     conditions = RoundConditions(lc_kwargs, cluster, args, model, bundle, batch)
     conditions.measure()  # the planners see the first pass; the simulator the median of all of them
-    _, overheads, base_profile = conditions.settled()
-    profile = with_overheads(base_profile, overheads)
-    problem = make_problem(graph, cluster, profile, max_groups=MAX_GROUPS, global_batch_size=batch)
+    _, overheads, profile = conditions.settled()
+    problem = make_problem(graph, cluster, profile, max_groups=MAX_GROUPS, global_batch_size=batch,
+                           overheads=typed_overheads(overheads))
     plans = []
     for name in BASELINES:
         try:
@@ -941,7 +946,7 @@ def bench_model(model, lc, lc_kwargs, cluster, args, out_rows, record=None):
         print("  comm fit:", json.dumps(comm["comm"]), flush=True)
         print("  runtime overheads:", json.dumps({k: v for k, v in (overheads or {}).items() if k != "raw"}),
               flush=True)
-        profile = with_overheads(base_profile, overheads)
+        typed = typed_overheads(overheads)
         rows = []
         strategies = dict(plans)
         if record is not None:
@@ -952,7 +957,7 @@ def bench_model(model, lc, lc_kwargs, cluster, args, out_rows, record=None):
             if name not in failed:
                 real, fastest = statistics.median(times[name]), min(times[name])
                 # the same PlacedGraph the rewrite ran, lowered with the conditions of every round
-                report = simulate(lower(graph, problem.grouping, cluster, strategies[name], profile), cluster)
+                report = simulate_with(graph, problem.grouping, cluster, strategies[name], base_profile, typed)
                 sim = report.iteration_time_s
                 cpu, busy = (cpu_s[name] / len(times[name])).tolist(), list(report.busy_s)
                 bound = cpu_bound_seconds(cpu, fractions)
@@ -983,9 +988,7 @@ def replay(paths, verbose: bool = False) -> int:
     from tfplace.formats.cluster import load_cluster
     from tfplace.ir.loader import load_op_graph
     from tfplace.formats.jsonio import FieldReader
-    from tfplace.lowering.lower import lower
     from tfplace.formats.profile import profile_from_reader
-    from tfplace.simulator import simulate
     from tfplace.formats.strategy import strategy_from_reader
     for path in paths:
         rec = FieldReader.from_file(path, expected_format=RECORD_FORMAT).data
@@ -996,13 +999,13 @@ def replay(paths, verbose: bool = False) -> int:
                 bundle_path(model)  # a zoo bundle this checkout has not exported yet
             graph = load_op_graph(os.path.join(ROOT, m["bundle"]))
             batch = int(graph.reference_batch_size)
-            profile = with_overheads(profile_from_reader(FieldReader(m["profile"], f"{path}: models.{model}.profile")),
-                                     m.get("overheads", rec.get("overheads")))
+            profile = profile_from_reader(FieldReader(m["profile"], f"{path}: models.{model}.profile"))
+            overheads = typed_overheads(m.get("overheads", rec.get("overheads")), f"{path}: models.{model}.overheads")
             grouping = make_problem(graph, cluster, profile, max_groups=MAX_GROUPS, global_batch_size=batch).grouping
             rows = []
             for r in m["rows"]:
                 strategy = strategy_from_reader(FieldReader(r["strategy"], f"{path}: {model}/{r['name']}"))
-                sim = simulate(lower(graph, grouping, cluster, strategy, profile), cluster).iteration_time_s
+                sim = simulate_with(graph, grouping, cluster, strategy, profile, overheads).iteration_time_s
                 rows.append((r["name"], statistics.median(r["real_s"]), sim, min(r["real_s"])))
                 if verbose:
                     real = rows[-1][1]

@@ -18,7 +18,7 @@ _EXPORT_NAMES = ("MANIFEST_PATH", "ZOO_DIR", "bundle_for_entry", "bundle_stem", 
 
 
 def __getattr__(name):
-    # Lazy, so `python -m tfplace.graph_defs.export` does not find its module pre-imported.
+    # Lazy, so `python -m tfplace.cli.export` does not find its module pre-imported.
     if name in _EXPORT_NAMES:
         from . import export
         return getattr(export, name)

@@ -152,7 +152,7 @@ def read_meta(meta_path):
             meta = json.load(f)
     except FileNotFoundError:
         raise ValueError(f"{os.path.basename(meta_path)}: file not found at {meta_path}; "
-                         "export it with `python -m tfplace.graph_defs.export`") from None
+                         "export it with `python -m tfplace.cli.export`") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{os.path.basename(meta_path)}: not valid JSON ({e}); "
                          "re-export the bundle") from None
@@ -168,7 +168,7 @@ def read_bundle(meta_path):
     graph_path = os.path.join(os.path.dirname(meta_path), meta["graph_file"])
     if not os.path.exists(graph_path):
         _fail(meta_path, "graph_file", f"{meta['graph_file']} does not exist",
-              "re-export the bundle (python -m tfplace.graph_defs.export)")
+              "re-export the bundle (python -m tfplace.cli.export)")
     with open(graph_path, "rb") as f:
         data = f.read()
     if len(data) != meta["graph_bytes"]:

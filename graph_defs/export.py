@@ -1,8 +1,8 @@
 """Exports zoo models as tfplace graph bundles (see bundle.py for the format).
 
-  python -m tfplace.graph_defs.export --model resnet50 --batch-size 64 --optimizer momentum
-  python -m tfplace.graph_defs.export --all [--manifest]   # every model at its defaults, cached
-  python -m tfplace.graph_defs.export --tiny               # only the tiny test models
+  python -m tfplace.cli.export --model resnet50 --batch-size 64 --optimizer momentum
+  python -m tfplace.cli.export --all [--manifest]   # every model at its defaults, cached
+  python -m tfplace.cli.export --tiny               # only the tiny test models
 
 Bundle stems spell out the options that shape the graph:
   <model>[_<variant>]_b<batch>[_s<image px>][_t<seq len>][_n<layers>][_c<classes>]_<opt>
@@ -10,15 +10,15 @@ Bundle stems spell out the options that shape the graph:
 The parts in brackets appear when they apply to the model (s/t/n) or differ from the default
 (variant, classes, learning rate 0.01, seed 0); e.g. resnet50_b64_s224_sgd,
 bert_large_b16_t128_n24_sgd, tiny_mlp_b16_sgd.
+
+The command line is tfplace.cli.export.
 """
 
-import argparse
 import hashlib
 import json
 import math
 import os
 import re
-import sys
 import time
 
 from . import bundle
@@ -237,7 +237,7 @@ def write_manifest(meta_paths, manifest_path=MANIFEST_PATH, zoo_dir=ZOO_DIR):
         json.dump({"format": "tfplace.zoo_manifest", "commit_limit_bytes": COMMIT_LIMIT_BYTES,
                    "models": rows}, f, indent=2)
         f.write("\n")
-    lines = ["# Written by `python -m tfplace.graph_defs.export --all --manifest`.",
+    lines = ["# Written by `python -m tfplace.cli.export --all --manifest`.",
              "# Bundles are ignored unless listed below as committed (.pb <= "
              f"{COMMIT_LIMIT_BYTES} bytes);", "# the rest are generated on demand by "
              "`export --all` or ensure_bundle().", "*.pb", "*.json", "*.tmp*"]
@@ -248,69 +248,3 @@ def write_manifest(meta_paths, manifest_path=MANIFEST_PATH, zoo_dir=ZOO_DIR):
     with open(os.path.join(zoo_dir, ".gitignore"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return manifest_path
-
-
-def _parser():
-    p = argparse.ArgumentParser(prog="python -m tfplace.graph_defs.export",
-                                description=__doc__.split("\n\n")[0])
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", choices=models.model_names(), help="model to export")
-    what.add_argument("--all", action="store_true", help="every zoo model at its defaults")
-    what.add_argument("--tiny", action="store_true", help="only the tiny test models")
-    p.add_argument("--batch-size", type=int, help="global batch size (default: per model)")
-    p.add_argument("--image-size", type=int, help="image side in pixels (image models)")
-    p.add_argument("--seq-len", type=int, help="sequence length in tokens (sequence models)")
-    p.add_argument("--num-layers", type=int, help="layers per stack (sequence models)")
-    p.add_argument("--num-classes", type=int, help="classifier classes (image models)")
-    p.add_argument("--variant", help="model variant, e.g. nasnet: mobile|large")
-    p.add_argument("--optimizer", default="sgd", choices=bundle.OPTIMIZERS)
-    p.add_argument("--learning-rate", type=float, default=DEFAULT_LR)
-    p.add_argument("--seed", type=int, default=0, help="graph-level random seed")
-    p.add_argument("--out", default=ZOO_DIR, help="output folder (default: the zoo cache)")
-    p.add_argument("--force", action="store_true", help="re-export even if the bundle is current")
-    p.add_argument("--manifest", action="store_true",
-                   help="with --all/--tiny: rewrite manifest.json and zoo/.gitignore")
-    return p
-
-
-def main(argv=None):
-    args = _parser().parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if not args.model:
-        given = [f for f in ("batch_size", "image_size", "seq_len", "num_layers",
-                             "num_classes", "variant") if getattr(args, f) is not None]
-        if given or args.optimizer != "sgd" or args.learning_rate != DEFAULT_LR or args.seed:
-            print(f"error: --all/--tiny export the default sizes; drop {given or 'the options'}"
-                  " or use --model", file=sys.stderr)
-            return 2
-    elif args.manifest:
-        print("error: --manifest goes with --all or --tiny", file=sys.stderr)
-        return 2
-    try:
-        import tensorflow as tf
-
-        tf.get_logger().setLevel("ERROR")  # Keras' graph-mode deprecation notices are noise here
-        if args.model:
-            start = time.time()
-            path = export_model(
-                args.model, args.batch_size, image_size=args.image_size, seq_len=args.seq_len,
-                num_layers=args.num_layers, num_classes=args.num_classes, variant=args.variant,
-                optimizer=args.optimizer, learning_rate=args.learning_rate, seed=args.seed,
-                out_dir=args.out)
-            meta = bundle.read_meta(path)
-            print(f"{os.path.basename(path)}: {time.time() - start:.1f}s  "
-                  f"ops={meta['op_count']} params={meta['param_count']} "
-                  f"{_human_bytes(meta['graph_bytes'])} -> {path}")
-            return 0
-        names = models.model_names(tiny_only=args.tiny)
-        paths = export_all(names, out_dir=args.out, force=args.force)
-        if args.manifest:
-            print(f"wrote {write_manifest(paths, zoo_dir=args.out)}")
-        return 0
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -115,7 +115,7 @@ def test_committed_bundles_match_manifest_and_gitignore():
 @pytest.mark.parametrize("name", TINY)
 def test_committed_tiny_bundles_are_current(name):
     assert export.bundle_is_current(_default_meta_path(name), models.get_spec(name)), (
-        f"{name}: committed bundle is stale; run python -m tfplace.graph_defs.export --tiny "
+        f"{name}: committed bundle is stale; run python -m tfplace.cli.export --tiny "
         "--force --manifest")
 
 
@@ -242,13 +242,18 @@ def test_read_bundle_errors_name_file_field_and_fix(tmp_path, field, edit, messa
 
 
 def test_cli(tmp_path, capsys):
-    assert export.main(["--model", "tiny_mlp", "--batch-size", "0", "--out", str(tmp_path)]) == 2
-    assert "batch_size must be an integer >= 1" in capsys.readouterr().err
-    assert export.main(["--all", "--batch-size", "8"]) == 2
-    assert export.main(["--model", "tiny_mlp", "--batch-size", "4", "--out", str(tmp_path)]) == 0
+    from tfplace.cli import export as export_cli
+    from tfplace.cli.common import call
+    assert call(export_cli, ["--model", "tiny_mlp", "--batch-size", "0", "--out", str(tmp_path)]) == 2
+    assert "--batch-size=0: 0 is not a positive integer" in capsys.readouterr().err
+    assert call(export_cli, ["--all", "--batch-size", "8"]) == 2
+    assert "--all/--tiny export the default sizes" in capsys.readouterr().err
+    assert call(export_cli, ["--model", "tiny_mlp", "--batch-size", "4", "--out", str(tmp_path)]) == 0
     assert "tiny_mlp_b4_sgd.json" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        export.main(["--model", "alexnet"])
+    assert call(export_cli, ["--model", "alexnet"]) == 2
+    assert "alexnet" in capsys.readouterr().err
+    assert call(export_cli, ["--model", "tiny_mlp", "--tiny"]) == 2
+    assert "exactly one of --model, --all, --tiny" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- parameter counts

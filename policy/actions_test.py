@@ -1,7 +1,11 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
+from tfplace.formats.cluster import build_cluster
 from tfplace.policy import actions as A
+from tfplace.policy.environment import PlacementTask
 from tfplace.policy.testing_fixtures import tiny_task
 from tfplace.formats.strategy import validate_strategy
 
@@ -42,11 +46,22 @@ def test_micro_batches_ps_and_priority():
 
 
 def test_random_actions_lower_and_simulate():
-    task = tiny_task(cluster="four")
+    # P100s with 8 kB each: the tiny MLP's random strategies peak at 3-13 kB per device, so some
+    # fit and some run out of memory; the OOM penalty is checked by hand on both.
+    base = tiny_task(cluster="four")
+    devices = [d if d.kind != "P100" else dataclasses.replace(d, memory_bytes=8000) for d in base.cluster.devices]
+    cluster = build_cluster("four_small_p100", list(base.cluster.hosts), devices)
+    task = PlacementTask("small_p100", base.graph, base.grouping, cluster, base.profile, base.batch_size,
+                         base.max_groups)
     rng = np.random.default_rng(0)
-    for _ in range(10):
+    seen = set()
+    for _ in range(20):
         ev = task.evaluate(A.random_action(rng, task.num_groups, task.num_devices))
-        assert ev.time_s > 0 and ev.effective_time_s >= ev.time_s
+        assert ev.time_s > 0 and ev.oom == (ev.memory_excess > 0)
+        penalty = task.oom_penalty * (1 + ev.memory_excess) if ev.oom else 1.0  # environment docstring
+        assert ev.effective_time_s == pytest.approx(ev.time_s * penalty)
+        seen.add(ev.oom)
+    assert seen == {True, False}
 
 
 def test_mutate_changes_at_most_k_groups_and_stays_in_spec():

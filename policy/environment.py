@@ -32,6 +32,7 @@ from tfplace.lowering.lower import Lowerer
 from tfplace.formats.profile import Profile
 from tfplace.formats.reports import SimReport
 from tfplace.simulator import SimOptions, simulate
+from tfplace.baselines.problem import with_overheads
 from tfplace.formats.strategy import Strategy
 
 from tfplace.policy import actions as A
@@ -53,7 +54,10 @@ class PlacementTask:
 
     def __init__(self, label: str, graph: OpGraph, grouping: Grouping, cluster: Cluster, profile: Profile,
                  batch_size: int, max_groups: int, oom_penalty: float = 10.0,
-                 sim_options: SimOptions = SimOptions(), layout: A.ActionLayout = A.ActionLayout()):
+                 sim_options: SimOptions = SimOptions(), layout: A.ActionLayout = A.ActionLayout(),
+                 overheads=None):
+        """overheads: the cluster's RuntimeOverheads (CPU-emulated clusters; tfplace.overheads), or None."""
+        self.overheads = overheads
         self.label, self.graph, self.grouping, self.cluster, self.profile = label, graph, grouping, cluster, profile
         self.batch_size, self.max_groups, self.oom_penalty = batch_size, max_groups, oom_penalty
         self.sim_options, self.layout = sim_options, layout
@@ -78,7 +82,7 @@ class PlacementTask:
 
     def simulate(self, strategy: Strategy, trace: bool = False) -> SimReport:
         self.num_simulations += 1
-        return simulate(self.lowerer.lower(strategy), self.cluster,
+        return simulate(with_overheads(self.lowerer.lower(strategy), self.cluster, self.overheads), self.cluster,
                         dataclasses.replace(self.sim_options, trace=trace))
 
     def evaluate_strategy(self, strategy: Strategy) -> Evaluation:

@@ -73,12 +73,15 @@ def default_profile(graph: OpGraph, kinds: Sequence[str]) -> Profile:
 
 
 def baseline_strategies(graph: OpGraph, cluster: Cluster, batch_size: int, max_groups: int,
-                        label: str = "", profile: Profile = None, grouping=None) -> Dict[str, Callable[[], Strategy]]:
+                        label: str = "", profile: Profile = None, grouping=None,
+                        overheads=None) -> Dict[str, Callable[[], Strategy]]:
     """name -> zero-argument factory of every baseline strategy (real registry if present; it
-    gets the task's profile and grouping so baselines and policy see the same costs)."""
+    gets the task's profile, grouping and runtime overheads so baselines and policy see the same
+    costs)."""
     real = _real("tfplace.baselines.registry", "baseline_factories")
     if real is not None:
-        return dict(real(graph, cluster, batch_size, max_groups, profile=profile, grouping=grouping))
+        return dict(real(graph, cluster, batch_size, max_groups, profile=profile, grouping=grouping,
+                         overheads=overheads))
     names = cluster.device_names
     speeds = [relative_speed(d.kind) for d in cluster.devices]
     fastest = names[int(np.argmax(speeds))]

@@ -96,7 +96,7 @@ def plan_task(learner: ReinforceLearner, task: PlacementTask, search_seconds: fl
 
 def plan(run_dir: str, *, graph: Optional[str], model: Optional[str], batch_size: Optional[int], cluster: str,
          profile: Optional[str] = None, search_seconds: float = 0.0, samples: int = 8, seed: int = 0,
-         out: Optional[str] = None, resolve_bundle=None) -> PlanResult:
+         out: Optional[str] = None, resolve_bundle=None, overheads: Optional[str] = None) -> PlanResult:
     learner, config, ckpt = load_policy(run_dir)
     if model is not None:
         from tfplace.formats.config import GraphEntry
@@ -106,7 +106,7 @@ def plan(run_dir: str, *, graph: Optional[str], model: Optional[str], batch_size
     from tfplace.ir.loader import load_op_graph
     batch = batch_size or load_op_graph(bundle).reference_batch_size
     label = os.path.splitext(os.path.basename(bundle))[0]
-    task = train_lib.build_task(label, bundle, batch, cluster, profile, config)
+    task = train_lib.build_task(label, bundle, batch, cluster, profile, config, overheads)
     learner.build(task.features.as_observation())
     tf.train.Checkpoint(network=learner.network).read(ckpt).expect_partial()
     result = plan_task(learner, task, search_seconds, samples, seed)

@@ -96,21 +96,27 @@ def graph_bundle(entry: GraphEntry, resolve_bundle: Optional[BundleResolver] = N
 
 
 def build_task(label: str, bundle: str, batch_size: int, cluster_path: str, profile_path: Optional[str],
-               config: TrainConfig) -> PlacementTask:
+               config: TrainConfig, overheads_path: Optional[str] = None) -> PlacementTask:
+    """The task of one graph on one cluster; `overheads_path`: the cluster's runtime-overheads file
+    (tfplace.overheads, read only when given: GPU clusters have none)."""
     graph = load_op_graph(bundle)
     cluster = load_cluster(cluster_path)
     profile = load_profile(profile_path) if profile_path else default_profile(graph, cluster.kinds)
+    overheads = None
+    if overheads_path:
+        from tfplace.overheads.model import load_overheads
+        overheads = load_overheads(overheads_path)
     grouping = make_grouping(graph, config.max_groups)
     seed = config.seed if config.simulator.straggler_seed is None else config.simulator.straggler_seed
     return PlacementTask(label, graph, grouping, cluster, profile, batch_size, config.max_groups,
-                         config.rl.oom_penalty, SimOptions(seed=seed))
+                         config.rl.oom_penalty, SimOptions(seed=seed), overheads=overheads)
 
 
 def seed_pool(task: PlacementTask, size: int) -> StrategyPool:
     """A pool with every baseline plus the proportional action (a start for local search)."""
     pool = StrategyPool(size)
     for name, factory in baseline_strategies(task.graph, task.cluster, task.batch_size, task.max_groups,
-                                             task.label, task.profile, task.grouping).items():
+                                             task.label, task.profile, task.grouping, task.overheads).items():
         strategy = factory()
         ev = task.evaluate_strategy(strategy)
         pool.add_baseline(PoolEntry(name, strategy, ev.time_s, ev.effective_time_s, ev.oom, 0))
@@ -128,10 +134,11 @@ def build_runs(config: TrainConfig, log: Log, resolve_bundle: Optional[BundleRes
     runs = []
     for i, entry in enumerate(config.graphs):
         bundle = graph_bundle(entry, resolve_bundle)
-        for cluster_path in config.clusters:
+        for j, cluster_path in enumerate(config.clusters):
             cname = os.path.splitext(os.path.basename(cluster_path))[0]
             label = entry.label if len(config.clusters) == 1 else f"{entry.label}__{cname}"
-            task = build_task(label, bundle, entry.batch_size, cluster_path, config.profiles[i], config)
+            overheads = config.overheads[j] if j < len(config.overheads) else None
+            task = build_task(label, bundle, entry.batch_size, cluster_path, config.profiles[i], config, overheads)
             log(f"{label}: {task.graph.num_ops} ops, {task.num_groups} groups, {task.num_devices} devices")
             runs.append(TaskRun(task, PlacementEnvironment(task), StrategyPool(config.rl.pool_size)))
     return runs

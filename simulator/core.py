@@ -13,8 +13,8 @@ Host cores: CPU devices run their kernels on their host's cores. A host with `cp
 the cluster file lets at most that many of its CPU devices run a task at once (e.g. three TF tasks
 on a 2-core machine); GPUs and hosts without `cpu_cores` have no such limit.
 
-CPU bound: when the lowering gives each device's CPU demand (PlacedGraph.device_cpu_seconds,
-from the runtime overheads' collective and message CPU, tfplace.overheads.cpu_demand), the iteration lasts
+CPU bound: when the PlacedGraph gives each device's CPU demand (PlacedGraph.device_cpu_seconds,
+which only the runtime-overhead pass tfplace.overheads.apply fills), the iteration lasts
 at least the time that CPU takes under each device's CPU fraction and its host's cores
 (`cpu_bound_s` in the report; the makespan of the events when that is longer).
 
@@ -29,12 +29,11 @@ fast loop is tested against), "auto" (fast if numba imports, else reference).
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tfplace.formats.cluster import Cluster, is_cpu_kind
-from tfplace.overheads.cpu_demand import cpu_bound_seconds
 from tfplace.formats.errors import InputError
 from tfplace.lowering.placed_graph import (DEVICE_KINDS, TASK_COLLECTIVE, TASK_COMPUTE, TASK_TRANSFER, PlacedGraph,
                                   csr_from_pairs)
@@ -187,3 +186,20 @@ def simulate(placed: PlacedGraph, cluster: Cluster, options: SimOptions = SimOpt
         peak_memory_bytes=tuple(int(x) for x in peak), memory_capacity_bytes=tuple(int(x) for x in capacity),
         oom=bool(over), oom_devices=tuple(over), comm_bytes=comm, busy_s=tuple(float(x) for x in busy),
         compute_s=tuple(float(x) for x in compute), num_tasks=placed.num_tasks, seed=options.seed, trace=trace)
+
+
+def cpu_bound_seconds(demand_s: np.ndarray, fraction: np.ndarray, host_of: Optional[np.ndarray] = None,
+                      host_cores: Optional[Sequence[Optional[int]]] = None) -> float:
+    """The shortest step the CPU demand [D] allows: each device's demand over its fraction, and
+    for every host with a core count, its devices' demand over its cores (host_of [D]: the index
+    into host_cores of each device's host, -1 for a device that does not share a host's cores,
+    e.g. a GPU, as simulator.core_slots gives them)."""
+    if len(demand_s) == 0:
+        return 0.0
+    bound = float(np.max(demand_s / fraction))
+    if host_of is not None and host_cores is not None:
+        for h, cores in enumerate(host_cores):
+            on = host_of == h
+            if cores and on.any():
+                bound = max(bound, float(demand_s[on].sum()) / cores)
+    return bound

@@ -160,3 +160,14 @@ def random_strategy(rng: np.random.Generator, group_names, device_names, batch: 
     """Random shares (some micro-batched), random sync and PS device, random priorities."""
     from tfplace.testing import random_strategy as shared_random_strategy
     return shared_random_strategy(rng, group_names, device_names, batch)
+
+
+def lower_with_overheads(graph, grouping_, cluster, strategy, profile, overheads: Dict):
+    """The PlacedGraph the simulator runs for `strategy` on a CPU-emulated cluster: the lowering's,
+    through the runtime-overhead pass with `overheads` (a tfplace.runtime_overheads object as
+    JSON; validated as a file would be)."""
+    from tfplace.lowering.lower import lower
+    from tfplace.overheads.apply import apply
+    from tfplace.overheads.model import overheads_from_json
+    typed = overheads_from_json(overheads, "overheads.json")
+    return apply(lower(graph, grouping_, cluster, strategy, profile), cluster, typed)

@@ -7,9 +7,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tfplace.overheads.cpu_demand import check_curve, cpu_bound_seconds, cpu_fractions, curve_seconds
+from tfplace.lowering.costs import cpu_fractions
+from tfplace.overheads.cpu_demand import curve_seconds
+from tfplace.overheads.model import check_curve
+from tfplace.overheads.model import overheads_from_json
+from tfplace.simulator.core import cpu_bound_seconds
 from tfplace.formats.errors import InputError
-from tfplace.lowering.lower import lower
 from tfplace.lowering.placed_graph import DEVICE_KINDS, TASK_COLLECTIVE
 from tfplace.formats.profile import Profile
 from tfplace.simulator import simulate
@@ -43,8 +46,8 @@ def test_a_one_point_curve_is_a_constant():
 ])
 def test_bad_curve_is_one_error_naming_the_field(curve, words):
     with pytest.raises(InputError) as err:
-        check_curve(curve, "runtime_overheads.collective_cpu_s.3")
-    assert "runtime_overheads.collective_cpu_s.3" in str(err.value) and words in str(err.value)
+        check_curve(curve, "overheads.json", "collective_cpu_s.3")
+    assert "overheads.json: collective_cpu_s.3" in str(err.value) and words in str(err.value)
 
 
 def test_cpu_fractions_come_from_the_profile_kinds_emulation():
@@ -97,9 +100,8 @@ def _dp(overheads):
     gr = fk.grouping(g, [["x", "f", "g"], ["w", "r", "apply", "lr", "train_op"]])
     st = Strategy(8, 2, decision({"v100_0": 6, "p100_0": 2}, "allreduce"), {})
     prof = fk.dp_profile(g)
-    prof = dataclasses.replace(prof, conditions={**prof.conditions, "runtime_overheads": overheads})
     cluster = fk.pair_cluster()
-    return lower(g, gr, cluster, st, prof), cluster
+    return fk.lower_with_overheads(g, gr, cluster, st, prof, overheads), cluster
 
 
 CURVE = {"bytes": [0, 2 * W], "seconds": [1e-3, 3e-3]}  # W bytes: 2 ms per participant
@@ -158,7 +160,7 @@ def test_a_bad_kind_curve_is_one_error_naming_its_field(by_kind, field, words):
 def test_a_group_size_without_a_curve_is_one_error():
     with pytest.raises(InputError) as err:
         _dp({"collective_cpu_s": {"3": CURVE}})
-    assert "runtime_overheads.collective_cpu_s" in str(err.value) and "2 devices" in str(err.value)
+    assert "overheads.json: collective_cpu_s" in str(err.value) and "2 devices" in str(err.value)
 
 
 def test_message_bytes_cost_cpu_at_both_ends():
@@ -168,10 +170,9 @@ def test_message_bytes_cost_cpu_at_both_ends():
     g = fk.op_graph(ops, [("x", "a"), ("a", "c")])
     pr = fk.profile_table(g, {n: {"V100": s, "P100": s} for n, s in {"x": 0.0, "a": 1e-3, "c": 1e-3}.items()})
     rate = 1e-8
-    pr = dataclasses.replace(pr, conditions={**pr.conditions, "runtime_overheads": {"message_cpu_s_per_byte": rate}})
     gr = fk.grouping(g, [["x", "a"], ["c"]])
     st = Strategy(8, 2, None, {"x": decision({"v100_0": 8}), "c": decision({"p100_0": 8})})
-    placed = lower(g, gr, fk.pair_cluster(), st, pr)
+    placed = fk.lower_with_overheads(g, gr, fk.pair_cluster(), st, pr, {"message_cpu_s_per_byte": rate})
     lane = np.isin(placed.task_kind, DEVICE_KINDS)
     lanes = np.bincount(placed.task_device[lane], weights=placed.task_seconds[lane], minlength=2)
     assert placed.device_cpu_seconds == pytest.approx(lanes + 0.5 * rate * 8000, rel=1e-12)
@@ -193,10 +194,9 @@ def test_message_cpu_counts_once_in_the_demand_on_the_lanes_or_beside_them(threa
     if share is not None:
         over["message_cpu_share"] = {"P100|V100": share}
     pays = np.array([0.5, 0.5]) if share is None else np.array([share["V100"], share["P100"]])  # V100, P100
-    pr = dataclasses.replace(pr, conditions={**pr.conditions, "runtime_overheads": over})
     gr = fk.grouping(g, [["x", "a"], ["c"]])
     st = Strategy(8, 2, None, {"x": decision({"v100_0": 8}), "c": decision({"p100_0": 8})})
-    placed = lower(g, gr, fk.pair_cluster(), st, pr)
+    placed = fk.lower_with_overheads(g, gr, fk.pair_cluster(), st, pr, over)
     x = placed.task_kind == TASK_TRANSFER
     kernels = {"x": 0.0, "a": 1e-3, "c": 1e-3}
     lane_kernels = [kernels["x"] + kernels["a"], kernels["c"]]  # V100, P100
@@ -239,10 +239,10 @@ def test_kernels_timed_under_a_quota_count_its_share_and_the_bound_divides_by_it
     gr = fk.grouping(g, [["x", "f", "g"], ["w", "r", "apply", "lr", "train_op"]])
     st = Strategy(8, 2, decision({"v100_0": 6, "p100_0": 2}, "allreduce"), {})
     prof = fk.dp_profile(g)
-    conditions = {**prof.conditions, "runtime_overheads": {"collective_cpu_s": {"2": CURVE}},
-                  "by_kind": {"P100": {"emulation": {"cpu_fraction": 0.5}}}}
+    conditions = {**prof.conditions, "by_kind": {"P100": {"emulation": {"cpu_fraction": 0.5}}}}
     cluster = fk.pair_cluster()
-    placed = lower(g, gr, cluster, st, dataclasses.replace(prof, conditions=conditions))
+    placed = fk.lower_with_overheads(g, gr, cluster, st, dataclasses.replace(prof, conditions=conditions),
+                                     {"collective_cpu_s": {"2": CURVE}})
     lane = np.isin(placed.task_kind, DEVICE_KINDS)
     lanes = np.bincount(placed.task_device[lane], weights=placed.task_seconds[lane], minlength=2)
     assert placed.device_cpu_fraction.tolist() == [1.0, 0.5]
@@ -251,7 +251,7 @@ def test_kernels_timed_under_a_quota_count_its_share_and_the_bound_divides_by_it
     assert simulate(placed, cluster).cpu_bound_s == pytest.approx(bound, rel=1e-12)
 
 
-# ---- the same CPU on the lanes of CPU devices (HANDLER tasks; lowering_assemble._append_side_cpu) ----
+# ---- the same CPU on the lanes of CPU devices (HANDLER tasks; tfplace.overheads.apply._append_side_cpu) ----
 
 def _cpu_pair(overheads, strategy=None, fraction=0.5):
     """fakes.dp_graph on two CPU devices, "cpu0" (kind CPU) and "cpu1" (kind CPU_half, profiled
@@ -267,10 +267,10 @@ def _cpu_pair(overheads, strategy=None, fraction=0.5):
         table[n] = {"CPU": 1e-4 * g.reference_batch_size, "CPU_half": 1e-4 * g.reference_batch_size}
     table["apply"] = {"CPU": 1e-4, "CPU_half": 1e-4}
     prof = fk.profile_table(g, table, linear=("f", "g"))
-    conditions = {**prof.conditions, "runtime_overheads": overheads,
-                  "by_kind": {"CPU_half": {"emulation": {"cpu_fraction": fraction}}}}
+    conditions = {**prof.conditions, "by_kind": {"CPU_half": {"emulation": {"cpu_fraction": fraction}}}}
     st = strategy or Strategy(8, 2, decision({"cpu0": 6, "cpu1": 2}, "allreduce"), {})
-    return lower(g, gr, cluster, st, dataclasses.replace(prof, conditions=conditions)), cluster
+    return fk.lower_with_overheads(g, gr, cluster, st, dataclasses.replace(prof, conditions=conditions),
+                                   overheads), cluster
 
 
 @pytest.mark.parametrize("cpu_ms", [0.2, 1.0])
@@ -352,13 +352,13 @@ def test_dispatch_cpu_replaces_the_wall_with_each_tasks_cpu(over, wall_device, u
     from tfplace.overheads.cpu_demand import dispatch_cpu_seconds
     fraction = np.array([1.0, 0.5, 0.5, 1.0])[:len(want)]
     cpu_device = np.array([True, True, True, False])[:len(want)]
-    got = dispatch_cpu_seconds(over, 1e-3, wall_device, np.array(used), fraction, cpu_device)
+    got = dispatch_cpu_seconds(overheads_from_json(over), 1e-3, wall_device, np.array(used), fraction, cpu_device)
     assert got == pytest.approx(want, rel=1e-12, abs=1e-15)
 
 
 def test_dispatch_cpu_gives_a_gpu_as_device_0_no_master_work():
     from tfplace.overheads.cpu_demand import dispatch_cpu_seconds
-    got = dispatch_cpu_seconds({"step_cpu_s": 1e-4, "worker_cpu_s": 3e-4}, 1e-3, 0, np.array([0, 1]),
+    got = dispatch_cpu_seconds(overheads_from_json({"step_cpu_s": 1e-4, "worker_cpu_s": 3e-4}), 1e-3, 0, np.array([0, 1]),
                                np.ones(2), np.array([False, True]))
     assert got == pytest.approx([-1e-3, 3e-4], rel=1e-12)
 

@@ -10,8 +10,6 @@ import pytest
 from tfplace.formats.cluster import load_cluster
 from tfplace.ir.loader import load_op_graph
 from tfplace.formats.jsonio import write_json
-from tfplace.lowering.lower import lower
-from tfplace.simulator import simulate
 from tfplace.formats.strategy import even_strategy
 from tfplace.testing import uniform_profile
 
@@ -34,14 +32,14 @@ def test_replay_compares_recorded_real_steps_with_the_simulator(tmp_path, capsys
     cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
     profile = uniform_profile(graph, ["CPU"], 1e-5)
     overheads = {"step_s": 5e-4, "message_cpu_s": {"CPU|CPU": 1e-4}, "transfer_gap_s": 5e-5}
-    with_over = fb.with_overheads(profile, overheads)
-    grouping = make_problem(graph, cluster, with_over, max_groups=fb.MAX_GROUPS, global_batch_size=batch).grouping
+    typed = fb.typed_overheads(overheads)
+    grouping = make_problem(graph, cluster, profile, max_groups=fb.MAX_GROUPS, global_batch_size=batch).grouping
     devs = list(cluster.device_names)
     rows = []
     for name, st in (("even", even_strategy(devs, batch, fb.MAX_GROUPS)),
                      ("even_ps", even_strategy(devs, batch, fb.MAX_GROUPS, "ps", devs[1])),
                      ("single", even_strategy(devs[:1], batch, fb.MAX_GROUPS))):
-        sim = simulate(lower(graph, grouping, cluster, st, with_over), cluster).iteration_time_s
+        sim = fb.simulate_with(graph, grouping, cluster, st, profile, typed).iteration_time_s
         rows.append({"name": name, "strategy": st.to_json(), "real_s": [sim * ratio] * 3, "sim_s": sim})
     path = tmp_path / "run.json"
     model = {"bundle": bundle, "profile": profile.to_json(), "rows": rows}

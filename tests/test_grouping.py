@@ -227,14 +227,14 @@ def test_uniform_profile_covers_every_op_and_scales_batched_ops():
 def test_groups_cli_prints_and_writes_json(tmp_path, capsys):
     import json
 
-    from tfplace.cli.groups import main
+    from tfplace.cli import common, groups
     from tfplace.testing import tiny_graph_def
 
     pb = tmp_path / "step.pb"
     pb.write_bytes(tiny_graph_def("cnn", "adam").SerializeToString())
     out = tmp_path / "groups.json"
-    rc = main(["--graph", str(pb), "--sinks", "train_op", "--batch-size", "4", "--loss", "loss",
-               "--max-groups", "5", "--json", str(out)])
+    rc = common.call(groups, ["--graph", str(pb), "--sinks", "train_op", "--batch-size", "4", "--loss", "loss",
+                              "--max-groups", "5", "--json", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["max_groups"] == 5 and len(doc["groups"]) == 5
@@ -246,7 +246,7 @@ def test_groups_cli_prints_and_writes_json(tmp_path, capsys):
 
 
 def test_groups_cli_bad_input_exit_code(tmp_path, capsys):
-    from tfplace.cli.groups import main
+    from tfplace.cli import common, groups
 
-    assert main(["--graph", str(tmp_path / "missing.pb"), "--sinks", "t", "--max-groups", "3"]) == 2
+    assert common.call(groups, ["--graph", str(tmp_path / "missing.pb"), "--sinks", "t", "--max-groups", "3"]) == 2
     assert "missing.pb" in capsys.readouterr().err

@@ -625,7 +625,6 @@ def test_weighting_cost_follows_the_rewrites_multiplies(name, make):
 
     from tfplace.formats.cluster import load_cluster
     from tfplace.ir.grouping import make_grouping
-    from tfplace.lowering.assemble import placed_weighted_reads
     from tfplace.lowering.meta import split_metadata
     from tfplace.lowering.placed_graph import TASK_COMPUTE
     from tfplace.rewrite.graph_rewrite import rewrite_step
@@ -643,7 +642,7 @@ def test_weighting_cost_follows_the_rewrites_multiplies(name, make):
             weight = nodes[n.name + "/weight"].attr["value"].tensor.float_val[0]
             emitted[(int(b), int(d))] = (weight, n.device)
     lowered = split_metadata(graph, grouping.op_group)[0]  # the graph p was lowered from
-    buf, dev, weight, charged = placed_weighted_reads(p, lowered.tensor_batch_axis)
+    buf, dev, weight, charged = p.weighted_reads(lowered.tensor_batch_axis)
     modelled = {(int(b), int(d)): float(w) for b, d, w in zip(buf, dev, weight)}
     assert set(modelled) == set(emitted)
     for key, (w, device) in emitted.items():

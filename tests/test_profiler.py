@@ -10,6 +10,7 @@ import pytest
 
 from tfplace.profiling import device_model, profiler
 
+from tfplace.cli import common
 from tfplace.cli import profile as profiler_cli
 from tfplace.formats.errors import InputError
 from tfplace.formats.profile import load_profile
@@ -257,8 +258,8 @@ def test_measured_profile_derives_faster_gpu_profiles(tiny_cnn_profile):
 
 def test_cli_writes_a_profile_with_derived_kinds(tmp_path, capsys):
     out = tmp_path / "p.json"
-    rc = profiler_cli.main(["--graph", _bundle("tiny_mlp"), "--batch-sizes", "2,4", "--repeats", "1",
-                            "--warmup", "0", "--derive", "V100", "--quiet", "--out", str(out)])
+    rc = common.call(profiler_cli, ["--graph", _bundle("tiny_mlp"), "--batch-sizes", "2,4", "--repeats", "1",
+                                    "--warmup", "0", "--derive", "V100", "--quiet", "--out", str(out)])
     assert rc == 0
     prof = load_profile(out)
     assert set(prof.kinds) == {"CPU", "V100"} and prof.derived == {"V100": "CPU"}
@@ -294,8 +295,9 @@ def test_cli_cpu_fraction_scales_unlimited_op_times_by_the_measured_throttle(tmp
         return raw["result"]
     monkeypatch.setattr(profiler, "profile_bundle", keep)
     out = tmp_path / "p.json"
-    rc = profiler_cli.main(["--graph", _bundle("tiny_mlp"), "--batch-sizes", "2", "--repeats", "1", "--warmup", "0",
-                            "--kind", "CPU_half", "--cpu-fraction", "0.5", "--quiet", "--out", str(out)])
+    rc = common.call(profiler_cli, ["--graph", _bundle("tiny_mlp"), "--batch-sizes", "2", "--repeats", "1",
+                                    "--warmup", "0", "--kind", "CPU_half", "--cpu-fraction", "0.5", "--quiet",
+                                    "--out", str(out)])
     monkeypatch.undo()
     assert rc == 0 and calls == [(0.5, None)]
     emulation = json.loads(out.read_text())["conditions"]["emulation"]
@@ -306,21 +308,24 @@ def test_cli_cpu_fraction_scales_unlimited_op_times_by_the_measured_throttle(tmp
         assert written.seconds(op, "CPU_half", 2) == pytest.approx(2.5 * measured.seconds(op, "CPU_half", 2), rel=1e-3)
 
 
-@pytest.mark.parametrize("args,field", [
-    (["--batch-sizes", "0,4"], "batch_sizes[0]"),
-    (["--batch-sizes", "4,x"], "--batch-sizes"),
-    (["--device", "TPU:0"], "device"),
-    (["--device", "GPU"], "kind"),
-    (["--repeats", "0"], "repeats"),
+@pytest.mark.parametrize("args,field,hint", [
+    (["--batch-sizes", "0,4"], "--batch-sizes", "Fix:"),    # checked when the flags are parsed
+    (["--batch-sizes", "4,x"], "--batch-sizes", "Fix:"),
+    (["--repeats", "0"], "--repeats", "positive"),
+    (["--out", "no_such_folder/p.json"], "no_such_folder", "Fix:"),
+    (["--device", "TPU:0"], "device", "Fix:"),              # checked by ProfileOptions
+    (["--device", "GPU"], "kind", "Fix:"),
 ])
-def test_cli_bad_arguments_name_the_field(tmp_path, capsys, args, field):
-    rc = profiler_cli.main(["--graph", _bundle("tiny_mlp"), "--quiet", "--out", str(tmp_path / "p.json")] + args)
+def test_cli_bad_arguments_name_the_field(tmp_path, capsys, args, field, hint):
+    rc = common.call(profiler_cli, ["--graph", _bundle("tiny_mlp"), "--quiet", "--out", str(tmp_path / "p.json")]
+                     + args)
     err = capsys.readouterr().err
-    assert rc == 2 and field in err and "Fix:" in err
+    assert rc == 2 and field in err and hint in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_cli_missing_graph_file(tmp_path, capsys):
-    rc = profiler_cli.main(["--graph", str(tmp_path / "nope.json"), "--quiet", "--out", str(tmp_path / "p.json")])
+    rc = common.call(profiler_cli, ["--graph", str(tmp_path / "nope.json"), "--quiet",
+                                    "--out", str(tmp_path / "p.json")])
     assert rc == 2 and "nope.json" in capsys.readouterr().err
 
 

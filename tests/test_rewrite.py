@@ -70,28 +70,31 @@ def test_train_op_waits_for_one_done_per_other_device():
     # the CPU that all-reduces and message bytes cost, on the CPU devices' lanes
     {"collective_cpu_s": {"3": {"bytes": [16], "seconds": [3e-4]}}, "message_cpu_s_per_byte": 1e-9},
 ])
-def test_message_handlers_emit_nothing(overheads):
-    # The lowering adds HANDLER tasks for the runtime's own work (serving a message, an
-    # all-reduce's or a message's CPU): the same strategy is rewritten to the same graph with or
-    # without them.
-    import dataclasses
-
+def test_the_rewrite_refuses_a_graph_with_runtime_overheads(overheads):
+    # The runtime-overhead pass adds HANDLER tasks and a CPU demand for the simulator only (the
+    # runtime's own work); the rewrite emits the lowering's own PlacedGraph and refuses the other.
+    from tfplace.formats.errors import InputError
     from tfplace.ir.grouping import make_grouping
     from tfplace.lowering.lower import lower
     from tfplace.lowering.placed_graph import TASK_HANDLER
+    from tfplace.overheads.apply import apply
+    from tfplace.overheads.model import overheads_from_json
     from tfplace.testing import uniform_profile
     for strategy in (None, Strategy(12, 4, decision({"cpu0": 6, "cpu1": [3, 3]}, "ps", "cpu2"), {})):
         graph, cluster, plain = _step(strategy)
         strategy = strategy or even_strategy(cluster.device_names, 12, 4)
-        uniform = uniform_profile(graph, cluster.kinds)
-        profile = dataclasses.replace(uniform, conditions={**uniform.conditions, "runtime_overheads": overheads})
-        placed = lower(graph, make_grouping(graph, strategy.max_groups), cluster, strategy, profile)
-        assert (placed.task_kind == TASK_HANDLER).sum() > 0
-        handled = rewrite_step(graph, strategy, cluster, profile=profile)
+        grouping = make_grouping(graph, strategy.max_groups)
+        placed = lower(graph, grouping, cluster, strategy, uniform_profile(graph, cluster.kinds))
+        assert not (placed.task_kind == TASK_HANDLER).any() and not placed.has_runtime_overheads
+        applied = apply(placed, cluster, overheads_from_json(overheads))
+        assert applied.has_runtime_overheads
+        with pytest.raises(InputError, match="runtime-overhead pass"):
+            rewrite_step(graph, strategy, cluster, grouping=grouping, placed=applied)
+        again = rewrite_step(graph, strategy, cluster, grouping=grouping, placed=placed)
 
         def nodes(step):
             return {n.name: (n.op, n.device, tuple(sorted(n.input))) for n in step.graph_def.node}
-        assert nodes(handled) == nodes(plain)
+        assert nodes(again) == nodes(plain)
 
 
 def _chain_edges(graph, step):

@@ -295,11 +295,11 @@ def _cli_files(tmp_path):
 
 
 def test_cli_prints_the_report_and_writes_the_trace(tmp_path, capsys):
-    from tfplace.cli.simulate import main
+    from tfplace.cli import common, simulate
     meta, cluster = _cli_files(tmp_path)
-    code = main(["--graph", meta, "--cluster", cluster, "--strategy", str(tmp_path / "strategy.json"),
-                 "--profile", str(tmp_path / "profile.json"), "--trace", str(tmp_path / "t.json"),
-                 "--json", str(tmp_path / "r.json")])
+    code = common.call(simulate, ["--graph", meta, "--cluster", cluster, "--strategy", str(tmp_path / "strategy.json"),
+                                  "--profile", str(tmp_path / "profile.json"), "--trace", str(tmp_path / "t.json"),
+                                  "--json", str(tmp_path / "r.json")])
     out = capsys.readouterr().out
     assert code == 0 and "iteration time" in out and "p100_1" in out and "OOM: no" in out
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
@@ -307,21 +307,21 @@ def test_cli_prints_the_report_and_writes_the_trace(tmp_path, capsys):
 
 
 def test_cli_without_profile_uses_the_device_model(tmp_path, capsys):
-    from tfplace.cli.simulate import main
+    from tfplace.cli import common, simulate
     meta, cluster = _cli_files(tmp_path)
-    code = main(["--graph", meta, "--cluster", cluster, "--strategy", str(tmp_path / "strategy.json")])
+    code = common.call(simulate, ["--graph", meta, "--cluster", cluster, "--strategy", str(tmp_path / "strategy.json")])
     out = capsys.readouterr().out
     assert code == 0 and "device model" in out and "iteration time" in out
 
 
 def test_cli_bad_strategy_is_one_message(tmp_path, capsys):
-    from tfplace.cli.simulate import main
+    from tfplace.cli import common, simulate
     meta, cluster = _cli_files(tmp_path)
     bad = json.loads((tmp_path / "strategy.json").read_text())
     bad["default"]["shares"] = {"tpu_0": 16}
     (tmp_path / "bad.json").write_text(json.dumps(bad))
-    code = main(["--graph", meta, "--cluster", cluster, "--strategy", str(tmp_path / "bad.json"),
-                 "--profile", str(tmp_path / "profile.json")])
+    code = common.call(simulate, ["--graph", meta, "--cluster", cluster, "--strategy", str(tmp_path / "bad.json"),
+                                  "--profile", str(tmp_path / "profile.json")])
     err = capsys.readouterr().err
     assert code == 2 and "tpu_0" in err and "Fix:" in err
 
@@ -424,11 +424,10 @@ def _two_sends(overheads):
            ("c", "Op", 8000, True, True)]
     g = fk.op_graph(ops, [("x", "a"), ("x", "b"), ("a", "c"), ("b", "c")])
     pr = fk.profile_table(g, {n: {"V100": s, "P100": s} for n, s in {"x": 0.0, "a": 1e-3, "b": 1e-3, "c": 1e-3}.items()})
-    pr = dataclasses.replace(pr, conditions={**pr.conditions, "runtime_overheads": overheads})
     gr = fk.grouping(g, [["x", "a", "b"], ["c"]])
     st = Strategy(8, 2, None, {"x": decision({"v100_0": 8}), "c": decision({"p100_0": 8})})
     cluster = fk.pair_cluster(latency=2e-3)
-    return lower(g, gr, cluster, st, pr), cluster
+    return fk.lower_with_overheads(g, gr, cluster, st, pr, overheads), cluster
 
 
 def _two_inputs_one_device(overheads):
@@ -437,10 +436,10 @@ def _two_inputs_one_device(overheads):
            ("a", "Op", 8000, True, True)]
     g = fk.op_graph(ops, [("x", "a"), ("y", "a")])
     pr = fk.profile_table(g, {n: {"V100": s, "P100": s} for n, s in {"x": 0.0, "y": 0.0, "a": 1e-3}.items()})
-    pr = dataclasses.replace(pr, conditions={**pr.conditions, "runtime_overheads": overheads})
     st = Strategy(8, 1, None, {"x": decision({"v100_0": 8})})
     cluster = fk.pair_cluster(latency=2e-3)
-    return simulate(lower(g, fk.grouping(g, [["x", "y", "a"]]), cluster, st, pr), cluster).iteration_time_s
+    placed = fk.lower_with_overheads(g, fk.grouping(g, [["x", "y", "a"]]), cluster, st, pr, overheads)
+    return simulate(placed, cluster).iteration_time_s
 
 
 @pytest.mark.parametrize("overheads,added_s", [
@@ -462,10 +461,8 @@ def test_a_further_device_starts_when_its_rungraph_arrives(worker_ms):
     parallel with it (the fork-join graph: x, a, b, d on the V100, c on the P100)."""
     from tfplace.lowering.placed_graph import TASK_HANDLER
     g, gr, pr, st = _fork_join()
-    pr = dataclasses.replace(pr, conditions={**pr.conditions,
-                                             "runtime_overheads": {"step_s": 2e-4, "worker_s": worker_ms * 1e-3}})
     cluster = fk.pair_cluster()
-    placed = lower(g, gr, cluster, st, pr)
+    placed = fk.lower_with_overheads(g, gr, cluster, st, pr, {"step_s": 2e-4, "worker_s": worker_ms * 1e-3})
     sched = schedule(placed, np.ones(2))
     c = placed.tasks_of_op(g.index("c"))[0]
     x = placed.tasks_of_op(g.index("x"))[0]
@@ -499,7 +496,7 @@ def test_message_overheads_per_pair_of_device_kinds(key, value):
     assert np.array_equal(paired.task_hold_seconds, scalar.task_hold_seconds)
     with pytest.raises(InputError) as err:
         _two_sends({"transfer_gap_s": 0.0, key: {"V100|V100": value}})
-    assert f"runtime_overheads.{key}" in str(err.value) and "P100|V100" in str(err.value)
+    assert f"overheads.json: {key}" in str(err.value) and "P100|V100" in str(err.value)
 
 
 def test_one_thread_message_cpu_sender_half_is_a_handler_receiver_half_on_the_next_task():
@@ -555,18 +552,18 @@ def test_message_cpu_share_splits_each_message_between_its_ends_by_kind(share):
     assert placed.task_seconds[c] - base.task_seconds[c] == pytest.approx(2 * pays["P100"] * cpu_s, abs=1e-15)
 
 
-@pytest.mark.parametrize("share,says", [
-    ({"V100|V100": {"V100": 0.5}}, "needs the share of each end"),  # the pair the messages use is missing
-    ({"P100|V100": {"V100": 0.3}}, "needs the share of each end"),
-    ({"P100|V100": {"V100": 0.6, "P100": 0.6}}, "add up to 1"),
-    ({"P100|V100": {"V100": -0.1, "P100": 1.1}}, "lie in [0, 1]"),
-    ({"P100|V100": {"V100": "0.5", "P100": 0.5}}, "lie in [0, 1]"),
+@pytest.mark.parametrize("share,field,says", [
+    ({"CPU|V100": {"CPU": 0.5, "V100": 0.5}}, "message_cpu_share", "no entry for the device kinds 'P100|V100'"),
+    ({"V100|V100": {"V100": 0.5}}, "message_cpu_share.V100|V100", "two different device kinds"),
+    ({"P100|V100": {"V100": 0.3}}, "message_cpu_share.P100|V100", "needs the share of each end"),
+    ({"P100|V100": {"V100": 0.6, "P100": 0.6}}, "message_cpu_share.P100|V100", "add up to 1"),
+    ({"P100|V100": {"V100": -0.1, "P100": 1.1}}, "message_cpu_share.P100|V100.V100", "lie in [0, 1]"),
+    ({"P100|V100": {"V100": "0.5", "P100": 0.5}}, "message_cpu_share.P100|V100.V100", "must be a number"),
 ])
-def test_bad_message_cpu_share_is_one_error_naming_the_field(share, says):
+def test_bad_message_cpu_share_is_one_error_naming_the_field(share, field, says):
     with pytest.raises(InputError) as err:
         _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4, "message_cpu_share": share})
-    assert "runtime_overheads.message_cpu_share.P100|V100" in str(err.value) and says in str(err.value)
-    assert "measure_overheads" in str(err.value)
+    assert f"overheads.json: {field}:" in str(err.value) and says in str(err.value) and "Fix:" in str(err.value)
 
 
 def test_message_cpu_share_that_is_not_an_object_is_one_error_naming_the_field():
@@ -609,17 +606,17 @@ def test_with_two_or_more_inter_op_threads_message_cpu_lengthens_the_transfer_no
     assert np.array_equal(one.task_seconds[:base.num_tasks][x], base.task_seconds[x])
 
 
-@pytest.mark.parametrize("value", [0, -1, 1.5, "2", True, None, float("nan"), float("inf")])
+@pytest.mark.parametrize("value", [0, -1, 1.5, "2", True, float("nan"), float("inf")])  # null: the default, 1
 def test_bad_inter_op_threads_is_one_error_naming_the_field(value):
     with pytest.raises(InputError) as err:
         _two_sends({"transfer_gap_s": 0.0, "message_cpu_s": 4e-4, "inter_op_threads": value})
-    assert "runtime_overheads.inter_op_threads" in str(err.value) and "--inter-threads" in str(err.value)
+    assert "overheads.json: inter_op_threads" in str(err.value) and "tfplace.cli.overheads" in str(err.value)
 
 
 @pytest.mark.parametrize("transfer_s", [3e-4, -1e-3, -5e-3])
 def test_negative_transfer_overhead_shortens_a_message_but_never_below_zero(transfer_s):
     # transfer_s is what a message takes beyond the link fit and the message CPU the lanes carry,
-    # so it may be negative (fidelity_bench.measure_overheads); the 2 ms latency link here
+    # so it may be negative (`python -m tfplace.cli.overheads`); the 2 ms latency link here
     from tfplace.lowering.placed_graph import TASK_TRANSFER
     placed, _ = _two_sends({"transfer_gap_s": 0.0, "transfer_s": transfer_s})
     x = placed.task_kind == TASK_TRANSFER
@@ -634,8 +631,8 @@ def _dp_collectives(shares, overheads):
     from tfplace.lowering.placed_graph import TASK_COLLECTIVE
     g, gr, st = _dp_setup(shares=shares)
     pr = fk.dp_profile(g)
-    pr = dataclasses.replace(pr, conditions={**pr.conditions, "runtime_overheads": overheads})
-    placed = lower(g, gr, fk.quad_cluster(), st, pr)
+    cluster = fk.quad_cluster()
+    placed = fk.lower_with_overheads(g, gr, cluster, st, pr, overheads)
     c = placed.task_kind == TASK_COLLECTIVE
     assert c.sum() == 1
     return float(placed.task_seconds[c][0])
@@ -652,8 +649,8 @@ TWO, THREE = {"v100_0": 4, "v100_1": 4}, {"v100_0": 4, "v100_1": 2, "v100_2": 2}
     (TWO, {"2": -1.0}, None),                        # never below 0
 ])
 def test_collective_overhead_per_group_size(shares, collective_s, added_s):
-    # runtime_overheads.collective_s: what an all-reduce in a step takes beyond the all-reduce fit
-    # (fidelity_bench.measure_overheads measures it per group size; it may be negative)
+    # RuntimeOverheads.collective_s: what an all-reduce in a step takes beyond the all-reduce fit
+    # (`python -m tfplace.cli.overheads` measures it per group size; it may be negative)
     base = _dp_collectives(shares, {})
     got = _dp_collectives(shares, {"collective_s": collective_s})
     assert got == (0.0 if added_s is None else pytest.approx(base + added_s, rel=1e-12))
@@ -662,4 +659,4 @@ def test_collective_overhead_per_group_size(shares, collective_s, added_s):
 def test_a_collective_overhead_without_the_group_size_is_one_error_naming_the_field():
     with pytest.raises(InputError) as err:
         _dp_collectives(THREE, {"collective_s": {"2": 1e-4}})
-    assert "runtime_overheads.collective_s" in str(err.value) and "group of 3" in str(err.value)
+    assert "overheads.json: collective_s" in str(err.value) and "group of 3" in str(err.value)

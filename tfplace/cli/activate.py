@@ -9,11 +9,12 @@ in the table and in results.json) and the others still run. Results: `<output_di
 Clusters whose hosts are all loopback run on a LocalCluster started here (one server process
 per task); horovod_* baselines call baselines/horovod_runner.py.
 Config keys: examples/formats/README.md (loader: tfplace.formats.config.load_activate_config).
+The output folder is checked before any work. Exit status: 0 when an entry ran, 1 when every
+entry failed, 2 on a usage error or bad input (one line naming the file, the field and the fix).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -21,6 +22,7 @@ import sys
 import traceback
 from typing import Any, Dict, List, Optional
 
+from tfplace.cli import common
 from tfplace.formats.cluster import Cluster, load_cluster
 from tfplace.formats.config import ActivateConfig, load_activate_config, validate_entries
 from tfplace.formats.strategy import load_strategy
@@ -32,13 +34,14 @@ BASELINE_MAX_GROUPS = 64
 
 
 def baseline_plan(name: str, graph, cluster: Cluster, profile, batch: Optional[int] = None,
-                  max_groups: int = BASELINE_MAX_GROUPS):
+                  max_groups: int = BASELINE_MAX_GROUPS, overheads=None):
     """(strategy, grouping) of a non-Horovod baseline, from tfplace.baselines.registry:
     `make_problem` + `registry.generate(name, problem)`, exactly as compare and training build
-    them (same profile, same grouping level)."""
+    them (same profile, same grouping level, same runtime overheads)."""
     from tfplace.baselines import registry
     from tfplace.baselines.problem import make_problem
-    problem = make_problem(graph, cluster, profile, max_groups=max_groups, global_batch_size=batch)
+    problem = make_problem(graph, cluster, profile, max_groups=max_groups, global_batch_size=batch,
+                           overheads=overheads)
     return registry.generate(name, problem), problem.grouping
 
 
@@ -79,7 +82,8 @@ def _jobs(config: ActivateConfig, errors: Dict[str, Any]) -> List[Dict[str, Any]
     return jobs
 
 
-def _run_one(job, cluster: Cluster, lc, config: ActivateConfig) -> Dict[str, Any]:
+def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None) -> Dict[str, Any]:
+    from tfplace.baselines.problem import with_overheads
     from tfplace.simulator import simulate
     from tfplace.ir.loader import load_op_graph
     from tfplace.rewrite.graph_rewrite import rewrite_step
@@ -98,9 +102,11 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig) -> Dict[str, Any
     profile = default_profile(graph, cluster.kinds)
     strategy, grouping = job.get("strategy"), None
     if strategy is None:
-        strategy, grouping = baseline_plan(job["baseline"], graph, cluster, profile, job["batch"])
+        strategy, grouping = baseline_plan(job["baseline"], graph, cluster, profile, job["batch"],
+                                           overheads=overheads)
     step = rewrite_step(graph, strategy, cluster, profile=profile, grouping=grouping)
-    sim = simulate(step.placed, cluster).iteration_time_s
+    # the PlacedGraph the rewrite emitted, with what the runtime adds when the config gives it
+    sim = simulate(with_overheads(step.placed, cluster, overheads), cluster).iteration_time_s
     feed = random_feed(step.inputs, strategy.global_batch_size, 0)
     with StepRunner(lc, step) as runner:
         runner.initialize()
@@ -117,8 +123,10 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
     """Runs every entry of the config; returns (and writes) the result rows."""
     from tfplace.runtime.local_cluster import LocalCluster
     config = load_activate_config(config_path, strict=False)
+    common.check_output_dir(config.output_dir, config_path, "output_dir")  # before any work
     errors = {name: err for name, err in validate_entries(config) if err is not None}
     cluster = load_cluster(config.cluster)
+    overheads = common.load_overheads_arg(config.overheads)  # before any work: its errors name the file
     os.makedirs(config.output_dir, exist_ok=True)
     jobs = _jobs(config, errors)
     rows = []
@@ -127,7 +135,7 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
             row = {"name": job["name"], "kind": job["kind"], "error": None}
             if job.get("error") is None:
                 try:
-                    row.update(_run_one(job, cluster, lc, config))
+                    row.update(_run_one(job, cluster, lc, config, overheads))
                     t = row["step_times_s"]
                     row["mean_s"], row["std_s"] = statistics.fmean(t), statistics.pstdev(t)
                     sim = row["simulated_s"]
@@ -157,14 +165,24 @@ def print_table(rows, out=sys.stdout) -> None:
         print(f"{r['name']:40s} {r['mean_s'] * 1e3:8.2f} ± {r['std_s'] * 1e3:5.2f} {sim} {ratio}", file=out)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="activate.py", description=__doc__.splitlines()[0])
-    parser.add_argument("config", help="activate_config.txt (JSON), see examples/formats/README.md")
-    args = parser.parse_args(argv)
+POSITIONAL = ("CONFIG",)  # activate_config.txt (JSON), see examples/formats/README.md
+
+
+def define_flags() -> None:
+    """The command has no flags: its one argument is the config path."""
+
+
+def main(argv) -> int:
+    """Runs the config argv[1] (absl main); exit status 1 when every entry failed."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    rows = run(args.config)
+    rows = run(argv[1])
     return 1 if rows and all(r["error"] for r in rows) else 0
 
 
+def run_command() -> None:
+    """Entry point of `python activate.py CONFIG`: `app.run(main)` under tfplace.cli.common's contract."""
+    common.run(main, define_flags, __doc__, positional=POSITIONAL)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command()

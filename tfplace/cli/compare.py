@@ -18,35 +18,38 @@ be perfect), and the time the generator took. Writes to --out (default
 step time with the ideal bound, peak memory with the smallest device memory), and
 strategies/<name>.json for every strategy (deployable with activate.py).
 
-Exit status 0 (OOM and failed generators are rows of the table), 2 on bad input.
+Output paths are checked before anything is loaded. Exit status 0 (OOM and failed generators are
+rows of the table), 2 on a usage error or bad input (tfplace.cli.common).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 from typing import Any, Dict, Optional, Sequence
 
-from tfplace.formats.errors import InputError, exit_code_of
+from absl import flags
+
+from tfplace.cli import common
+from tfplace.formats.errors import InputError
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tfplace.compare", description=__doc__.split("\n\n")[0])
-    p.add_argument("--graph", required=True, help="bundle .json or zoo model name (e.g. vgg19)")
-    p.add_argument("--cluster", required=True, help="cluster.json")
-    p.add_argument("--profile", default=None,
-                   help="profile.json, or 'roofline' for the pure roofline model (default: the device "
+def define_flags() -> None:
+    """The command's flags (called when it runs; see tfplace.cli.common)."""
+    flags.DEFINE_string("graph", None, "bundle .json or zoo model name (e.g. vgg19)", required=True)
+    flags.DEFINE_string("cluster", None, "cluster.json", required=True)
+    flags.DEFINE_string("profile", None,
+                        "profile.json, or 'roofline' for the pure roofline model (default: the device "
                         "model's default profile: a bundled measured profile scaled per kind, else roofline)")
-    p.add_argument("--max-groups", type=int, default=64, help="grouping level K (default 64)")
-    p.add_argument("--batch-size", type=int, default=None, help="global batch (default: the graph's)")
-    p.add_argument("--strategies", default=None,
-                   help="comma-separated baseline names (default: all; see tfplace.baselines.registry)")
-    p.add_argument("--out", default=None, help="output folder (default ./compare_<graph>_<cluster>)")
-    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    return p
+    flags.DEFINE_integer("max-groups", 64, "grouping level K", lower_bound=1)
+    flags.DEFINE_integer("batch-size", None, "global batch (default: the graph's)", lower_bound=1)
+    flags.DEFINE_string("strategies", None,
+                        "comma-separated baseline names (default: all; see tfplace.baselines.registry)")
+    flags.DEFINE_string("out", None, "output folder (default ./compare_<graph>_<cluster>)")
+    flags.DEFINE_boolean("no-plot", False, "skip the PNG")
+    common.define_overheads_flag()
+    common.output_dir_flag("out")
 
 
 def _load_graph(spec: str, batch_size: Optional[int]):
@@ -135,6 +138,19 @@ def plot(result: Dict[str, Any], min_capacity_bytes: float, title: str, path: st
     plt.close(fig)
 
 
+def _check_outputs(out: Optional[str], no_plot: bool) -> None:
+    """Before any work: the output folder (default: one in the working folder) and, when it
+    exists, the bar chart and strategies/ inside it can be written."""
+    if out is None:
+        common.check_output_dir(os.getcwd(), "argument --out (default: a folder in the working folder)")
+        return
+    common.check_output_dir(out, "argument --out")
+    if not no_plot and os.path.isdir(out):
+        common.check_output_file(os.path.join(out, "compare.png"), "argument --out", "compare.png")
+    if os.path.isdir(out):
+        common.check_output_dir(os.path.join(out, "strategies"), "argument --out", "strategies")
+
+
 def execute(args) -> int:
     from tfplace.baselines import registry
     from tfplace.baselines.problem import make_problem
@@ -142,8 +158,7 @@ def execute(args) -> int:
     from tfplace.formats.profile import load_profile
     from tfplace.formats.strategy import save_strategy
 
-    if args.max_groups < 1:
-        raise InputError("argument --max-groups", "", f"must be >= 1, got {args.max_groups}", "give K >= 1")
+    _check_outputs(args.out, args.no_plot)
     names = registry.names() if args.strategies is None else tuple(x.strip() for x in args.strategies.split(",") if x.strip())
     for n in names:
         registry.is_runtime(n)  # raises for unknown names
@@ -159,10 +174,12 @@ def execute(args) -> int:
     else:
         profile = registry.default_profile(graph, cluster.kinds)
         bundled = profile.conditions.get("bundled") if isinstance(profile.conditions, dict) else None
-        profile_label = (f"device model ({'bundled ' + bundled + ' scaled per kind' if bundled else 'roofline'})"
-                         if registry.has_device_model() else
-                         "UNIFORM profile (no tfplace.profiling.device_model yet: every kind equally fast)")
-    problem = make_problem(graph, cluster, profile, max_groups=args.max_groups, global_batch_size=args.batch_size)
+        profile_label = f"device model ({'bundled ' + bundled + ' scaled per kind' if bundled else 'roofline'})"
+    overheads = common.load_overheads_arg(args.overheads)
+    if overheads is not None:
+        profile_label += f"; runtime overheads: {args.overheads}"
+    problem = make_problem(graph, cluster, profile, max_groups=args.max_groups, global_batch_size=args.batch_size,
+                           overheads=overheads)
     model = problem.graph_name
     title = (f"{model} (batch {problem.global_batch_size}, {problem.num_groups} groups) on {cluster.name} "
              f"({cluster.num_devices} devices); profile: {profile_label}")
@@ -170,6 +187,7 @@ def execute(args) -> int:
     table = format_table(result, title)
     print(table)
     out = args.out or f"compare_{model}_{cluster.name}"
+    _check_outputs(out, args.no_plot)
     os.makedirs(os.path.join(out, "strategies"), exist_ok=True)
     for r in result["rows"]:
         strategy = r.pop("_strategy", None)
@@ -185,13 +203,15 @@ def execute(args) -> int:
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    return exit_code_of(execute, _parser().parse_args(argv))
+def main(argv) -> int:
+    """Runs the command on the parsed flags (absl main: argv holds the program name only)."""
+    del argv
+    return execute(common.args())
 
 
 def run() -> None:
-    """Entry point for `python -m`."""
-    sys.exit(main())
+    """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract."""
+    common.run(main, define_flags, __doc__)
 
 
 if __name__ == "__main__":

@@ -1,45 +1,36 @@
 """Prints (or writes) the op groups a strategy's `max_groups` refers to.
 
     python -m tfplace.cli.groups --graph graph_defs/zoo/resnet50_b64_s224_sgd.json --max-groups 50
-    python -m tfplace.cli.groups --graph step.pb --sinks train_op --batch-size 64 --loss-reduction mean \
+    python -m tfplace.cli.groups --graph step.pb --sinks train_op --batch-size 64 --loss-reduction mean \\
         --max-groups 20 --json groups.json
 
 Output: one line per group (index, op count, batch-splittable, anchor name). `--json PATH` writes
 {"format": "tfplace.groups", "version": 1, "graph": ..., "max_groups": K, "num_ops": N,
  "groups": [{"name": ..., "num_ops": n, "batch_splittable": bool, "ops": [op names]}]}.
-Exit status 2 on bad input, with one message naming the file, the field and the fix.
+Exit status 2 on a usage error or bad input, with one message naming the file, the field and the
+fix (tfplace.cli.common).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List
 
-from tfplace.formats.errors import InputError
+from absl import flags
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
-    return value
+from tfplace.cli import common
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tfplace.cli.groups", description=__doc__.split("\n\n")[0])
-    p.add_argument("--graph", required=True, help="bundle metadata .json, or a .pb/.pbtxt GraphDef")
-    p.add_argument("--max-groups", required=True, type=_positive_int, help="K: at most this many groups")
-    p.add_argument("--sinks", nargs="+", default=None, help="train op name(s) (needed for a bare GraphDef)")
-    p.add_argument("--batch-size", type=_positive_int, default=None, help="global batch size")
-    p.add_argument("--loss", default=None, help="loss op name")
-    p.add_argument("--loss-reduction", choices=("mean", "sum"), default=None)
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the groups as JSON here")
-    return p
+def define_flags() -> None:
+    """The command's flags (called when it runs; see tfplace.cli.common)."""
+    flags.DEFINE_string("graph", None, "bundle metadata .json, or a .pb/.pbtxt GraphDef", required=True)
+    flags.DEFINE_integer("max-groups", None, "K: at most this many groups", lower_bound=1, required=True)
+    flags.DEFINE_list("sinks", None, "train op name(s), comma-separated (needed for a bare GraphDef)")
+    flags.DEFINE_integer("batch-size", None, "global batch size", lower_bound=1)
+    flags.DEFINE_string("loss", None, "loss op name")
+    flags.DEFINE_enum("loss-reduction", None, ["mean", "sum"], "how the loss reduces over the batch")
+    flags.DEFINE_string("json", None, "also write the groups as JSON to this file")
+    common.output_file_flag("json")
 
 
 def groups_json(graph, grouping, max_groups: int) -> Dict[str, Any]:
@@ -54,19 +45,17 @@ def groups_json(graph, grouping, max_groups: int) -> Dict[str, Any]:
             "num_ops": graph.num_ops, "groups": groups}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv) -> int:
+    """Prints (and writes) the groups of the parsed flags (absl main: argv holds the program name only)."""
+    del argv
+    args = common.args()
     from tfplace.ir.loader import load_op_graph
     from tfplace.ir.grouping import make_grouping
     from tfplace.formats.jsonio import write_json
 
-    try:
-        graph = load_op_graph(args.graph, sinks=args.sinks, batch_size=args.batch_size, loss=args.loss,
-                              loss_reduction=args.loss_reduction)
-        grouping = make_grouping(graph, args.max_groups)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    graph = load_op_graph(args.graph, sinks=args.sinks, batch_size=args.batch_size, loss=args.loss,
+                          loss_reduction=args.loss_reduction)
+    grouping = make_grouping(graph, args.max_groups)
     width = max(len(str(grouping.num_groups)), 5)
     print(f"{'group':>{width}}  {'ops':>6}  split  name")
     for g in range(grouping.num_groups):
@@ -81,9 +70,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def run() -> None:
-    """Entry point for `python -m`."""
+    """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.exit(main())
+    common.run(main, define_flags, __doc__)
 
 
 if __name__ == "__main__":

@@ -14,40 +14,48 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
+
+from tfplace.cli import common  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("checkpoint", None, "output_dir of a training run", required=True)
-flags.DEFINE_string("graph", None, "graph bundle .json (or use --model)")
-flags.DEFINE_string("model", None, "zoo model name (exported on demand)")
-flags.DEFINE_integer("batch_size", None, "global batch size (default: the bundle's)")
-flags.DEFINE_string("cluster", None, "cluster .json", required=True)
-flags.DEFINE_string("profile", None, "profile .json (default: derived by the device model)")
-flags.DEFINE_float("search_seconds", 0.0, "seconds of sampling + local search after the zero-shot plan")
-flags.DEFINE_integer("samples", 8, "policy samples evaluated zero-shot")
-flags.DEFINE_integer("seed", 0, "sampling / search seed")
-flags.DEFINE_string("out", "strategy.json", "where to write the strategy")
-flags.mark_flags_as_mutual_exclusive(["graph", "model"], required=True)
 
 
-def main(argv):
+def define_flags() -> None:
+    """The command's flags (called when it runs; see tfplace.cli.common)."""
+    flags.DEFINE_string("checkpoint", None, "output_dir of a training run", required=True)
+    flags.DEFINE_string("graph", None, "graph bundle .json (or use --model)")
+    flags.DEFINE_string("model", None, "zoo model name (exported on demand)")
+    flags.DEFINE_integer("batch_size", None, "global batch size (default: the bundle's)", lower_bound=1)
+    flags.DEFINE_string("cluster", None, "cluster .json", required=True)
+    flags.DEFINE_string("profile", None, "profile .json (default: derived by the device model)")
+    flags.DEFINE_float("search_seconds", 0.0, "seconds of sampling + local search after the zero-shot plan",
+                       lower_bound=0.0)
+    flags.DEFINE_integer("samples", 8, "policy samples evaluated zero-shot", lower_bound=0)
+    flags.DEFINE_integer("seed", 0, "sampling / search seed")
+    flags.DEFINE_string("out", "strategy.json", "where to write the strategy")
+    common.define_overheads_flag()
+    flags.mark_flags_as_mutual_exclusive(["graph", "model"], required=True)
+    common.output_file_flag("out")
+
+
+def main(argv) -> int:
+    """Plans as the parsed flags say (absl main: argv holds the program name only); bad input
+    (InputError) becomes one line and exit status 2 in tfplace.cli.common."""
     del argv
-    from tfplace.formats.errors import InputError
     from tfplace.graph_defs.export import bundle_for_entry
     from tfplace.policy import planner
-    try:
-        result = planner.plan(FLAGS.checkpoint, graph=FLAGS.graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
-                              cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
-                              samples=FLAGS.samples, seed=FLAGS.seed, out=FLAGS.out,
-                              resolve_bundle=bundle_for_entry)
-    except InputError as e:
-        raise SystemExit(f"error: {e}") from None
+    result = planner.plan(FLAGS.checkpoint, graph=FLAGS.graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
+                          cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
+                          samples=FLAGS.samples, seed=FLAGS.seed, out=FLAGS.out,
+                          resolve_bundle=bundle_for_entry, overheads=FLAGS.overheads)
     print(planner.format_result(result))
+    return 0
 
 
 def run() -> None:
-    """Entry point for `python -m`."""
-    app.run(main)
+    """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract."""
+    common.run(main, define_flags, __doc__)
 
 
 if __name__ == "__main__":

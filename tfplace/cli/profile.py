@@ -6,78 +6,72 @@ measure communication on a local cluster.
     python -m tfplace.profile --comm-only --out profile.json      # add/replace the comm fits
     python -m tfplace.profile --graph G.json --roofline V100,T4 --batch-sizes 8,16 --out p.json
 
-Writes profile.json (format: tfplace/profile.py). Progress goes to stderr, a summary to stdout.
-Bad arguments exit with status 2 and one line naming the argument and the fix.
+Writes profile.json (format: tfplace.formats.profile). Progress goes to stderr, a summary to
+stdout. Bad arguments and bad input exit with status 2 and one line naming the argument (or the
+file and field) and the fix (tfplace.cli.common); --out is checked before anything is measured.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
+from absl import flags
+
+from tfplace.cli import common
 from tfplace.formats.errors import InputError
 from tfplace.profiling.profiler import STATISTICS
-
-
-def _int_list(text: str, flag: str) -> List[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise InputError(f"argument {flag}", "", f"{text!r} is not a comma-separated list of integers",
-                         "write e.g. 8,16,32") from None
-    return values
 
 
 def _kinds(text: str) -> List[str]:
     return [k.strip() for k in text.split(",") if k.strip()]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tfplace.profile", description=__doc__.split("\n\n")[0])
-    p.add_argument("--graph", help="bundle metadata JSON (<stem>.json beside <stem>.pb)")
-    p.add_argument("--device", default="CPU", help="CPU, GPU or GPU:<k> (default CPU)")
-    p.add_argument("--kind", default="", help="device kind that keys the profile (default CPU for CPUs)")
-    p.add_argument("--batch-sizes", default="8,16,32", help="per-device batch sizes, comma-separated")
-    p.add_argument("--repeats", type=int, default=5, help="traced steps per batch size (and as many untraced)")
-    p.add_argument("--warmup", type=int, default=2, help="untraced steps before them")
-    p.add_argument("--statistic", default="min", choices=STATISTICS,
-                   help="per-op statistic over the repeats (default min: noise only adds time)")
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = TensorFlow's default)")
-    p.add_argument("--inter-threads", type=int, default=1, help="inter-op threads (default 1: ops run one at a time)")
-    p.add_argument("--cpus", default="", help="pin the measurement to these CPU ids, comma-separated "
-                   "(as LocalCluster(cpus_per_task=...) pins a task)")
-    p.add_argument("--cpu-fraction", type=float, default=0.0,
-                   help="profile a kind limited to this share of one CPU (as LocalCluster(cpu_fraction_per_task="
-                        "...) limits a task; needs writable cgroups): the ops are timed without the quota and "
-                        "scaled by the slowdown a compute loop measures under it; 0 = unlimited")
-    p.add_argument("--grappler", action="store_true", help="keep Grappler on (fused ops then vanish from the trace)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-trace-calibration", action="store_true",
-                   help="keep the traced per-op times as they are (default on serial CPUs: remove the tracing cost "
-                        "so the ops sum to the untraced step; tfplace.profiling.profiler rule 7)")
-    p.add_argument("--derive", default="", help="kinds to derive from the measured one by the roofline device model")
-    p.add_argument("--roofline", default="", help="kinds to estimate from the device model alone (nothing measured)")
-    p.add_argument("--comm", action="store_true", help="also measure p2p/all-reduce on a local cluster")
-    p.add_argument("--comm-only", action="store_true", help="only measure communication; merge into --out")
-    p.add_argument("--comm-max-bytes", type=int, default=64 << 20, help="largest message of the comm sweep")
-    p.add_argument("--merge", action="store_true", help="merge into an existing --out instead of replacing it")
-    p.add_argument("--digits", type=int, default=4, help="significant digits kept in the file")
-    p.add_argument("--compact", action="store_true", help="one op per line (smaller file, same format)")
-    p.add_argument("--out", required=True, help="profile.json to write")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p
+def define_flags() -> None:
+    """The command's flags (called when it runs; see tfplace.cli.common)."""
+    flags.DEFINE_string("graph", None, "bundle metadata JSON (<stem>.json beside <stem>.pb)")
+    flags.DEFINE_string("device", "CPU", "CPU, GPU or GPU:<k>")
+    flags.DEFINE_string("kind", "", "device kind that keys the profile (default CPU for CPUs)")
+    flags.DEFINE_list("batch-sizes", ["8", "16", "32"], "per-device batch sizes, comma-separated")
+    flags.DEFINE_integer("repeats", 5, "traced steps per batch size (and as many untraced)", lower_bound=1)
+    flags.DEFINE_integer("warmup", 2, "untraced steps before them", lower_bound=0)
+    flags.DEFINE_enum("statistic", "min", list(STATISTICS),
+                      "per-op statistic over the repeats (min: noise only adds time)")
+    flags.DEFINE_integer("threads", 0, "intra-op threads (0 = TensorFlow's default)", lower_bound=0)
+    flags.DEFINE_integer("inter-threads", 1, "inter-op threads (1: ops run one at a time)", lower_bound=0)
+    flags.DEFINE_list("cpus", [], "pin the measurement to these CPU ids, comma-separated "
+                      "(as LocalCluster(cpus_per_task=...) pins a task)")
+    flags.DEFINE_float("cpu-fraction", 0.0,
+                       "profile a kind limited to this share of one CPU (as LocalCluster(cpu_fraction_per_task="
+                       "...) limits a task; needs writable cgroups): the ops are timed without the quota and "
+                       "scaled by the slowdown a compute loop measures under it; 0 = unlimited", lower_bound=0.0)
+    flags.DEFINE_boolean("grappler", False, "keep Grappler on (fused ops then vanish from the trace)")
+    flags.DEFINE_integer("seed", 0, "random seed of the feeds")
+    flags.DEFINE_boolean("no-trace-calibration", False,
+                         "keep the traced per-op times as they are (default on serial CPUs: remove the tracing "
+                         "cost so the ops sum to the untraced step; tfplace.profiling.profiler rule 7)")
+    flags.DEFINE_string("derive", "", "kinds to derive from the measured one by the roofline device model")
+    flags.DEFINE_string("roofline", "", "kinds to estimate from the device model alone (nothing measured)")
+    flags.DEFINE_boolean("comm", False, "also measure p2p/all-reduce on a local cluster")
+    flags.DEFINE_boolean("comm-only", False, "only measure communication; merge into --out")
+    flags.DEFINE_integer("comm-max-bytes", 64 << 20, "largest message of the comm sweep", lower_bound=1)
+    flags.DEFINE_boolean("merge", False, "merge into an existing --out instead of replacing it")
+    flags.DEFINE_integer("digits", 4, "significant digits kept in the file", lower_bound=1)
+    flags.DEFINE_boolean("compact", False, "one op per line (smaller file, same format)")
+    flags.DEFINE_string("out", None, "profile.json to write", required=True)
+    flags.DEFINE_boolean("quiet", False, "no progress bar")
+    common.int_list_flag("batch-sizes", minimum=1)
+    common.int_list_flag("cpus", minimum=0)
+    common.output_file_flag("out")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv) -> int:
+    """Profiles as the parsed flags say (absl main: argv holds the program name only)."""
+    del argv
     try:
-        return _run(args)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return _run(common.args())
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -99,7 +93,7 @@ def _run(args) -> int:
     else:
         if not args.graph:
             raise InputError("arguments", "--graph", "is required", "give the bundle JSON, e.g. graph_defs/zoo/tiny_mlp_b16_sgd.json")
-        batches = _int_list(args.batch_sizes, "--batch-sizes")
+        batches = [int(b) for b in args.batch_sizes]
         if args.roofline and args.derive:
             raise InputError("arguments", "--roofline", "cannot be combined with --derive",
                              "use --roofline alone (nothing measured) or measure and --derive")
@@ -162,7 +156,7 @@ def _limit_self(args) -> dict:
     simulator put ResNet-50's model-parallel steps at 1.27-1.50x the real ones."""
     out = {}
     if args.cpus:
-        cpus = _int_list(args.cpus, "--cpus")
+        cpus = [int(c) for c in args.cpus]
         try:
             os.sched_setaffinity(0, cpus)
         except (OSError, ValueError) as e:
@@ -210,8 +204,8 @@ def _roofline_only(args, batches):
 
 
 def run() -> None:
-    """Entry point for `python -m`."""
-    sys.exit(main())
+    """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract."""
+    common.run(main, define_flags, __doc__)
 
 
 if __name__ == "__main__":

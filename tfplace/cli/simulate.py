@@ -9,37 +9,40 @@ Prints the iteration time, per-device peak memory against capacity, OOM and util
 Without `--profile` the device model supplies one (`tfplace.profiling.device_model.default_profile`: the
 graph's bundled measured profile, derived to the cluster's kinds, else the pure roofline model);
 if no device model is installed the command stops with a message asking for --profile. The
-strategy's `max_groups` picks the grouping its group names refer to. `--json PATH` also writes
-the report as JSON.
+strategy's `max_groups` picks the grouping its group names refer to. `--overheads FILE` adds the
+runtime overheads measured on a CPU-emulated cluster (`python -m tfplace.cli.overheads`). `--json PATH` also writes
+the report as JSON. Output paths are checked before anything is loaded.
 
-Exit status: 0 when simulated (an OOM is a result, shown in the report), 2 on bad input with one
-message naming the file, the field and the fix.
+Exit status: 0 when simulated (an OOM is a result, shown in the report), 2 on a usage error or
+bad input with one message naming the file, the field and the fix (tfplace.cli.common).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
 import json
-import sys
-from typing import Optional, Sequence
 
-from tfplace.formats.errors import InputError, exit_code_of
+from absl import flags
+
+from tfplace.cli import common
+from tfplace.formats.errors import InputError
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tfplace.simulate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--graph", required=True, help="bundle metadata .json (or a GraphDef with --sinks)")
-    p.add_argument("--cluster", required=True, help="cluster.json")
-    p.add_argument("--strategy", required=True, help="strategy.json")
-    p.add_argument("--profile", default=None, help="profile.json (default: the roofline device model)")
-    p.add_argument("--sinks", nargs="+", default=None, help="train op name(s), for a bare GraphDef")
-    p.add_argument("--trace", default=None, metavar="PATH", help="write the Chrome trace here")
-    p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON here")
-    p.add_argument("--seed", type=int, default=0, help="straggler noise seed")
-    p.add_argument("--engine", choices=("auto", "fast", "reference"), default="auto")
-    return p
+def define_flags() -> None:
+    """The command's flags (called when it runs; see tfplace.cli.common)."""
+    flags.DEFINE_string("graph", None, "bundle metadata .json (or a GraphDef with --sinks)", required=True)
+    flags.DEFINE_string("cluster", None, "cluster.json", required=True)
+    flags.DEFINE_string("strategy", None, "strategy.json", required=True)
+    flags.DEFINE_string("profile", None, "profile.json (default: the roofline device model)")
+    flags.DEFINE_list("sinks", None, "train op name(s), comma-separated, for a bare GraphDef")
+    flags.DEFINE_string("trace", None, "write the Chrome trace to this file")
+    flags.DEFINE_string("json", None, "write the report as JSON to this file")
+    flags.DEFINE_integer("seed", 0, "straggler noise seed")
+    flags.DEFINE_enum("engine", "auto", ["auto", "fast", "reference"], "simulator engine")
+    common.define_overheads_flag()
+    common.output_file_flag("trace")
+    common.output_file_flag("json")
 
 
 def _device_model_profile(graph, cluster):
@@ -56,6 +59,7 @@ def _device_model_profile(graph, cluster):
 
 
 def execute(args) -> int:
+    from tfplace.baselines.problem import with_overheads
     from tfplace.formats.cluster import load_cluster
     from tfplace.ir.loader import load_op_graph
     from tfplace.ir.grouping import make_grouping
@@ -74,7 +78,8 @@ def execute(args) -> int:
     profile = load_profile(args.profile) if args.profile else _device_model_profile(graph, cluster)
     grouping = make_grouping(graph, strategy.max_groups)
     validate_strategy(strategy, grouping.group_names, cluster.device_names)
-    placed = lower(graph, grouping, cluster, strategy, profile)
+    placed = with_overheads(lower(graph, grouping, cluster, strategy, profile), cluster,
+                            common.load_overheads_arg(args.overheads))
     report = simulate(placed, cluster, SimOptions(seed=args.seed, trace=bool(args.trace), engine=args.engine))
     origin = args.profile or f"device model ({profile.conditions.get('method', 'tfplace.device_model')})"
     print(f"{graph.meta.get('model', graph.source)} on {cluster.name}, strategy {args.strategy} "
@@ -89,13 +94,15 @@ def execute(args) -> int:
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    return exit_code_of(execute, _parser().parse_args(argv))
+def main(argv) -> int:
+    """Runs the command on the parsed flags (absl main: argv holds the program name only)."""
+    del argv
+    return execute(common.args())
 
 
 def run() -> None:
-    """Entry point for `python -m`."""
-    sys.exit(main())
+    """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract."""
+    common.run(main, define_flags, __doc__)
 
 
 if __name__ == "__main__":

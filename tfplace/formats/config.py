@@ -120,11 +120,13 @@ _RULES: Dict[type, Dict[str, Tuple[type, Dict[str, Any]]]] = {
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """A loaded config.json. `profiles` has one entry per graph: an absolute path, or None to
-    derive the costs with the device model. Paths are absolute."""
+    derive the costs with the device model; `overheads` one per cluster: the runtime overheads
+    measured on it (tfplace.overheads; CPU-emulated clusters), or None. Paths are absolute."""
     graphs: Tuple[GraphEntry, ...]
     clusters: Tuple[str, ...]
     profiles: Tuple[Optional[str], ...]
     output_dir: str
+    overheads: Tuple[Optional[str], ...] = ()  # per cluster: a runtime-overheads file, or None
     max_groups: int = 64
     budget: Budget = Budget()
     seed: int = 0
@@ -266,7 +268,7 @@ def load_train_config(path: Union[str, os.PathLike], workdir: Optional[str] = No
     check_model: see `ModelCheck`."""
     r = FieldReader.from_file(path, expected_format=TRAIN_FORMAT)
     bases = [os.path.dirname(os.path.abspath(r.source)), REPO_ROOT]
-    r.expect_keys(("graphs", "clusters", "profiles", "max_groups", "budget", "seed", "output_dir",
+    r.expect_keys(("graphs", "clusters", "profiles", "overheads", "max_groups", "budget", "seed", "output_dir",
                    "checkpoint_every_steps", "network", "rl", "simulator"))
     graphs = _graph_entries(r, "graphs", bases, min_len=1, check_model=check_model)
     clusters = tuple(_resolve(r, f"clusters[{i}]", c, bases, "cluster file")
@@ -275,12 +277,27 @@ def load_train_config(path: Union[str, os.PathLike], workdir: Optional[str] = No
         load_cluster(c)
     return TrainConfig(
         graphs=graphs, clusters=clusters, profiles=_profiles(r, bases, len(graphs)),
-        output_dir=_output_dir(r, workdir),
+        output_dir=_output_dir(r, workdir), overheads=_overheads_per_cluster(r, bases, len(clusters)),
         max_groups=r.get("max_groups", int, default=TrainConfig.max_groups, **_pos),
         budget=_budget(r), seed=r.get("seed", int, default=TrainConfig.seed, **_non_neg),
         checkpoint_every_steps=r.get("checkpoint_every_steps", int, default=TrainConfig.checkpoint_every_steps, **_pos),
         network=_section(r, "network", NetworkConfig), rl=_section(r, "rl", RLConfig),
         simulator=_section(r, "simulator", SimulatorConfig), source=r.source)
+
+
+def _overheads_per_cluster(r: FieldReader, bases: List[str], num_clusters: int) -> Tuple[Optional[str], ...]:
+    """`overheads`: a list with one entry per cluster, a runtime-overheads file (python -m
+    tfplace.cli.overheads) or null (none: GPU clusters); absent, none for every cluster."""
+    values = r.get("overheads", list, default=[None] * num_clusters)
+    if len(values) != num_clusters:
+        raise r.error("overheads", f"has {len(values)} entries for {num_clusters} clusters",
+                      "give one entry per cluster (null where a cluster has no overheads file)")
+    out = []
+    for i, value in enumerate(values):
+        if value is not None and not isinstance(value, str):
+            raise r.error(f"overheads[{i}]", f"must be a path or null, got {value!r}", "give a string or null")
+        out.append(None if value is None else _resolve(r, f"overheads[{i}]", value, bases, "runtime-overheads file"))
+    return tuple(out)
 
 
 def save_train_config(config: TrainConfig, path: Union[str, os.PathLike]) -> None:
@@ -314,6 +331,7 @@ class ActivateConfig:
     steps: int = 10
     warmup_steps: int = 5
     trace: bool = True
+    overheads: Optional[str] = None  # the cluster's runtime-overheads file, for the simulated column
     source: str = dataclasses.field(default="", compare=False)
 
 
@@ -353,7 +371,7 @@ def load_activate_config(path: Union[str, os.PathLike], strict: bool = True,
     r = FieldReader.from_file(path, expected_format=ACTIVATE_FORMAT)
     bases = [os.path.dirname(os.path.abspath(r.source)), REPO_ROOT]
     r.expect_keys(("cluster", "strategies", "baselines", "graphs", "steps", "warmup_steps",
-                   "output_dir", "trace"))
+                   "output_dir", "trace", "overheads"))
     cluster = r.get_path("cluster", bases, default=None, what="cluster file") or \
         os.path.join(REPO_ROOT, "clusters", "local_cpu.json")
     load_cluster(cluster)
@@ -371,7 +389,8 @@ def load_activate_config(path: Union[str, os.PathLike], strict: bool = True,
         output_dir=_output_dir(r, workdir),
         steps=r.get("steps", int, default=ActivateConfig.steps, **_pos),
         warmup_steps=r.get("warmup_steps", int, default=ActivateConfig.warmup_steps, **_non_neg),
-        trace=r.get("trace", bool, default=ActivateConfig.trace), source=r.source)
+        trace=r.get("trace", bool, default=ActivateConfig.trace),
+        overheads=r.get_path("overheads", bases, default=None, what="runtime-overheads file"), source=r.source)
     if strict:
         for _, error in validate_entries(config):
             if error is not None:

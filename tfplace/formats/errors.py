@@ -37,14 +37,3 @@ class InputError(TfplaceError, ValueError):
 
 class UnsupportedGraphError(InputError):
     """A graph uses a construct tfplace cannot place (e.g. while loops in the training step)."""
-
-
-def exit_code_of(run, *args) -> int:
-    """Runs a command-line tool's `run(*args)`; an InputError becomes one line on stderr
-    (`error: <file>: <field>: ... Fix: ...`) and exit code 2 instead of a traceback."""
-    import sys
-    try:
-        return run(*args)
-    except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2

@@ -17,9 +17,9 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from tfplace.formats.cluster import Cluster, is_cpu_kind
-from tfplace.overheads.cpu_demand import cpu_fractions
 from tfplace.profiling.device_model import device_spec
 from tfplace.formats.errors import InputError
+from tfplace.formats.jsonio import FieldReader
 from tfplace.ir.graph_ir import OpGraph
 from tfplace.formats.profile import Profile
 
@@ -213,7 +213,7 @@ def memory_bandwidth(cluster: Cluster, table: Optional[Mapping[str, float]], def
     table None: the device model's datasheet table (tfplace.profiling.device_model: peak bandwidth times
     its streaming efficiency). A CPU kind the table does not know ("CPU_<label>", a CPU of
     another speed, e.g. a local-cluster task under a CPU quota) gets the CPU's figure times the
-    share of a core its profile kind may use (tfplace.overheads.cpu_demand.cpu_fractions; 1 without one):
+    share of a core its profile kind may use (cpu_fractions below; 1 without one):
     a copy under a 0.5 quota takes twice the wall, as its kernels do. Other unknown kinds get
     `default`. A given table maps kind -> bytes/s, with `default` for the kinds it lacks."""
     out = []
@@ -232,3 +232,18 @@ def memory_bandwidth(cluster: Cluster, table: Optional[Mapping[str, float]], def
             share = float(cpu_fractions(profile, [d.kind])[0])
             out.append(spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency * share)
     return np.array(out)
+
+
+def cpu_fractions(profile, kinds: Sequence[str]) -> np.ndarray:
+    """Per device kind in `kinds`, the CPU fraction of its profile kind's quota: the effective
+    one where the profile measured it, else the quota's (1.0 when the profile records none)."""
+    by_kind = ((getattr(profile, "conditions", None) or {}).get("by_kind") or {}) if profile is not None else {}
+    out = np.ones(len(kinds))
+    for i, kind in enumerate(kinds):
+        emulation = (by_kind.get(kind) or {}).get("emulation") or {}
+        key = "effective_cpu_fraction" if "effective_cpu_fraction" in emulation else "cpu_fraction"
+        if emulation.get(key) is not None:
+            out[i] = FieldReader(emulation, "profile conditions", f"by_kind.{kind}.emulation").get(
+                key, float, check=lambda v: v > 0, must="be > 0",
+                fix="profile the kind again with `python -m tfplace.profile --cpu-fraction F`")
+    return out

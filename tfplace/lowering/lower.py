@@ -28,8 +28,10 @@ What a strategy means, task by task (PlacedGraph documents the arrays):
 
 Auxiliary tasks (re-split, sum) cost `aux_launch_s + traffic * bytes / memory bandwidth` on
 their device, never 0. So does each multiply of a partial by its aggregation weight that the
-rewrite emits (traffic 2: read and written; lowering_assemble.weighted_reads), charged to the
+rewrite emits (traffic 2: read and written; PlacedGraph.weighted_reads), charged to the
 op that made the partial on that device, else to the aggregating task.
+What a CPU runtime adds beyond kernels and links (message handlers, dispatch, collective CPU) is
+not costed here: the optional pass tfplace.overheads.apply adds it to the PlacedGraph afterwards.
 Pure: no files, no globals, no TensorFlow.
 """
 
@@ -44,7 +46,7 @@ from tfplace.formats.cluster import Cluster
 from tfplace.formats.errors import InputError
 from tfplace.ir.graph_ir import OpGraph
 from tfplace.lowering.assemble import assemble
-from tfplace.lowering.costs import ComputeCosts, LinkCosts, memory_bandwidth
+from tfplace.lowering.costs import ComputeCosts, LinkCosts, cpu_fractions, memory_bandwidth
 from tfplace.lowering.graph_index import PM_AGG, GraphIndex, run_order_rank
 from tfplace.lowering.layouts import LayoutTable
 from tfplace.lowering.meta import split_metadata
@@ -90,18 +92,19 @@ class Lowerer:
     def __init__(self, graph: OpGraph, grouping, cluster: Cluster, profile: Profile,
                  options: Optional[LoweringOptions] = None):
         # Metadata (shapes and what derives from them) runs in each consumer's group: the
-        # lowered graph may carry clones of metadata ops after the original ops (lowering_meta).
+        # lowered graph may carry clones of metadata ops after the original ops (tfplace.lowering.meta).
         self.original_graph = graph
         graph, op_group = split_metadata(graph, grouping.op_group)
         grouping = _RegroupedGrouping(op_group, tuple(grouping.group_names))
         self.graph, self.cluster, self.profile = graph, cluster, profile
         self.options = options or LoweringOptions()
         self.index = GraphIndex(graph, grouping)
-        self.op_rank = run_order_rank(graph, profile.run_order)  # priority ties (lowering_assemble)
+        self.op_rank = run_order_rank(graph, profile.run_order)  # priority ties (tfplace.lowering.assemble)
         self.compute = ComputeCosts(graph, cluster, profile, self.options.missing_op_s)
         self.links = LinkCosts(cluster, profile, self.options.device_ports)
         self.mem_bw = memory_bandwidth(cluster, self.options.memory_bandwidth_bytes_per_s,
                                        self.options.default_memory_bandwidth_bytes_per_s, profile)
+        self.cpu_fraction = cpu_fractions(profile, [d.kind for d in cluster.devices])  # [D] PlacedGraph's
         self._sig_static = self.index.sig_keys
         self._group_names = set(self.index.group_names)
         self._tables: Dict[int, Tuple[LayoutTable, PatternStore]] = {}

@@ -65,7 +65,8 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
                                        (source instance, destination device) as TensorFlow's
                                        partitioner sends it (0 bytes, the link latency; the rewrite
                                        emits it as the control edge itself). Empty: none; additive
-  handlers    HANDLER tasks (none unless the runtime overheads ask for them). A TF server with
+  handlers    HANDLER tasks: none in what the lowering emits; only the runtime-overhead pass
+              (tfplace.overheads.apply) adds them, and the rewrite refuses a graph with them. A TF server with
               one inter-op thread serves a tensor, and hands a received one on, only when no op
               is ready there: per TRANSFER x, two, the sender's (x's source device; the sending
               half of x's message CPU; last by priority), after every task x depends on
@@ -74,8 +75,7 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
               with the runtime overheads' collective / per-byte CPU: one per CPU device it
               occupies, that CPU over the device's CPU fraction, ready with it (after every task
               it depends on), at its priority, before nothing. task_op / task_tensor are their
-              owner's; no buffers; the rewrite emits nothing for them and ignores their
-              dependencies (graph_dependencies)
+              owner's; no buffers
   step        step_message_start int     TRANSFERs from here on are the step's own messages
                                        (tfplace.lowering.assemble._step_messages; -1: none,
                                        additive field): a feed slice is a TRANSFER of an input
@@ -89,11 +89,16 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
                                        the runtime's per-message gap; the latency part overlaps
                                        the next message on the link). Empty: the whole duration
                                        (additive field)
-  CPU         device_cpu_seconds[D] float64  CPU seconds the step asks of each device (kernels,
-                                       message and collective work; tfplace.overheads.cpu_demand), and
-              device_cpu_fraction[D] float64 the share of a core each may use; the simulator's
-                                       step is at least their CPU bound. Empty: no bound
+  CPU         device_cpu_fraction[D] float64 the share of a core each device may use (its
+                                       profile kind's CPU quota, 1 without one; the lowering
+                                       fills it), and
+              device_cpu_seconds[D] float64  CPU seconds the step asks of each device (kernels,
+                                       message and collective work): only the runtime-overhead
+                                       pass (tfplace.overheads.apply) fills it; the simulator's
+                                       step is then at least their CPU bound. Empty: no bound
                                        (additive fields)
+  feed        input_ops[I] int32       the graph's fed input ops, in the graph's order, and
+              feed_bytes float         their bytes at the global batch (what the client feeds)
 
 Reading it to emit a graph (the rewrite): COMPUTE task k of op i is replica k of i on
 task_device, reading in_buf in port order; a buffer is (producer task, tensor) on buf_device;
@@ -161,6 +166,8 @@ class PlacedGraph:
     step_message_start: int = -1
     device_cpu_seconds: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     device_cpu_fraction: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    input_ops: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    feed_bytes: float = 0.0
 
     def is_step_message(self, task: int) -> bool:
         """Whether `task` is one of the step's own messages (a feed slice or a device's "done")."""
@@ -206,28 +213,31 @@ class PlacedGraph:
         return np.arange(self.op_task_ptr[op], self.op_task_ptr[op + 1])
 
     def successors(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(succ_ptr[M+1], succ_idx[K], indegree[M]): the graph's own dependency lists
-        (graph_dependencies) as CSR by source; a HANDLER task has none."""
+        """(succ_ptr[M+1], succ_idx[K], indegree[M]): the dependency lists as CSR by source."""
         cached = self.__dict__.get("_succ")
         if cached is None:
-            dep_src, dep_dst = self.graph_dependencies()
-            cached = csr_from_pairs(dep_src, dep_dst, self.num_tasks)
-            indegree = np.bincount(dep_dst, minlength=self.num_tasks).astype(np.int32)
+            cached = csr_from_pairs(self.dep_src, self.dep_dst, self.num_tasks)
+            indegree = np.bincount(self.dep_dst, minlength=self.num_tasks).astype(np.int32)
             cached = (cached[0], cached[1], indegree)
             object.__setattr__(self, "_succ", cached)
         return cached
 
-    def graph_dependencies(self) -> Tuple[np.ndarray, np.ndarray]:
-        """(dep_src, dep_dst) without the HANDLER tasks' dependencies: those of the graph itself,
-        which the rewrite emits (a handler's only time the runtime's own work). Computed once
-        (successors() and the rewrite's control edges and train op all read it)."""
-        cached = self.__dict__.get("_graph_deps")
-        if cached is None:
-            handler = self.task_kind == TASK_HANDLER
-            keep = ~(handler[self.dep_src] | handler[self.dep_dst])
-            cached = (self.dep_src[keep], self.dep_dst[keep])
-            object.__setattr__(self, "_graph_deps", cached)
-        return cached
+    @property
+    def has_runtime_overheads(self) -> bool:
+        """Whether the runtime-overhead pass ran on it (HANDLER tasks or a CPU demand): such a
+        graph is for the simulator only; the rewrite emits the lowering's own."""
+        return bool(len(self.device_cpu_seconds)) or bool((self.task_kind == TASK_HANDLER).any())
+
+    def weighted_reads(self, tensor_batch_axis: np.ndarray) -> Tuple[np.ndarray, ...]:
+        """Where the rewrite multiplies a replica's partial value by its aggregation weight, for a
+        PlacedGraph lowered from a graph with `tensor_batch_axis` [T] (the lowered graph's,
+        metadata clones included): weighted_reads's (buffer[W], device[W], weight[W], charged
+        task[W]). The lowering costs the same multiplies, so both read this one rule."""
+        read_task = np.repeat(np.arange(self.num_tasks), np.diff(self.in_ptr))
+        return weighted_reads(self.task_kind, self.task_device, self.task_samples, read_task,
+                              self.in_buf.astype(np.int64), self.buf_task.astype(np.int64),
+                              self.buf_tensor.astype(np.int64), self.buf_device, tensor_batch_axis,
+                              self.tensor_weight_mean, self.global_batch_size)
 
     def task_name(self, task: int) -> str:
         """Readable name of a task, used in traces: "conv1/Conv2D/replica_1", "transfer x:0 -> gpu1"."""
@@ -244,6 +254,48 @@ class PlacedGraph:
         if kind == TASK_HANDLER:
             return f"handler {base}:{int(self.task_tensor[task])} on {self.device_names[self.task_device[task]]}"
         return f"{TASK_KIND_NAMES[kind]} {base}:{int(self.task_tensor[task])}"
+
+
+def weighted_reads(kind, device, samples, read_task, read_buf, buf_task, buf_tensor, buf_device, tensor_batch_axis,
+                   tensor_weight_mean, batch: int) -> tuple:
+    """Where the rewrite multiplies a replica's partial value by its aggregation weight
+    (tfplace.rewrite.graph_rewrite, "weights"; PlacedGraph.weighted_reads): (buffer[W], device[W], weight[W], charged task[W]), one entry
+    per (buffer, device) as the rewrite emits one Mul per pair.
+
+    A read is weighted when its task aggregates (a SUM, a COLLECTIVE, or an update instance: a
+    COMPUTE with no samples) and the buffer, followed back through TRANSFERs to its origin, is a
+    raw partial: made by a COMPUTE instance with samples, of a tensor without a batch axis that
+    is mean-weighted (tensor_weight_mean), with weight samples / batch != 1. The Mul runs on the
+    aggregating device (a COLLECTIVE's: the participant whose buffer it is). Its cost is charged
+    to the task that made the buffer when that is a COMPUTE on the same device (the gradient
+    op, before a collective), else to the aggregating task.
+
+    kind, device, samples [M]: the tasks; read_task, read_buf [R]: every data read; buf_task,
+    buf_tensor, buf_device [B]: the buffers; tensor_batch_axis, tensor_weight_mean [T]."""
+    m = len(kind)
+    first_in = np.full(m, -1, dtype=np.int64)  # a transfer's input buffer (its first read)
+    x = kind[read_task] == TASK_TRANSFER
+    first_in[read_task[x][::-1]] = read_buf[x][::-1]
+    origin = np.asarray(read_buf, dtype=np.int64).copy()
+    for _ in range(m):
+        up = buf_task[origin]
+        step = (kind[up] == TASK_TRANSFER) & (first_in[up] >= 0)
+        if not step.any():
+            break
+        origin[step] = first_in[up[step]]
+    src, tensor = buf_task[origin], buf_tensor[origin]
+    weight = np.where(kind[src] == TASK_COMPUTE, samples[src] / batch, 1.0)
+    raw = (kind[src] == TASK_COMPUTE) & (samples[src] > 0) & (tensor_batch_axis[tensor] < 0) & tensor_weight_mean[tensor]
+    ck = kind[read_task]
+    aggregates = (ck == TASK_SUM) | (ck == TASK_COLLECTIVE) | ((ck == TASK_COMPUTE) & (samples[read_task] == 0))
+    sel = np.nonzero(aggregates & raw & (weight != 1.0))[0]
+    dev = np.where(ck[sel] == TASK_COLLECTIVE, buf_device[read_buf[sel]], device[read_task[sel]]).astype(np.int64)
+    _, first = np.unique(read_buf[sel].astype(np.int64) * (int(device.max(initial=0)) + 1) + dev, return_index=True)
+    sel, dev = sel[first], dev[first]
+    buf = read_buf[sel].astype(np.int64)
+    maker = buf_task[buf]
+    charged = np.where((kind[maker] == TASK_COMPUTE) & (device[maker] == dev), maker, read_task[sel])
+    return buf, dev, weight[sel], charged.astype(np.int64)
 
 
 def csr_from_pairs(keys: np.ndarray, values: np.ndarray, n: int) -> Tuple[np.ndarray, np.ndarray]:

@@ -5,7 +5,7 @@ message is serialised, copied and parsed by the processes at its two ends, and a
 (CollectiveReduceV2) is run by its participants. Under a CPU quota (tfplace.emulation.cpu_quota, the
 emulated heterogeneous cluster) or on shared cores, that work stretches the step. The event
 simulation times a collective by the all-reduce fit on its links and charges each message's
-fixed CPU (`runtime_overheads.message_cpu_s`) to the lanes; this module adds what neither holds,
+fixed CPU (`RuntimeOverheads.message_cpu_s`) to the lanes; this module adds what neither holds,
 as a throughput bound on the step:
 
   demand_d = f_d * lane_d + message_charge_d + bytes_charge_d + collective_d + dispatch_d
@@ -20,11 +20,11 @@ as a throughput bound on the step:
   lane_d             seconds of d's compute-lane tasks without the message charges: a quota
                      kind's kernel times are wall seconds under its quota, f_d of which are CPU
   message_charge_d   the message CPU the lanes carry (already CPU seconds)
-  bytes_charge_d     runtime_overheads.message_cpu_s_per_byte (both ends together) times the
+  bytes_charge_d     message_cpu_s_per_byte (both ends together) times the
                      bytes of every message d sends or receives, half to each end; with
-                     runtime_overheads.inter_op_threads >= 2 also each message's fixed CPU
+                     inter_op_threads >= 2 also each message's fixed CPU
                      (message_cpu_s), which then runs beside the lanes instead of on them
-  collective_d       per all-reduce d takes part in, runtime_overheads.collective_cpu_s
+  collective_d       per all-reduce d takes part in, collective_cpu_s
                      [group size] at its bytes (its seconds_by_kind[d's kind] where measured):
                      CPU seconds of one participant, piecewise linear in the bytes between the
                      measured sizes, the last slope beyond them
@@ -34,7 +34,7 @@ as a throughput bound on the step:
 
 The collectives' and the message bytes' CPU (collective_d, bytes_charge_d; side_cpu_entries)
 also runs on the lanes of CPU devices, as HANDLER tasks that gate nothing
-(tfplace.lowering.assemble._append_side_cpu): the bound sees the step's total, the events see a
+(tfplace.overheads.apply._append_side_cpu): the bound sees the step's total, the events see a
 lane that cannot run kernels while its task spends CPU on an all-reduce.
 
 Measured on the emulated heterogeneous cluster (benchmarks/fidelity_bench_hetero.md): a 3-task
@@ -53,42 +53,9 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from tfplace.formats.errors import InputError
-from tfplace.formats.jsonio import FieldReader
+from tfplace.overheads.model import FIX, RuntimeOverheads, check_curve, pair_table_error
 
-SOURCE = "profile conditions"
-
-
-def cpu_fractions(profile, kinds: Sequence[str]) -> np.ndarray:
-    """Per device kind in `kinds`, the CPU fraction of its profile kind's quota: the effective
-    one where the profile measured it, else the quota's (1.0 when the profile records none)."""
-    by_kind = ((getattr(profile, "conditions", None) or {}).get("by_kind") or {}) if profile is not None else {}
-    out = np.ones(len(kinds))
-    for i, kind in enumerate(kinds):
-        emulation = (by_kind.get(kind) or {}).get("emulation") or {}
-        key = "effective_cpu_fraction" if "effective_cpu_fraction" in emulation else "cpu_fraction"
-        if emulation.get(key) is not None:
-            out[i] = FieldReader(emulation, SOURCE, f"by_kind.{kind}.emulation").get(
-                key, float, check=lambda v: v > 0, must="be > 0",
-                fix="profile the kind again with `python -m tfplace.profile --cpu-fraction F`")
-    return out
-
-
-def check_curve(curve: Any, field: str) -> tuple:
-    """(bytes[K], seconds[K]) of one measured curve {"bytes": [...], "seconds": [...]}: K >= 1
-    points, bytes strictly increasing, seconds >= 0."""
-    fix = "measure it again (benchmarks/fidelity_bench.py measure_overheads)"
-    if not isinstance(curve, Mapping) or "bytes" not in curve or "seconds" not in curve:
-        raise InputError(SOURCE, field, "must be {\"bytes\": [...], \"seconds\": [...]}", fix)
-    b = np.asarray(curve["bytes"], dtype=np.float64)
-    s = np.asarray(curve["seconds"], dtype=np.float64)
-    if b.ndim != 1 or b.shape != s.shape or len(b) == 0:
-        raise InputError(SOURCE, field, "needs as many seconds as bytes, at least one point", fix)
-    if (np.diff(b) <= 0).any() or (s < 0).any() or not np.isfinite(s).all():
-        raise InputError(SOURCE, field, "needs strictly increasing bytes and finite seconds >= 0", fix)
-    return b, s
-
-
-def participant_curve(curve: Any, field: str, kind: str) -> tuple:
+def participant_curve(curve: Any, source: str, field: str, kind: str) -> tuple:
     """(bytes[K], seconds[K]) one participant of device kind `kind` spends per all-reduce: the
     curve's "seconds_by_kind"[kind] at its bytes where it has one for that kind, else its
     "seconds" (the mean participant's; a kind the measuring group did not hold).
@@ -98,16 +65,16 @@ def participant_curve(curve: Any, field: str, kind: str) -> tuple:
     unthrottled task of the same chain (16 bytes to 16 MiB, the larger share at the smaller
     sizes), so one curve per group size, the participants' mean, under-charges the throttled
     ones, and those set the step's CPU bound."""
-    b, s = check_curve(curve, field)
+    b, s = check_curve(curve, source, field)
     by_kind = curve.get("seconds_by_kind")
     if by_kind is None:
         return b, s
     if not isinstance(by_kind, Mapping):
-        raise InputError(SOURCE, f"{field}.seconds_by_kind", f"must map device kinds to seconds, got "
-                         f"{type(by_kind).__name__}", "measure it again (benchmarks/fidelity_bench.py measure_overheads)")
+        raise InputError(source, f"{field}.seconds_by_kind", f"must map device kinds to seconds, got "
+                         f"{type(by_kind).__name__}", FIX)
     if kind not in by_kind:
         return b, s
-    return check_curve({"bytes": curve["bytes"], "seconds": by_kind[kind]}, f"{field}.seconds_by_kind.{kind}")
+    return check_curve({"bytes": curve["bytes"], "seconds": by_kind[kind]}, source, f"{field}.seconds_by_kind.{kind}")
 
 
 def curve_seconds(nbytes: np.ndarray, points_bytes: np.ndarray, points_s: np.ndarray) -> np.ndarray:
@@ -123,7 +90,7 @@ def curve_seconds(nbytes: np.ndarray, points_bytes: np.ndarray, points_s: np.nda
     return out
 
 
-def side_cpu_entries(over: Mapping[str, Any], transfer: np.ndarray, collective: np.ndarray,
+def side_cpu_entries(over: RuntimeOverheads, transfer: np.ndarray, collective: np.ndarray,
                      task_device: np.ndarray, task_src_device: np.ndarray, task_bytes: np.ndarray,
                      part_ptr: np.ndarray, part_dev: np.ndarray, device_kinds: Sequence[str]) -> tuple:
     """The CPU the runtime spends beside the kernels, entry by entry: (task[H], device[H],
@@ -137,7 +104,7 @@ def side_cpu_entries(over: Mapping[str, Any], transfer: np.ndarray, collective: 
     collectives' participants (CSR over tasks; only collectives have any); device_kinds: the
     kind of each device [D]."""
     tasks, devices, seconds = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
-    curves = over.get("collective_cpu_s") or {}
+    curves = over.collective_cpu_s
     coll = np.nonzero(collective)[0]
     if len(coll) and curves:
         size = part_ptr[coll + 1] - part_ptr[coll]
@@ -151,19 +118,16 @@ def side_cpu_entries(over: Mapping[str, Any], transfer: np.ndarray, collective: 
         for group in np.unique(size).tolist():
             key = str(group)
             if key not in curves:
-                raise InputError(SOURCE, "runtime_overheads.collective_cpu_s",
-                                 f"has no curve for all-reduces of {group} devices (has {sorted(curves)})",
-                                 "measure the overheads on a cluster with at least that many tasks "
-                                 "(benchmarks/fidelity_bench.py)")
+                raise pair_table_error(over, "collective_cpu_s", f"all-reduces of {group} devices", tuple(curves))
             here = entry_size == group
             for kind in sorted(set(entry_kind[here].tolist())):
                 mine = here & (entry_kind == kind)
-                cb, cs = participant_curve(curves[key], f"runtime_overheads.collective_cpu_s.{key}", kind)
+                cb, cs = participant_curve(curves[key], over.source, f"collective_cpu_s.{key}", kind)
                 cost[mine] = curve_seconds(task_bytes[entry_task[mine]], cb, cs)
         tasks.append(entry_task)
         devices.append(entry_device)
         seconds.append(cost)
-    per_byte = float(over.get("message_cpu_s_per_byte", 0.0))
+    per_byte = over.message_cpu_s_per_byte
     x = np.nonzero(transfer & (task_bytes > 0))[0] if per_byte else np.zeros(0, np.int64)
     for end in (task_src_device[x], task_device[x]):  # half at each end
         tasks.append(x)
@@ -174,13 +138,13 @@ def side_cpu_entries(over: Mapping[str, Any], transfer: np.ndarray, collective: 
     return task[order], device[order], cpu_s[order]
 
 
-def dispatch_cpu_seconds(over: Mapping[str, Any], wall_s: float, wall_device: int, used: np.ndarray,
+def dispatch_cpu_seconds(over: RuntimeOverheads, wall_s: float, wall_device: int, used: np.ndarray,
                          fraction: np.ndarray, cpu_device: np.ndarray) -> np.ndarray:
     """What the step's dispatch changes in the demand [D] (CPU seconds, added to demand_d).
 
     The lanes carry the dispatch as wall seconds: step_s on the device of the first input
-    (`wall_device`, `wall_s`, see lowering_assemble._runtime_overheads), and each further
-    device's wait for its RunGraph (lowering_assemble._append_worker_dispatch, not in the
+    (`wall_device`, `wall_s`, see tfplace.overheads.apply._runtime_overheads), and each further
+    device's wait for its RunGraph (tfplace.overheads.apply._append_worker_dispatch, not in the
     demand): nothing starts before them. As CPU it is smaller and
     spread over the tasks (benchmarks/task_cpu_probe.py: the master spends 0.15-0.18 ms for a
     step on three tasks, each further task 0.25-0.31 ms on its RunGraph, where the wall charge
@@ -194,13 +158,13 @@ def dispatch_cpu_seconds(over: Mapping[str, Any], wall_s: float, wall_device: in
     demand is its kernels, not its host's RunGraph or master work)."""
     out = np.zeros(len(fraction))
     further = [int(d) for d in np.asarray(used).tolist() if d != 0]
-    if "step_cpu_s" in over:
+    if over.step_cpu_s is not None:
         out[wall_device] -= fraction[wall_device] * wall_s
         if cpu_device[0]:
-            out[0] += float(over["step_cpu_s"]) + float(over.get("master_worker_cpu_s", 0.0)) * len(further)
+            out[0] += over.step_cpu_s + over.master_worker_cpu_s * len(further)
     for d in further:
         if cpu_device[d]:
-            out[d] += float(over.get("worker_cpu_s", 0.0))
+            out[d] += over.worker_cpu_s
     return out
 
 
@@ -214,8 +178,8 @@ def device_cpu_seconds(lane: np.ndarray, transfer: np.ndarray, task_seconds: np.
     it, message_charge [M] those charges; side_device, side_cpu_s [H]: side_cpu_entries'
     devices and CPU seconds (collective_d and bytes_charge_d); fraction [D]: f_d; message_cpu
     (None: none): (send_cpu[M], recv_cpu[M]), the fixed CPU of each transfer's message at its
-    sending and at its receiving end (tfplace.lowering.assemble._message_ends) when the runtime
-    runs it beside the lanes (runtime_overheads.inter_op_threads >= 2). The lanes' tasks are
+    sending and at its receiving end (tfplace.overheads.apply._message_ends) when the runtime
+    runs it beside the lanes (inter_op_threads >= 2). The lanes' tasks are
     the lowering's before it adds the side entries as HANDLER tasks (those are counted here
     once, through side_cpu_s)."""
     d = len(fraction)
@@ -229,20 +193,3 @@ def device_cpu_seconds(lane: np.ndarray, transfer: np.ndarray, task_seconds: np.
         demand += np.bincount(task_device[x], weights=recv_cpu[x], minlength=d)
         demand += np.bincount(task_src_device[x], weights=send_cpu[x], minlength=d)
     return demand + np.bincount(side_device, weights=side_cpu_s, minlength=d)
-
-
-def cpu_bound_seconds(demand_s: np.ndarray, fraction: np.ndarray, host_of: Optional[np.ndarray] = None,
-                      host_cores: Optional[Sequence[Optional[int]]] = None) -> float:
-    """The shortest step the CPU demand [D] allows: each device's demand over its fraction, and
-    for every host with a core count, its devices' demand over its cores (host_of [D]: the index
-    into host_cores of each device's host, -1 for a device that does not share a host's cores,
-    e.g. a GPU, as simulator.core_slots gives them)."""
-    if len(demand_s) == 0:
-        return 0.0
-    bound = float(np.max(demand_s / fraction))
-    if host_of is not None and host_cores is not None:
-        for h, cores in enumerate(host_cores):
-            on = host_of == h
-            if cores and on.any():
-                bound = max(bound, float(demand_s[on].sum()) / cores)
-    return bound

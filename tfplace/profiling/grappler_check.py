@@ -1,7 +1,9 @@
 """Cross-check of the roofline device model against TensorFlow Grappler's analytical cost model.
 
-    python -m tfplace.profiling.grappler_check --graph graph_defs/zoo/resnet50_b64_s224_sgd.json --kind V100
-    python -m tfplace.profiling.grappler_check --all --kind V100 --kind P100 [--batch-size 32] [--by-type]
+    python -m tfplace.cli.grappler_check --graph graph_defs/zoo/resnet50_b64_s224_sgd.json --kind V100
+    python -m tfplace.cli.grappler_check --all --kind V100 --kind P100 [--batch-size 32] [--by-type]
+
+(the command line lives in tfplace/cli/grappler_check.py; this module is the library)
 
 For each graph and kind, the whole training step is placed on one virtual device whose
 properties (peak FLOP/s, memory bandwidth) are the device table's (tfplace.device_model), and
@@ -19,12 +21,8 @@ resolution; "n/a"); give them a large --batch-size (e.g. 4096) to compare.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import glob
-import os
-import sys
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Sequence, Tuple
 
 from tfplace.formats.errors import InputError
 
@@ -76,13 +74,16 @@ def grappler_device(spec):
     return dp.NamedDevice(name=VIRTUAL_DEVICE.format("GPU"), properties=props)
 
 
-def grappler_seconds(graph_def, meta: Mapping, spec, batch_size: int) -> Tuple[float, Dict[str, float]]:
-    """Grappler's predicted compute time of the step (sum over ops) and its split by op type."""
+def grappler_seconds(graph_def, sink: str, spec) -> Tuple[float, Dict[str, float]]:
+    """Grappler's predicted compute time of the step (sum over ops) and its split by op type.
+
+    graph_def: the training step with its inputs' shapes at the batch size to predict (the
+    caller sets them); sink: its train op."""
     import tensorflow as tf
     from tensorflow.python.grappler import cluster as gcluster, item as gitem
-    from tfplace.graph_defs import bundle
 
-    gd = bundle.with_batch_size(graph_def, meta["inputs"], batch_size)
+    gd = type(graph_def)()
+    gd.CopyFrom(graph_def)  # the device fields are cleared below
     device = grappler_device(spec)
     pin = "/device:CPU:0" if spec.kind == "CPU" else "/device:GPU:0"
     for node in gd.node:
@@ -91,7 +92,7 @@ def grappler_seconds(graph_def, meta: Mapping, spec, batch_size: int) -> Tuple[f
     with graph.as_default():
         with tf.device(pin):
             tf.compat.v1.import_graph_def(gd, name="")
-        graph.add_to_collection("train_op", graph.get_operation_by_name(meta["sink"]))
+        graph.add_to_collection("train_op", graph.get_operation_by_name(sink))
         metagraph = tf.compat.v1.train.export_meta_graph(graph=graph)
     cluster = gcluster.Cluster(devices=[device], disable_timeline=False)
     op_perfs, _, _ = cluster.MeasureCosts(gitem.Item(metagraph, ignore_colocation=False))
@@ -116,28 +117,24 @@ def model_seconds(graph, spec, batch_size: int, ideal: bool = False) -> Tuple[fl
     return float(secs.sum()), by_type
 
 
-def check_graph(meta_path: str, kinds: Sequence[str], batch_size: Optional[int] = None) -> List[CheckRow]:
-    """Grappler vs our model for one bundle on each kind (per-device batch: the bundle's)."""
-    from tfplace.profiling import device_model
-    from tfplace.graph_defs import bundle
-    from tfplace.ir.loader import load_op_graph
+def check_graph(name: str, graph, graph_def, sink: str, kinds: Sequence[str], batch_size: int) -> List[CheckRow]:
+    """Grappler vs our model for one step on each kind.
 
+    graph: the step's OpGraph at `batch_size` (per device); graph_def: the same step with its
+    inputs at that batch (Grappler reads the shapes from it); sink: its train op; name: the
+    graph's label in the rows."""
+    from tfplace.profiling import device_model
+
+    if batch_size <= 0:
+        raise InputError("argument --batch-size", "batch_size", f"must be > 0, got {batch_size}",
+                         "give a per-device batch size")
     specs = [device_model.device_spec(k, "argument --kind", f"kind[{i}]") for i, k in enumerate(kinds)]
-    try:
-        graph_def, meta = bundle.read_bundle(meta_path)
-    except ValueError as e:
-        raise InputError(meta_path, "", str(e), "export the model with python -m tfplace.graph_defs.export") from None
-    b = batch_size or meta["global_batch_size"]
-    if b <= 0:
-        raise InputError("argument --batch-size", "batch_size", f"must be > 0, got {b}", "give a per-device batch size")
-    graph = load_op_graph(meta_path, batch_size=b)
-    name = os.path.splitext(os.path.basename(meta_path))[0]
     rows = []
     for spec in specs:
-        g_s, g_by = grappler_seconds(graph_def, meta, spec, b)
-        o_s, o_by = model_seconds(graph, spec, b)
-        i_s, _ = model_seconds(graph, spec, b, ideal=True)
-        rows.append(CheckRow(name, spec.kind, b, g_s, o_s, i_s, g_by, o_by))
+        g_s, g_by = grappler_seconds(graph_def, sink, spec)
+        o_s, o_by = model_seconds(graph, spec, batch_size)
+        i_s, _ = model_seconds(graph, spec, batch_size, ideal=True)
+        rows.append(CheckRow(name, spec.kind, batch_size, g_s, o_s, i_s, g_by, o_by))
     return rows
 
 
@@ -160,45 +157,3 @@ def format_rows(rows: Sequence[CheckRow], by_type: bool = False, header: bool = 
                 o = r.ours_by_type.get(t, 0.0)
                 lines.append(f"    {t:<36} grappler {s * 1e3:9.2f} ms   ours {o * 1e3:9.2f} ms")
     return "\n".join(lines)
-
-
-def zoo_graphs() -> List[str]:
-    """Every bundle JSON in the model zoo folder (one per model: the first stem found)."""
-    import tfplace.graph_defs as gdefs
-    zoo = os.path.join(os.path.dirname(os.path.abspath(gdefs.__file__)), "zoo")
-    paths, seen = [], set()
-    for p in sorted(glob.glob(os.path.join(zoo, "*.json"))):
-        model = os.path.basename(p).split("_b")[0]
-        if model not in seen:
-            seen.add(model)
-            paths.append(p)
-    return paths
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tfplace.profiling.grappler_check", description=__doc__.split("\n\n")[0])
-    p.add_argument("--graph", action="append", default=[], help="bundle JSON (repeatable)")
-    p.add_argument("--all", action="store_true", help="every model of the zoo")
-    p.add_argument("--kind", action="append", default=[], help="device kind (repeatable; default V100)")
-    p.add_argument("--batch-size", type=int, default=0, help="per-device batch (default: the bundle's)")
-    p.add_argument("--by-type", action="store_true", help="also split the totals by op type")
-    args = p.parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # the virtual GPU makes Grappler log CUDA errors
-    graphs = list(args.graph) + (zoo_graphs() if args.all else [])
-    if not graphs:
-        print("error: arguments: --graph: give a bundle JSON or --all. Fix: e.g. --graph "
-              "graph_defs/zoo/resnet50_b64_s224_sgd.json", file=sys.stderr)
-        return 2
-    try:
-        print(HEADER, flush=True)
-        for g in graphs:
-            rows = check_graph(g, args.kind or ["V100"], args.batch_size or None)
-            print(format_rows(rows, args.by_type, header=False), flush=True)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,11 +8,13 @@ TensorFlow's executor, so it is a reference for the device model's per-op accura
 replacement for `tfplace.profiling.profiler` on a TensorFlow GPU machine.
 
     # here (TensorFlow side): the op table of a graph
-    python -m tfplace.profiling.kernel_replay export --graph graph_defs/zoo/resnet50_b64_s224_sgd.json --out ops.json
-    # on the GPU machine (torch only, no tfplace install needed):
-    python3 tfplace/kernel_replay.py replay --ops ops.json --batch-sizes 8,16,32 --out replay.json
+    python -m tfplace.cli.kernel_replay export --graph graph_defs/zoo/resnet50_b64_s224_sgd.json --out ops.json
+    # on the GPU machine (the checkout with torch and absl-py; no TensorFlow needed):
+    python -m tfplace.cli.kernel_replay replay --ops ops.json --batch-sizes 8,16,32 --out replay.json
     # here: a profile keyed by the GPU kind
-    python -m tfplace.profiling.kernel_replay to-profile --replay replay.json --kind H100 --out profile.json
+    python -m tfplace.cli.kernel_replay to-profile --replay replay.json --kind H100 --out profile.json
+
+(the command line lives in tfplace/cli/kernel_replay.py; this module is the library)
 
 Op table: {"graph", "reference_batch_size", "ops": [{"name", "type", "in": [[shape, dtype,
 batch_axis, const values or null]], "out": [[shape, dtype, batch_axis]], "attrs": {...}}]}.
@@ -23,12 +25,10 @@ skipped, and to-profile lists them in missing_ops.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Sequence
 
 _ATTR_KEYS = ("strides", "padding", "explicit_paddings", "dilations", "data_format", "ksize", "transpose_a",
               "transpose_b", "adj_x", "adj_y", "is_training", "epsilon", "keep_dims", "axis", "equation", "T",
@@ -459,46 +459,3 @@ def replay_to_profile(result: Dict[str, Any], kind: str):
         by_reason[reason] = by_reason.get(reason, 0) + 1
     conditions["missing_ops_by_reason"] = by_reason
     return Profile(ops=ops, graph=result["graph"], conditions=conditions, missing_ops=tuple(result["skipped"]))
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="kernel_replay", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    e = sub.add_parser("export")
-    e.add_argument("--graph", required=True)
-    e.add_argument("--out", required=True)
-    r = sub.add_parser("replay")
-    r.add_argument("--ops", required=True)
-    r.add_argument("--batch-sizes", required=True)
-    r.add_argument("--reps", type=int, default=7)
-    r.add_argument("--out", required=True)
-    t = sub.add_parser("to-profile")
-    t.add_argument("--replay", required=True)
-    t.add_argument("--kind", required=True)
-    t.add_argument("--out", required=True)
-    args = p.parse_args(argv)
-    if args.cmd == "export":
-        from tfplace.ir.loader import load_op_graph
-        table = export_op_table(load_op_graph(args.graph))
-        with open(args.out, "w") as f:
-            json.dump(table, f)
-        print(f"{len(table['ops'])} ops -> {args.out}")
-    elif args.cmd == "replay":
-        with open(args.ops) as f:
-            table = json.load(f)
-        batches = [int(x) for x in args.batch_sizes.split(",")]
-        result = replay(table, batches, reps=args.reps, progress=lambda m: print(m, file=sys.stderr, flush=True))
-        with open(args.out, "w") as f:
-            json.dump(result, f)
-        print(f"{len(result['seconds'])} ops timed, {len(result['skipped'])} skipped on {result['device']}")
-    else:
-        from tfplace.formats.profile import save_profile
-        with open(args.replay) as f:
-            result = json.load(f)
-        save_profile(replay_to_profile(result, args.kind), args.out)
-        print(f"wrote {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -604,7 +604,7 @@ def profile_bundle(meta_path: str, options: ProfileOptions,
     graph_def, meta, _ = read_graph_source(os.fspath(meta_path), None)
     if not str(meta_path).endswith(".json") or "init_op" not in meta:
         raise InputError(str(meta_path), "init_op", "no bundle metadata with an init op",
-                         "profile an exported bundle (<stem>.json); export with python -m tfplace.graph_defs.export")
+                         "profile an exported bundle (<stem>.json); export with python -m tfplace.cli.export")
     return profile_graph(graph_def, meta, options, name=graph_name(meta_path), source=meta_path, progress=progress)
 
 

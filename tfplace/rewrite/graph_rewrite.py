@@ -55,7 +55,6 @@ from tfplace.rewrite import nodes as rn
 from tfplace.formats.cluster import Cluster, is_cpu_kind
 from tfplace.formats.errors import InputError
 from tfplace.ir.graph_ir import OpGraph
-from tfplace.lowering.assemble import placed_weighted_reads
 from tfplace.lowering.placed_graph import (TASK_COLLECTIVE, TASK_COMPUTE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER,
                                   PlacedGraph)
 from tfplace.formats.strategy import Strategy
@@ -109,7 +108,8 @@ def rewrite_step(graph, strategy: Strategy, cluster: Cluster, *, grouping=None, 
     Args:
       graph: an OpGraph with its graph_def, or a bundle path (`load_op_graph`).
       grouping: the grouping the strategy's group names refer to (default: make_grouping at
-        strategy.max_groups); profile: only affects priorities (default: uniform).
+        strategy.max_groups); profile: only its run_order affects the graph, through
+        priority ties (default: tfplace.profiling.structural, ties in the graph's op order).
       key_base: first collective instance key (default: derived from graph and strategy).
       init_op: the variable initializer op (default: the bundle's `init_op`, else "init").
     """
@@ -124,15 +124,18 @@ def rewrite_step(graph, strategy: Strategy, cluster: Cluster, *, grouping=None, 
         grouping = make_grouping(graph, strategy.max_groups)
     if placed is None:
         from tfplace.lowering.lower import Lowerer
-        if profile is None:
-            from tfplace.testing import uniform_profile
-            profile = uniform_profile(graph, cluster.kinds)
+        if profile is None:  # the rewrite needs the tasks, not their costs
+            from tfplace.profiling.structural import structural_profile
+            profile = structural_profile(graph, cluster.kinds)
         lowerer = Lowerer(graph, grouping, cluster, profile)
         placed = lowerer.lower(strategy)
         graph = lowerer.graph  # with the lowering's metadata clones (tfplace.lowering.meta)
     elif len(placed.op_names) != graph.num_ops:
         from tfplace.lowering.meta import split_metadata
         graph = split_metadata(graph, grouping.op_group)[0]
+    if placed.has_runtime_overheads:
+        raise InputError(graph.source or "graph", "placed", "the PlacedGraph went through the runtime-overhead pass",
+                         "pass the lowering's own PlacedGraph (tfplace.lowering.lower), before tfplace.overheads.apply")
     if tuple(placed.op_names) != tuple(graph.names):
         raise InputError(graph.source or "graph", "placed", "the PlacedGraph was lowered from another graph",
                          "pass the OpGraph and grouping the strategy was lowered with")
@@ -154,7 +157,7 @@ class _Emitter:
         self._buf_names: Dict[int, str] = {}
         self._weighted: Dict[Tuple[int, int], str] = {}
         # the aggregation weights, (buffer, device) -> weight: the same reads the lowering costs
-        w_buf, w_dev, w_val, _ = placed_weighted_reads(placed, graph.tensor_batch_axis)
+        w_buf, w_dev, w_val, _ = placed.weighted_reads(graph.tensor_batch_axis)
         self._weights = {(int(b), int(d)): float(w) for b, d, w in zip(w_buf, w_dev, w_val)}
         p = placed
         self.buf_tensor_dtype = lambda b: graph.tensor_dtype[p.buf_tensor[b]]
@@ -205,7 +208,7 @@ class _Emitter:
     def weighted(self, b: int, d: int) -> str:
         """Buffer b as an aggregation input on device d: a raw replica partial (possibly after
         transfers) is scaled by its task weight where the tensor is mean-weighted
-        (lowering_assemble.weighted_reads decides which, for the rewrite and the costs alike)."""
+        (PlacedGraph.weighted_reads decides which, for the rewrite and the costs alike)."""
         w = self._weights.get((b, d))
         if w is None:
             return self.bname(b)
@@ -411,8 +414,7 @@ class _Emitter:
         p = self.p
         readers = np.repeat(np.arange(p.num_tasks), np.diff(p.in_ptr))
         data = set(zip(p.buf_task[p.in_buf].tolist(), readers.tolist()))
-        dep_src, dep_dst = p.graph_dependencies()
-        deps = set(zip(dep_src.tolist(), dep_dst.tolist())) - data
+        deps = set(zip(p.dep_src.tolist(), p.dep_dst.tolist())) - data
         # a control message stands for the control edges through it: source -> message -> dest
         msg_src = {d: s for s, d in deps if p.is_control_message(d)}
         deps = {(msg_src.get(s, s), d) for s, d in deps if not p.is_control_message(d)}
@@ -425,8 +427,6 @@ class _Emitter:
 
     def priority_chains(self) -> None:
         p = self.p
-        # the graph's own dependencies (successors): a HANDLER's (placed_graph) would put a
-        # transfer's consumers after every lower-priority task in this order
         succ_ptr, succ_idx, indeg = p.successors()
         indeg = indeg.copy()
         heap = [(int(p.task_priority[t]), t) for t in np.nonzero(indeg == 0)[0].tolist()]
@@ -551,9 +551,8 @@ class _Emitter:
         waits for, so one control message per device reaches the train op; other leaves join
         with their node on their own device."""
         p, g = self.p, self.g
-        # the graph's own dependencies: a "done" leads on to its receiver's hand-back HANDLER
         succ_ptr, _, _ = p.successors()
-        dep_src, dep_dst = p.graph_dependencies()
+        dep_src, dep_dst = p.dep_src, p.dep_dst
         by_task = self._by_task()
         ctrl = []
         for t in np.nonzero(np.diff(succ_ptr) == 0)[0].tolist():

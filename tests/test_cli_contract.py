@@ -1,0 +1,119 @@
+"""Every command line keeps one contract (tfplace.cli.common), checked on the real processes:
+`--help` exits 0 and lists the command's flags; an unknown flag exits 2; a missing input file
+exits 2 with one line naming the file and no traceback; an output path in a missing folder
+exits 2 before any work, naming the path."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+CLUSTER = os.path.join(REPO, "clusters", "local_cpu.json")
+TINY = os.path.join(REPO, "graph_defs", "zoo", "tiny_mlp_b16_sgd.json")
+# {missing} is a file that does not exist, {nodir} a folder that does not exist, {tmp} a scratch folder.
+# name -> (command, a flag --help must list, argv with a missing input file, argv with an output in {nodir})
+COMMANDS = {
+    "train": (["-m", "tfplace.train"], "--output_dir",
+              ["--config", "{missing}"], ["--config", "{missing}", "--output_dir", "{nodir}/run"]),
+    "plan": (["-m", "tfplace.plan"], "--search_seconds",
+             ["--checkpoint", "{missing}", "--model", "tiny_mlp", "--cluster", CLUSTER, "--out", "{tmp}/s.json"],
+             ["--checkpoint", "{tmp}", "--model", "tiny_mlp", "--cluster", CLUSTER, "--out", "{nodir}/s.json"]),
+    "simulate": (["-m", "tfplace.simulate"], "--trace",
+                 ["--graph", TINY, "--cluster", "{missing}", "--strategy", "{missing}"],
+                 ["--graph", TINY, "--cluster", CLUSTER, "--strategy", "s.json", "--trace", "{nodir}/t.json"]),
+    "compare": (["-m", "tfplace.compare"], "--max-groups",
+                ["--graph", TINY, "--cluster", "{missing}", "--out", "{tmp}/cmp"],
+                ["--graph", TINY, "--cluster", CLUSTER, "--out", "{nodir}/cmp"]),
+    "profile": (["-m", "tfplace.profile"], "--batch-sizes",
+                ["--graph", "{missing}", "--out", "{tmp}/p.json"], ["--graph", TINY, "--out", "{nodir}/p.json"]),
+    "groups": (["-m", "tfplace.cli.groups"], "--max-groups",
+               ["--graph", "{missing}", "--max-groups", "3"],
+               ["--graph", TINY, "--max-groups", "3", "--json", "{nodir}/g.json"]),
+    "grappler_check": (["-m", "tfplace.cli.grappler_check"], "--by-type", ["--graph", "{missing}"], None),
+    "kernel_replay": (["-m", "tfplace.cli.kernel_replay"], "--batch-sizes",
+                      ["to-profile", "--replay", "{missing}", "--kind", "H100", "--out", "{tmp}/p.json"],
+                      ["export", "--graph", TINY, "--out", "{nodir}/ops.json"]),
+    "export": (["-m", "tfplace.cli.export"], "--num-layers", None,
+               ["--model", "tiny_mlp", "--out", "{nodir}/zoo"]),
+    "activate": ([os.path.join(REPO, "activate.py")], "CONFIG", ["{missing}"], ["{tmp}/bad_out.txt"]),
+}
+
+
+def _run(command, argv, tmp_path):
+    values = {"missing": str(tmp_path / "missing.json"), "nodir": str(tmp_path / "no_such_folder"),
+              "tmp": str(tmp_path)}
+    args = [a.format(**values) for a in argv]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, timeout=120,
+                          cwd=str(tmp_path), env=env)
+
+
+def _error_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_exits_0_and_lists_the_flags(name, tmp_path):
+    command, flag, _, _ = COMMANDS[name]
+    result = _run(command, ["--help"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert flag in result.stdout
+
+
+@pytest.mark.parametrize("name", ["train", "plan", "simulate", "compare", "profile"])
+def test_help_of_the_cli_module_matches_the_shim(name, tmp_path):
+    shim = _run(["-m", f"tfplace.{name}"], ["--help"], tmp_path)
+    module = _run(["-m", f"tfplace.cli.{name}"], ["--help"], tmp_path)
+    assert module.returncode == 0 and module.stdout == shim.stdout
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_unknown_flag_exits_2_with_one_line(name, tmp_path):
+    result = _run(COMMANDS[name][0], ["--no_such_flag=1"], tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    errors = _error_lines(result.stderr)
+    assert len(errors) == 1 and "no_such_flag" in errors[0], result.stderr
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in COMMANDS.items() if c[2] is not None))
+def test_missing_input_file_exits_2_naming_it(name, tmp_path):
+    result = _run(COMMANDS[name][0], COMMANDS[name][2], tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    errors = _error_lines(result.stderr)
+    assert len(errors) == 1 and str(tmp_path / "missing.json") in errors[0], result.stderr
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in COMMANDS.items() if c[3] is not None))
+def test_output_in_a_missing_folder_exits_2_before_any_work(name, tmp_path):
+    nodir = tmp_path / "no_such_folder"
+    with open(tmp_path / "bad_out.txt", "w") as f:  # activate's output_dir comes from its config
+        json.dump({"format": "tfplace.activate_config", "cluster": CLUSTER, "baselines": ["single"],
+                   "graphs": [{"model": "tiny_mlp", "batch_size": 16}], "output_dir": str(nodir / "run")}, f)
+    result = _run(COMMANDS[name][0], COMMANDS[name][3], tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    errors = _error_lines(result.stderr)
+    assert len(errors) == 1 and str(nodir) in errors[0], result.stderr
+    assert not nodir.exists() and sorted(os.listdir(tmp_path)) == ["bad_out.txt"]
+
+
+def test_activate_without_a_config_prints_usage_and_exits_2(tmp_path):
+    result = _run(COMMANDS["activate"][0], [], tmp_path)
+    assert result.returncode == 2 and "usage: activate.py" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("name,argv,flag", [
+    ("compare", ["--graph", TINY, "--cluster", CLUSTER, "--max-groups", "0"], "--max-groups"),
+    ("profile", ["--graph", TINY, "--out", "p.json", "--batch-sizes", "4,-2"], "--batch-sizes"),
+    ("plan", ["--checkpoint", ".", "--model", "m", "--cluster", CLUSTER, "--search_seconds", "-1"], "--search_seconds"),
+    ("groups", ["--graph", TINY, "--max-groups", "3", "--batch-size", "0"], "--batch-size"),
+])
+def test_a_number_out_of_range_is_a_usage_error_naming_the_flag(name, argv, flag, tmp_path):
+    result = _run(COMMANDS[name][0], argv, tmp_path)
+    errors = _error_lines(result.stderr)
+    assert result.returncode == 2 and len(errors) == 1 and flag in errors[0], result.stderr
