@@ -172,3 +172,73 @@ def test_a_recorded_run_replays_to_its_recorded_figures():
         report = fb.simulate_with(graph, grouping, cluster, strategy, profile, over)
         assert report.iteration_time_s == pytest.approx(r["sim_s"], rel=1e-12, abs=0), r["name"]
         assert list(report.busy_s) == pytest.approx(r["sim_busy_s"], rel=1e-12), r["name"]
+
+
+# ---- the tools that simulate read the file when given --------------------------------------------
+
+def _write_overheads(tmp_path, **fields):
+    path = tmp_path / "overheads.json"
+    save_overheads(overheads_from_json(fields), path)
+    return str(path)
+
+
+def test_simulate_adds_the_overheads_it_is_given(tmp_path):
+    from tfplace.cli import common, simulate as simulate_cli
+    args = ["--graph", os.path.join(ROOT, "graph_defs", "zoo", "tiny_mlp_b16_sgd.json"),
+            "--cluster", os.path.join(ROOT, "clusters", "local_cpu.json"),
+            "--strategy", os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json")]
+    times = []
+    for extra in ([], ["--overheads", _write_overheads(tmp_path, step_s=0.25)]):
+        out = tmp_path / f"report{len(times)}.json"
+        assert common.call(simulate_cli, args + extra + ["--json", str(out)]) == 0
+        with open(out) as f:
+            times.append(json.load(f)["iteration_time_s"])
+    assert times[1] == pytest.approx(times[0] + 0.25, rel=1e-9)  # step_s: once per step, on the feed
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": FORMAT, "step_s": -1}))
+    assert common.call(simulate_cli, args + ["--overheads", str(bad)]) == 2
+
+
+@pytest.mark.parametrize("entries, error", [
+    (None, None),                                   # absent: none for every cluster
+    (["overheads.json"], None),                     # resolved against the config's folder
+    ([None], None),
+    (["overheads.json", None], "has 2 entries for 1 clusters"),
+    ([3], "must be a path or null"),
+    (["missing.json"], "not found"),
+])
+def test_a_train_config_names_one_overheads_file_per_cluster(tmp_path, entries, error):
+    from tfplace.formats.config import load_train_config
+    _write_overheads(tmp_path, step_s=1e-3)
+    cfg = {"format": "tfplace.train_config", "version": 1, "graphs": [{"model": "tiny_mlp", "batch_size": 16}],
+           "clusters": [os.path.join(ROOT, "clusters", "local_cpu.json")]}
+    if entries is not None:
+        cfg["overheads"] = entries
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    if error:
+        with pytest.raises(InputError, match=error):
+            load_train_config(path)
+        return
+    config = load_train_config(path)
+    want = [None] if entries in (None, [None]) else [str(tmp_path / "overheads.json")]
+    assert list(config.overheads) == want
+
+
+def test_a_training_task_simulates_with_its_clusters_overheads(tmp_path):
+    from tfplace.formats.config import load_train_config
+    from tfplace.policy import train_lib
+    over = _write_overheads(tmp_path, step_s=0.5)
+    cfg = {"format": "tfplace.train_config", "version": 1, "graphs": [{"model": "tiny_mlp", "batch_size": 16}],
+           "clusters": [os.path.join(ROOT, "clusters", "local_cpu.json")], "max_groups": 4}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    config = load_train_config(path)
+    bundle = os.path.join(ROOT, "graph_defs", "zoo", "tiny_mlp_b16_sgd.json")
+    plain = train_lib.build_task("t", bundle, 16, config.clusters[0], None, config)
+    with_over = train_lib.build_task("t", bundle, 16, config.clusters[0], None, config, over)
+    assert plain.overheads is None and with_over.overheads.step_s == 0.5
+    from tfplace.formats.strategy import even_strategy
+    st = even_strategy(plain.cluster.device_names, 16, 4)
+    assert with_over.simulate(st).iteration_time_s == pytest.approx(plain.simulate(st).iteration_time_s + 0.5,
+                                                                     rel=1e-9)
