@@ -14,6 +14,7 @@ CI runs TFPLACE_EQUIV_STRATEGIES random strategies per (model, optimizer) (defau
 higher for the full sweep (the count checked is printed).
 """
 
+import dataclasses
 import os
 
 import numpy as np
@@ -24,7 +25,7 @@ from tfplace.ir.loader import load_op_graph
 from tfplace.ir.grouping import Grouping, make_grouping
 from tfplace.rewrite.graph_rewrite import rewrite_step
 from tfplace.runtime.step_runner import StepRunner, random_feed, reference_run
-from tfplace.formats.strategy import even_strategy
+from tfplace.formats.strategy import even_strategy, proportional_strategy
 from tfplace.testing import tiny_graph
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -137,11 +138,28 @@ def test_rewritten_step_equals_single_device(local_cluster, model, optimizer):
     rng = np.random.default_rng(hash((model, optimizer)) % 2 ** 32)
     strategies = [even_strategy(devs, BATCH, GROUPS), even_strategy(devs, BATCH, GROUPS, "ps", "cpu1")]
     strategies += [random_strategy(rng, devs, grouping.group_names, BATCH) for _ in range(NUM_RANDOM)]
+    # gradient buckets (tfplace.lowering.buckets): every gradient in one bucket; uneven shares with
+    # buckets of a few gradients; a random strategy (mixed PS / all-reduce, micro-batches) bucketed
+    uneven = proportional_strategy(devs, [3.0, 2.0, 1.0], BATCH, GROUPS)
+    strategies += [dataclasses.replace(even_strategy(devs, BATCH, GROUPS), bucket_bytes=1 << 24),
+                   dataclasses.replace(uneven, bucket_bytes=600),
+                   dataclasses.replace(random_strategy(rng, devs, grouping.group_names, BATCH), bucket_bytes=1 << 24)]
+    assert _bucketed(graph, strategies[-3], cluster, grouping), "expected a bucket of several gradients"
     for i, s in enumerate(strategies):
         err = check(local_cluster, graph, s, cluster, grouping, model, seed=i)
         assert err <= TOL, f"strategy {i} ({s.to_json()}): relative error {err:.3g}"
     COUNT[(model, optimizer)] = len(strategies)
     print(f"equivalence: {model}/{optimizer}: {len(strategies)} strategies equal (<= {TOL})")
+
+
+def _bucketed(graph, strategy, cluster, grouping) -> bool:
+    """Whether the strategy's lowering packs several gradients into one collective."""
+    from tfplace.lowering.lower import lower
+    from tfplace.lowering.placed_graph import TASK_COLLECTIVE
+    from tfplace.profiling.structural import structural_profile
+    p = lower(graph, grouping, cluster, strategy, structural_profile(graph, cluster.kinds))
+    coll = np.nonzero(p.task_kind == TASK_COLLECTIVE)[0]
+    return any(len(set(p.buf_tensor[p.out_ptr[t]:p.out_ptr[t + 1]].tolist())) > 1 for t in coll)
 
 
 def received_per_task(lc, step, batch):

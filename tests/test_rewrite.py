@@ -37,13 +37,40 @@ def test_ps_has_no_collectives_and_sends_back():
     assert any(n.name.startswith("tfplace/sendback_") for n in step.graph_def.node)
 
 
+def _kept_control_edges(graph):
+    """(src, dst) names of the graph's control edges the lowering keeps (GraphIndex)."""
+    from tfplace.ir.grouping import make_grouping
+    from tfplace.lowering.graph_index import GraphIndex
+    ix = GraphIndex(graph, make_grouping(graph, 4))
+    return {(graph.names[s], graph.names[d]) for s, d in zip(ix.control_src.tolist(), ix.control_dst.tolist())}
+
+
 def test_control_edges_kept_per_replica():
     graph, _, step = _step()
     nodes = {n.name: n for n in step.graph_def.node}
+    kept = _kept_control_edges(graph)
+    dsts = sorted({d for s, d in kept if d + "/replica_1" in nodes and s + "/replica_1" in nodes})
+    assert dsts, "expected control edges between replicated ops"
+    for name in dsts:
+        for c in (s for s, d in kept if d == name):
+            assert any(x.startswith("^" + c + "/replica_") for x in nodes[name + "/replica_1"].input), (c, name)
+
+
+def test_a_gradient_tuple_does_not_wait_for_the_aggregated_side():
+    # tf.tuple's NoOp waits for each gradient of one op; the bias gradient's Reshape runs on the
+    # all-reduced value, so keeping that edge made the backward pass wait for the all-reduce.
+    # The lowering drops it (it orders pure ops only) and keeps the replica-side ones.
+    graph, _, step = _step()
+    kept = _kept_control_edges(graph)
     orig = {n.name: n for n in graph.graph_def.node}
-    name = next(n for n in graph.names if any(i.startswith("^") for i in orig[n].input) and n + "/replica_1" in nodes)
-    for c in (i for i in orig[name].input if i.startswith("^")):
-        assert any(x.startswith(c + "/replica_") for x in nodes[name + "/replica_1"].input)
+    noop = "gradients/add_1_grad/tuple/group_deps"
+    sources = [i[1:] for i in orig[noop].input if i.startswith("^")]
+    assert "gradients/add_1_grad/Reshape" in sources and len(sources) == 2
+    assert ("gradients/add_1_grad/Reshape", noop) not in kept
+    others = [s for s in sources if s != "gradients/add_1_grad/Reshape"]
+    assert all((s, noop) in kept for s in others)
+    nodes = {n.name: n for n in step.graph_def.node}
+    assert not any("add_1_grad/Reshape" in i for i in nodes[noop + "/replica_1"].input)
 
 
 def test_train_op_waits_for_one_done_per_other_device():

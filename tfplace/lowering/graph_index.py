@@ -86,6 +86,36 @@ def run_order_rank(graph: OpGraph, run_order: Sequence[str] = ()) -> np.ndarray:
     return rank
 
 
+def gradient_tuple_edges(graph: OpGraph, lkind: np.ndarray) -> np.ndarray:
+    """[C] bool: control edges into a gradient tuple's NoOp from an op of the update side.
+
+    TensorFlow's gradients group each op's input gradients with `tf.tuple`: a NoOp
+    (`.../tuple/group_deps`) waits for every gradient of the op, and an Identity of each waits
+    for the NoOp. A weight's gradient is aggregated before its update-side ops run (its Reshape
+    runs on the all-reduced value), so keeping that edge makes the rest of the backward pass wait
+    for each layer's all-reduce, and no collective could overlap the backward pass or join a
+    bucket. The edge orders pure ops only: the NoOp's control successors are Identities that read
+    their values by data, and its source is no variable update. It is dropped (the NoOp still
+    waits for the gradients of the replica side)."""
+    src, dst = graph.control_src.astype(np.int64), graph.control_dst.astype(np.int64)
+    out = np.zeros(len(src), dtype=bool)
+    if not len(src):
+        return out
+    types = np.asarray(graph.op_types, dtype=object)
+    updater = np.zeros(graph.num_ops, dtype=bool)
+    for v in graph.variables:
+        updater[list(v.updaters)] = True
+    # NoOps whose control successors are all Identity ops (and that have at least one)
+    succ_not_identity = np.zeros(graph.num_ops, dtype=bool)
+    succ_not_identity[src[types[dst] != "Identity"]] = True
+    has_succ = np.zeros(graph.num_ops, dtype=bool)
+    has_succ[src] = True
+    data_out = np.zeros(graph.num_ops, dtype=bool)
+    data_out[graph.tensor_op[graph.edge_tensor]] = True
+    tuple_noop = (types == "NoOp") & has_succ & ~succ_not_identity & ~data_out
+    return tuple_noop[dst] & (lkind[src] == LK_UPD) & ~updater[src]
+
+
 class GraphIndex:
     """Static arrays for one graph and grouping (see the module docstring).
 
@@ -106,7 +136,8 @@ class GraphIndex:
       op_out_ptr[N+1], op_out_tensors: each op's output tensors in port order (CSR);
       tensor_rank[T]: position of a tensor among its op's outputs
       op_in_ptr[N+1], op_in_edges: each op's data input edges in port order (CSR)
-      control_src[C], control_dst[C] (self-loops removed)
+      control_src[C], control_dst[C] (self-loops removed; a gradient tuple's NoOp waits for none
+                             of the update side: gradient_tuple_edges)
       var_op[V], var_bytes[V] float64, var_upd_ptr[V+1], var_upd (updater ops, CSR)
     """
 
@@ -123,7 +154,7 @@ class GraphIndex:
         self._roles(graph)
         self._tensors(graph)
         self._signatures(graph)
-        keep = graph.control_src != graph.control_dst
+        keep = (graph.control_src != graph.control_dst) & ~gradient_tuple_edges(graph, self.lkind)
         self.control_src = graph.control_src[keep].astype(np.int64)
         self.control_dst = graph.control_dst[keep].astype(np.int64)
         self._csr_views(graph)

@@ -46,8 +46,9 @@ from tfplace.formats.cluster import Cluster
 from tfplace.formats.errors import InputError
 from tfplace.ir.graph_ir import OpGraph
 from tfplace.lowering.assemble import assemble
+from tfplace.lowering.buckets import bucket_collectives
 from tfplace.lowering.costs import ComputeCosts, LinkCosts, cpu_fractions, memory_bandwidth
-from tfplace.lowering.graph_index import PM_AGG, GraphIndex, run_order_rank
+from tfplace.lowering.graph_index import LK_UPD, PM_AGG, ROLE_UPDATE, GraphIndex, run_order_rank
 from tfplace.lowering.layouts import LayoutTable
 from tfplace.lowering.meta import split_metadata
 from tfplace.lowering.patterns import PatternStore
@@ -111,6 +112,7 @@ class Lowerer:
         self._decision_cache: Dict[int, tuple] = {}
         self._last = None  # (batch, lay_of, sync, sig_pat) of the previous call
         self._coll_arrays = None
+        self._update_cache = None  # _update_side
         self._col_ids: Dict[Tuple[int, int, bool], int] = {}
         self._cols, self._stack = [], None
         self._entry_cols: Dict[int, np.ndarray] = {}
@@ -181,7 +183,36 @@ class Lowerer:
             self.reset()  # bound the caches in long searches; the next lowering is a full one
         lay_of, sync, prio = self._decisions(strategy, batch)
         sig_pat = self._resolve(batch, lay_of, sync)
-        return assemble(self.index, self, lay_of, sync, prio, sig_pat, batch)
+        placed = assemble(self.index, self, lay_of, sync, prio, sig_pat, batch)
+        bucket = strategy.effective_bucket_bytes
+        if bucket > 1:
+            update_op, after_update = self._update_side()
+            placed = bucket_collectives(placed, self.links, update_op, after_update, self.graph.tensor_dtype, bucket,
+                                        self.mem_bw, self.options.aux_launch_s)
+        return placed
+
+    def _update_side(self) -> Tuple[np.ndarray, np.ndarray]:
+        """([N] ops of the update side, [N] ops downstream of one of them through data or control
+        edges): a collective whose gradient is made downstream of an update-side op could wait
+        for another collective's result, so it is never packed into a bucket."""
+        if self._update_cache is None:
+            ix, graph = self.index, self.graph
+            update_op = (ix.role == ROLE_UPDATE) | (ix.lkind == LK_UPD)
+            src = np.concatenate([graph.tensor_op[graph.edge_tensor], ix.control_src]).astype(np.int64)
+            dst = np.concatenate([graph.edge_dst, ix.control_dst]).astype(np.int64)
+            order = np.argsort(src, kind="stable")
+            ptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=graph.num_ops))])
+            succ = dst[order]
+            after = np.zeros(graph.num_ops, dtype=bool)
+            stack = np.nonzero(update_op)[0].tolist()
+            while stack:
+                u = stack.pop()
+                for v in succ[ptr[u]:ptr[u + 1]].tolist():
+                    if not after[v]:
+                        after[v] = True
+                        stack.append(v)
+            self._update_cache = (update_op, after)
+        return self._update_cache
 
     def _decisions(self, strategy: Strategy, batch: int):
         src = strategy.source or "strategy"

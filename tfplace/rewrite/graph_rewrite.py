@@ -188,6 +188,8 @@ class _Emitter:
                 name = f"{self.inst(t)}:{int(self.g.tensor_port[p.buf_tensor[b]])}"
             elif kind == TASK_TRANSFER and self.buf_tensor_dtype(b) == "resource":
                 name = self.bname(int(p.in_buf[p.in_ptr[t]]))
+            elif kind == TASK_COLLECTIVE and self._bucketed(t):
+                name = f"tfplace/allreduce_{t}/d{int(p.buf_device[b])}/t{int(p.buf_tensor[b])}:0"
             elif kind == TASK_COLLECTIVE:
                 name = f"tfplace/allreduce_{t}/d{int(p.buf_device[b])}:0"
             else:
@@ -385,17 +387,34 @@ class _Emitter:
         s_r = int(p.task_samples[src]) if p.task_kind[src] == TASK_COMPUTE else 0
         return s_r / consumer_samples if s_r > 0 else 1.0
 
+    def _bucketed(self, t: int) -> bool:
+        """Whether collective task t all-reduces a bucket of several gradients (tfplace.lowering.buckets)."""
+        p = self.p
+        outs = p.buf_tensor[p.out_ptr[t]:p.out_ptr[t + 1]]
+        return len(np.unique(outs)) > 1
+
     def collective(self, t: int) -> None:
         p = self.p
         parts = [int(x) for x in p.part_dev[p.part_ptr[t]:p.part_ptr[t + 1]]]
         dtype = self.g.tensor_dtype[p.task_tensor[t]]
-        by_dev = {int(p.buf_device[b]): int(b) for b in self.reads(t)}
         gkey = rn.group_key([self.dev[d] for d in parts])
         ikey = self.key_base + t
+        if not self._bucketed(t):
+            by_dev = {int(p.buf_device[b]): int(b) for b in self.reads(t)}
+            for d in parts:
+                name = f"tfplace/allreduce_{t}/d{d}"
+                self.add(*rn.all_reduce(name, self.dev[d], self.weighted(by_dev[d], d), len(parts), gkey, ikey,
+                                        dtype, self.gpu[d]))
+                self.task_node[(t, d)] = name
+            return
+        # a bucket: on every participant the same gradients in the same (tensor) order
+        by_dev_tensor = {(int(p.buf_device[b]), int(p.buf_tensor[b])): int(b) for b in self.reads(t)}
+        tensors = sorted({x for _, x in by_dev_tensor})
         for d in parts:
             name = f"tfplace/allreduce_{t}/d{d}"
-            self.add(*rn.all_reduce(name, self.dev[d], self.weighted(by_dev[d], d), len(parts), gkey, ikey, dtype,
-                                    self.gpu[d]))
+            srcs = [self.weighted(by_dev_tensor[(d, x)], d) for x in tensors]
+            self.add(*rn.bucket_all_reduce(name, self.dev[d], srcs, [f"t{x}" for x in tensors], len(parts), gkey,
+                                           ikey, dtype, self.gpu[d]))
             self.task_node[(t, d)] = name
 
     # ---- dependencies --------------------------------------------------------------------------

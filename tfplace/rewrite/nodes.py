@@ -105,6 +105,34 @@ def all_reduce(name: str, device: str, src: str, size: int, gkey: int, ikey: int
                  communication_hint="nccl" if nccl else "auto", Nordering_token=0)]
 
 
+def bucket_all_reduce(name: str, device: str, srcs: Sequence[str], out_names: Sequence[str], size: int, gkey: int,
+                      ikey: int, dtype_name: str, nccl: bool) -> List:
+    """One participant of a sum all-reduce of several tensors at once: each flattened, all
+    concatenated, one CollectiveReduceV2 (`name`), split back into pieces and reshaped to each
+    source's shape as `name/<out_names[i]>` (every participant lists the same tensors in the same
+    order). The pieces' sizes and shapes are read from the sources at run time."""
+    i32 = dtype_enum("int32")
+    T = dtype_enum(dtype_name)
+    out = [const(name + "/flat_shape", device, [-1], "int32")]
+    flat, sizes = [], []
+    for i, src in enumerate(srcs):
+        out += [node(f"{name}/flat_{i}", "Reshape", device, [src, name + "/flat_shape"], type_T=T, type_Tshape=i32),
+                node(f"{name}/size_{i}", "Size", device, [src], type_T=T, type_out_type=i32),
+                node(f"{name}/shape_{i}", "Shape", device, [src], type_T=T, type_out_type=i32)]
+        flat.append(f"{name}/flat_{i}")
+        sizes.append(f"{name}/size_{i}")
+    out += concat(name + "/packed", device, flat, 0, dtype_name)
+    out += all_reduce(name, device, name + "/packed", size, gkey, ikey, dtype_name, nccl)
+    out += [node(name + "/sizes", "Pack", device, sizes, N=len(sizes), type_T=i32, axis=0),
+            const(name + "/split_axis", device, 0, "int32"),
+            node(name + "/split", "SplitV", device, [name, name + "/sizes", name + "/split_axis"],
+                 num_split=len(srcs), type_T=T, type_Tlen=i32)]
+    for i, piece in enumerate(out_names):
+        out.append(node(f"{name}/{piece}", "Reshape", device, [f"{name}/split:{i}", f"{name}/shape_{i}"],
+                        type_T=T, type_Tshape=i32))
+    return out
+
+
 def read_variable(name: str, device: str, handle: str, dtype_name: str, control: Sequence[str] = ()):
     return node(name, "ReadVariableOp", device, [handle] + ["^" + c for c in control],
                 type_dtype=dtype_enum(dtype_name))
