@@ -1,18 +1,28 @@
 """Horovod data parallelism for real: the baselines `horovod_even` and `horovod_proportional`.
 
     result = run_horovod("graph_defs/zoo/tiny_mlp_b16_sgd.json", batch_per_rank=[10, 6],
-                         steps=10, warmup_steps=3, threads_per_rank=[(2, 1), (1, 1)])
+                         steps=10, warmup_steps=3, emulation_per_rank=[d.emulation for d in cluster.devices],
+                         source=cluster.source)
     result.report              # RunReport: step_times_s, device_names, oom (+ mean_s, std_s)
     result.mean_s, result.std_s, result.warmup_steps, result.steps, result.losses
+    result.rank_limits         # per rank: the affinity and CPU quota the rank found itself under
 
-Launches `horovodrun --gloo -np N -H localhost:N python -m tfplace.baselines.horovod_worker`
-on 127.0.0.1 (what each rank runs, and why the step equals the global-batch step, is in
-horovod_worker). The launcher runs in its own process group; leaving `run_horovod` by any route
-(success, error, timeout, Ctrl-C) terminates that group (SIGTERM, then SIGKILL), so no rank
-outlives the call.
+Runs N ranks of `python -m tfplace.baselines.horovod_worker` on this machine with Horovod's Gloo
+controller (what each rank runs, and why the step equals the global-batch step, is in
+horovod_worker). The ranks are started here, as `horovodrun --gloo -np N -H localhost:N` would
+start them (the same environment variables, Horovod's own rendezvous server), with one
+difference: horovodrun's rendezvous HTTP server binds every interface (0.0.0.0, no option to
+change it in Horovod 0.28), while here it binds 127.0.0.1; Gloo binds the loopback interface
+(HOROVOD_GLOO_IFACE, as horovodrun sets it for local hosts). So nothing of a run listens beyond
+loopback. Each rank runs in its own process group; leaving `run_horovod` by any route (success,
+error, a rank's failure, timeout, Ctrl-C) terminates every group (SIGTERM, then SIGKILL), so no
+rank outlives the call, and a failed rank stops the others at once.
 
-Heterogeneity on one machine is emulated with per-rank thread limits (TF intra-/inter-op
-threads), the same knob tfplace.runtime.local_cluster uses for its servers.
+Heterogeneity on one machine: rank i runs under `emulation_per_rank[i]` (a cluster file's
+device emulation: pinned cores, CPU quota; tfplace.emulation.tasks), applied before the rank's
+interpreter starts, exactly as the local TF server of that device is limited. The rank reads its
+limits back from the kernel, refuses to run when they differ from its config, and reports them.
+Without emulation, `threads_per_rank` (TF intra-/inter-op threads) is the cruder stand-in.
 
 Batches: `even_batches(B, n)` (remainder to the first ranks) and `proportional_batches(B,
 weights)` (tfplace.formats.strategy.proportional_shares, the DP-CP rounding rule).
@@ -31,17 +41,23 @@ import signal
 import subprocess
 import sys
 import tempfile
-from typing import Optional, Sequence, Tuple
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from tfplace.emulation.tasks import TaskLimits
+from tfplace.formats.cluster import Emulation
 from tfplace.formats.errors import InputError, TfplaceError
 from tfplace.formats.reports import RunReport
 from tfplace.formats.strategy import proportional_shares
 
 TERM_GRACE_S = 3.0
+POLL_S = 0.1
+LOOPBACK = "127.0.0.1"
 
 
 class HorovodError(TfplaceError, RuntimeError):
-    """horovodrun failed or timed out; the message holds the tail of its output."""
+    """A Horovod rank failed or the run timed out; the message holds the tail of the rank's log."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +71,7 @@ class HorovodResult:
     losses: Tuple[float, ...]
     rank_step_times_s: Tuple[Tuple[float, ...], ...]
     variables_path: str = ""
+    rank_limits: Tuple[Dict[str, Any], ...] = ()  # per rank: cpus, cgroup, quota_us, period_us
 
     @property
     def mean_s(self) -> float:
@@ -88,41 +105,61 @@ def proportional_batches(global_batch_size: int, weights: Sequence[float]) -> Tu
     return tuple(shares)
 
 
-def horovodrun_path() -> str:
-    """horovodrun next to this interpreter, else on PATH."""
-    here = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    found = here if os.path.exists(here) else shutil.which("horovodrun")
+def _terminate(procs: Sequence[subprocess.Popen]) -> None:
+    """SIGTERM every rank's process group, SIGKILL what is left after TERM_GRACE_S."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = [p for p in procs if p.poll() is None]
+        for p in alive:
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + TERM_GRACE_S
+        for p in alive:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _loopback_interface() -> str:
+    """The network interface that holds 127.0.0.1 (Gloo binds to an interface's address)."""
+    from horovod.runner.util.network import get_local_intfs
+    found = sorted(get_local_intfs())
     if not found:
-        raise InputError("environment", "horovodrun", "not found", "install horovod (scripts/setup_env.sh)")
-    return found
+        raise InputError("environment", "network", "no interface holds 127.0.0.1",
+                         "bring the loopback interface up (ip link set lo up)")
+    return found[0]
 
 
-def _terminate(proc: subprocess.Popen) -> None:
-    """SIGTERM the launcher's process group, SIGKILL it after TERM_GRACE_S."""
-    if proc.poll() is not None:
-        return
-    for sig, wait_s in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, TERM_GRACE_S)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+class _Rendezvous:
+    """Horovod's rendezvous HTTP server for n local ranks, bound to 127.0.0.1 only."""
+
+    def __init__(self, n: int):
+        from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+        self.slots = get_host_assignments(parse_hosts(f"localhost:{n}"), n)
+        self.server = RendezvousHTTPServer((LOOPBACK, 0), RendezvousHandler, 0)
+        self.server.init(self.slots)
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, name="tfplace-hvd-rendezvous",
+                                        daemon=True)
+        self._thread.start()
+
+    def rank_env(self, rank: int, iface: str) -> Dict[str, str]:
+        """What horovodrun --gloo sets for rank `rank`, with this server's loopback address."""
+        from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+        env = create_run_env_vars(LOOPBACK, [iface], self.port)
+        env.update(create_slot_env_vars(self.slots[rank]))
+        return {k: str(v) for k, v in env.items()}
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(TERM_GRACE_S)
 
 
-def run_horovod(bundle: str, batch_per_rank: Sequence[int], steps: int = 10, warmup_steps: int = 3,
-                threads_per_rank: Optional[Sequence[Tuple[int, int]]] = None, seed: int = 0,
-                timeout_s: float = 600.0, out_dir: Optional[str] = None, dump_variables: bool = False,
-                device_names: Optional[Sequence[str]] = None, sample_weighted: bool = True) -> HorovodResult:
-    """Runs the bundle's training step with Horovod on len(batch_per_rank) local ranks.
-
-    out_dir: where the config, log and rank results go (default: a temporary folder, removed
-    unless dump_variables). dump_variables: rank 0 writes variables.npz after the last step.
-    sample_weighted=False averages gradients unweighted (only for tests: wrong for uneven batches).
-    """
+def _check_args(bundle, batch_per_rank, steps, warmup_steps, threads_per_rank, emulation_per_rank, source):
     n = len(batch_per_rank)
     if n < 1 or any(int(b) < 1 for b in batch_per_rank):
         raise InputError("argument", "batch_per_rank", f"got {list(batch_per_rank)}", "give every rank >= 1 sample")
@@ -132,38 +169,84 @@ def run_horovod(bundle: str, batch_per_rank: Sequence[int], steps: int = 10, war
     if threads_per_rank is not None and len(threads_per_rank) != n:
         raise InputError("argument", "threads_per_rank", f"{len(threads_per_rank)} entries for {n} ranks",
                          "give one (intra, inter) pair per rank")
+    if emulation_per_rank is not None and len(emulation_per_rank) != n:
+        raise InputError(source, "devices", f"{len(emulation_per_rank)} devices' emulation for {n} ranks",
+                         "run one Horovod rank per device of the cluster")
     if not os.path.exists(bundle):
         raise InputError(bundle, "", "bundle not found", "give a bundle .json (graph_defs/zoo/...)")
+
+
+def run_horovod(bundle: str, batch_per_rank: Sequence[int], steps: int = 10, warmup_steps: int = 3,
+                threads_per_rank: Optional[Sequence[Tuple[int, int]]] = None, seed: int = 0,
+                timeout_s: float = 600.0, out_dir: Optional[str] = None, dump_variables: bool = False,
+                device_names: Optional[Sequence[str]] = None, sample_weighted: bool = True,
+                emulation_per_rank: Optional[Sequence[Optional[Emulation]]] = None,
+                source: str = "cluster") -> HorovodResult:
+    """Runs the bundle's training step with Horovod on len(batch_per_rank) local ranks.
+
+    out_dir: where the config, logs and rank results go (default: a temporary folder, removed
+    unless dump_variables). dump_variables: rank 0 writes variables.npz after the last step.
+    sample_weighted=False averages gradients unweighted (only for tests: wrong for uneven batches).
+    emulation_per_rank: rank i's pinned cores and CPU quota (a cluster file's device i); errors
+    about it name `source` (the cluster file) and are raised before any rank starts.
+    """
+    _check_args(bundle, batch_per_rank, steps, warmup_steps, threads_per_rank, emulation_per_rank, source)
+    n = len(batch_per_rank)
+    emulations = list(emulation_per_rank) if emulation_per_rank is not None else [None] * n
     own_dir = out_dir is None
     work = tempfile.mkdtemp(prefix="tfplace_hvd_") if own_dir else out_dir
     os.makedirs(work, exist_ok=True)
     config = {"bundle": os.path.abspath(bundle), "batch_per_rank": [int(b) for b in batch_per_rank],
               "steps": int(steps), "warmup_steps": int(warmup_steps), "seed": int(seed), "out_dir": work,
               "threads_per_rank": [list(t) for t in threads_per_rank] if threads_per_rank else None,
+              "emulation_per_rank": [None if e is None else e.to_json() for e in emulations],
               "dump_variables": bool(dump_variables), "sample_weighted": bool(sample_weighted)}
     cfg_path = os.path.join(work, "horovod_config.json")
     with open(cfg_path, "w", encoding="utf-8") as f:
         json.dump(config, f)
-    cmd = [horovodrun_path(), "--gloo", "-np", str(n), "-H", f"localhost:{n}",
-           sys.executable, "-m", "tfplace.baselines.horovod_worker", "--config", cfg_path]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
-    log_path = os.path.join(work, "horovodrun.log")
+    cmd = [sys.executable, "-m", "tfplace.baselines.horovod_worker", "--config", cfg_path]
     try:
-        with open(log_path, "w", encoding="utf-8") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            try:
-                rc = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                _terminate(proc)
-                raise HorovodError(f"horovodrun did not finish in {timeout_s:.0f} s\n{_tail(log_path)}") from None
-            finally:
-                _terminate(proc)
-        if rc != 0:
-            raise HorovodError(f"horovodrun exited with status {rc}\n{_tail(log_path)}")
+        with TaskLimits(emulations, source, name="hvd-rank") as limits:
+            _run_ranks(cmd, n, work, limits, timeout_s)
         return _collect(work, n, device_names, dump_variables)
     finally:
         if own_dir and not dump_variables:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_ranks(cmd: List[str], n: int, work: str, limits: TaskLimits, timeout_s: float) -> None:
+    """Starts the n ranks (each in its own process group, under its limits) and waits for all;
+    raises HorovodError on the first failed rank or at the timeout. Every rank is gone on return."""
+    iface = _loopback_interface()
+    base = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), PYTHONUNBUFFERED="1")
+    rendezvous = _Rendezvous(n)
+    procs: List[subprocess.Popen] = []
+    try:
+        for rank in range(n):
+            with open(_log_path(work, rank), "w", encoding="utf-8") as log:
+                procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                              env=dict(base, **rendezvous.rank_env(rank, iface)),
+                                              start_new_session=True, preexec_fn=limits.preexec(rank)))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = next((r for r, c in enumerate(codes) if c not in (None, 0)), None)
+            if failed is not None:
+                raise HorovodError(f"rank {failed} exited with status {codes[failed]}\n"
+                                   f"{_tail(_log_path(work, failed))}")
+            if all(c == 0 for c in codes):
+                return
+            if time.monotonic() > deadline:
+                raise HorovodError(f"the Horovod ranks did not finish in {timeout_s:.0f} s\n"
+                                   f"{_tail(_log_path(work, 0))}")
+            time.sleep(POLL_S)
+    finally:
+        _terminate(procs)
+        rendezvous.close()
+
+
+def _log_path(work: str, rank: int) -> str:
+    return os.path.join(work, f"rank_{rank}.log")
 
 
 def _tail(path: str, lines: int = 25) -> str:
@@ -177,7 +260,7 @@ def _collect(work: str, n: int, device_names, dump_variables: bool) -> HorovodRe
     for r in range(n):
         path = os.path.join(work, f"rank_{r}.json")
         if not os.path.exists(path):
-            raise HorovodError(f"rank {r} wrote no result\n{_tail(os.path.join(work, 'horovodrun.log'))}")
+            raise HorovodError(f"rank {r} wrote no result\n{_tail(_log_path(work, r))}")
         with open(path, encoding="utf-8") as f:
             ranks.append(json.load(f))
     r0 = ranks[0]
@@ -187,5 +270,6 @@ def _collect(work: str, n: int, device_names, dump_variables: bool) -> HorovodRe
     return HorovodResult(report=report, warmup_steps=r0["warmup_steps"], steps=r0["steps"],
                          batch_per_rank=tuple(r0["batch_per_rank"]), threads_per_rank=threads,
                          losses=tuple(r0["losses"]), rank_step_times_s=tuple(tuple(r["step_times_s"]) for r in ranks),
-                         variables_path=os.path.join(work, "variables.npz") if dump_variables else "")
+                         variables_path=os.path.join(work, "variables.npz") if dump_variables else "",
+                         rank_limits=tuple(r["limits"] for r in ranks))
 

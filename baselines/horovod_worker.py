@@ -1,5 +1,5 @@
-"""One Horovod rank of the data-parallel baseline (started by horovod_runner through
-`horovodrun --gloo`; `python -m tfplace.baselines.horovod_worker --config cfg.json`).
+"""One Horovod rank of the data-parallel baseline (started by horovod_runner with Horovod's Gloo
+controller; `python -m tfplace.baselines.horovod_worker --config cfg.json`).
 
 What runs is the model's original single-device training step, the exported bundle GraphDef,
 unchanged except for the gradient path (tf.compat.v1 graph mode):
@@ -25,9 +25,14 @@ Data: step i's global batch is drawn from numpy's default_rng(seed + i) (`global
 feeds rows [Σ_{q<r} n_q, Σ_{q<=r} n_q) of it. `reference_training` runs the unmodified graph on
 the whole global batch, for the equivalence test.
 
+Emulation: the runner starts rank r pinned and in its CPU quota (config["emulation_per_rank"][r],
+a cluster file's device emulation). Before TensorFlow starts, the rank reads its affinity and
+its cgroup's quota back from the kernel and exits with a message when they are not the config's.
+
 Output (in config["out_dir"]): rank_<r>.json with step_times_s (wall time of each timed
-sess.run of the train op), losses, the batch sizes and thread limits; with dump_variables, rank 0
-also writes variables.npz (every variable after the last step).
+sess.run of the train op), losses, the batch sizes, thread limits and the limits the kernel
+applies to the rank (cpus, cgroup, quota_us, period_us); with dump_variables, rank 0 also
+writes variables.npz (every variable after the last step).
 """
 
 from __future__ import annotations
@@ -166,7 +171,27 @@ def _broadcast_op(graph, handles, hvd):
         return tf.group(*ops)
 
 
+def check_limits(expected, rank: int) -> dict:
+    """The affinity and CPU quota this process runs under (tfplace.emulation.tasks.process_limits),
+    as a dict; exits when they differ from `expected` (a device's emulation JSON, or None)."""
+    import dataclasses
+    from tfplace.emulation.tasks import process_limits
+    limits = process_limits(os.getpid())
+    if expected:
+        cpus = expected.get("cpus")
+        if cpus is not None and tuple(sorted(cpus)) != limits.cpus:
+            raise SystemExit(f"horovod baseline: rank {rank} runs on cores {list(limits.cpus)}, not {cpus}")
+        fraction = expected.get("cpu_fraction")
+        if fraction is not None and (limits.cpu_fraction is None or abs(limits.cpu_fraction - fraction) > 1e-6):
+            raise SystemExit(f"horovod baseline: rank {rank} runs under CPU share {limits.cpu_fraction} "
+                             f"({limits.cgroup}), not {fraction}")
+    return dataclasses.asdict(limits)
+
+
 def run_rank(config: dict) -> None:
+    emulation = config.get("emulation_per_rank")
+    rank_env = int(os.environ.get("HOROVOD_RANK", "0"))
+    limits = check_limits(emulation[rank_env] if emulation else None, rank_env)  # before TensorFlow starts
     import horovod.tensorflow as hvd
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
@@ -208,7 +233,8 @@ def run_rank(config: dict) -> None:
     if variables is not None:
         np.savez(os.path.join(out_dir, "variables.npz"), **{k.replace("/", "__"): v for k, v in variables.items()})
     result = {"rank": rank, "size": size, "batch_per_rank": batches, "warmup_steps": warmup, "steps": steps,
-              "step_times_s": times, "losses": losses, "threads": threads[rank] if threads else None}
+              "step_times_s": times, "losses": losses, "threads": threads[rank] if threads else None,
+              "limits": limits}
     with open(os.path.join(out_dir, f"rank_{rank}.json"), "w", encoding="utf-8") as f:
         json.dump(result, f)
 

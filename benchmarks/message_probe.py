@@ -2,10 +2,11 @@
 
     .venv/bin/python benchmarks/message_probe.py [--hetero] [--hops 12] [--steps 20] [--repeats 2]
 
-What fidelity_bench's overheads do not cover. They time one chain of 16-byte hops between one
-pair of tasks; a model's step sends tensors of any size, and a strategy with uneven shares per
-group sends many at once between all three tasks. Prints, per hop (the wall of a chain of
---hops dependent hops between two tasks, less the same chain kept on one task, over --hops):
+What the runtime overheads (tfplace.profiling.overheads_probe) do not cover. They time one
+chain of 16-byte hops between one pair of tasks; a model's step sends tensors of any size, and a
+strategy with uneven shares per group sends many at once between all three tasks. Prints, per
+hop (the wall of a chain of --hops dependent hops between two tasks, less the same chain kept on
+one task, over --hops):
   * sizes 16 B ... 1 MiB between tasks 1-2 and 0-1, next to the link the simulator charges
     (Cluster.transfer_seconds of the cluster file; the simulator adds each message's CPU on
     the lanes, which the hop's wall holds);
@@ -20,6 +21,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+from tfplace.profiling.overheads_probe import hop_chain, median_call_seconds
 
 import fidelity_bench as fb
 
@@ -39,10 +42,10 @@ def hop_seconds(lc, chains, nbytes: int, hops: int, steps: int) -> float:
     def wall(cross: bool) -> float:
         g = tf.Graph()
         with g.as_default():
-            fetch = tf.group(*[fb.hop_chain(lc.device_names, a, b, hops, cross, max(nbytes // 4, 1), j + 1)[:1]
+            fetch = tf.group(*[hop_chain(lc.device_names, a, b, hops, cross, max(nbytes // 4, 1), j + 1)[:1]
                                for j, (a, b) in enumerate(chains)])
         with lc.session(graph=g, config=step_session_config(None, lc)) as sess:
-            return fb.median_call_seconds(lambda: lc.run(sess, fetch), steps, warmup=3)
+            return median_call_seconds(lambda: lc.run(sess, fetch), steps, warmup=3)
     return (wall(True) - wall(False)) / hops
 
 

@@ -6,8 +6,8 @@
 --model takes a zoo model at fidelity_bench's sizes (exported on first use); --bundle any bundle.
 Each process is fresh: it pins itself to one CPU, imports the bundle's graph into a plain
 `tf.compat.v1.Session` (1 intra-op and 1 inter-op thread, Grappler off, as the profiler and the
-servers run), warms up as the bench does (fidelity_bench.warm_up: 3 steps and at least
-WARMUP_S) at the bundle's reference batch and times --steps more. The
+servers run), warms up as the bench does (tfplace.profiling.overheads_probe.warm_up: 3 steps and
+at least WARMUP_S) at the bundle's reference batch and times --steps more. The
 processes run one after another, so nothing else of ours shares the CPU. Printed: each process's
 median and fastest step, and the spread of the medians (max / min). fidelity_bench's profiles
 come from three profiler processes and its real steps from three server processes; a spread of
@@ -28,6 +28,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from tfplace.profiling.overheads_probe import pin_this_process, warm_up
 
 import fidelity_bench as fb
 
@@ -56,7 +58,7 @@ def time_step(bundle: str, steps: int, seed: int = 0):
     times, faults = [], []
     with tf.compat.v1.Session(graph=g, config=config) as sess:
         sess.run(graph.meta.get("init_op") or "init")
-        fb.warm_up(lambda: sess.run(sink, feed), WARMUP_STEPS)
+        warm_up(lambda: sess.run(sink, feed), WARMUP_STEPS)
         for _ in range(steps):
             f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
@@ -89,7 +91,7 @@ def main(argv=None) -> int:
         if args.allocator == "steady":
             from tfplace.emulation.allocator import steady_allocator
             steady_allocator()
-        fb.pin_this_process({args.cpu})
+        pin_this_process({args.cpu})
         times, faults = time_step(bundle, args.steps)
         print(json.dumps({"median_s": statistics.median(times), "min_s": min(times),
                           "faults_per_step": statistics.median(faults)}))

@@ -3,18 +3,19 @@
     .venv/bin/python benchmarks/task_cpu_probe.py [--hetero] [--models tiny_cnn,tiny_transformer]
         [--record RECORD.json --strategies tiny_cnn:dp_even_allreduce] [--steps 100] [--repeats 2]
 
-fidelity_bench's overheads give the servers' CPU summed over the tasks, and its table each task's
-CPU per step of a whole strategy. This probe splits the runtime's work by task, so that the
-simulator's per-device CPU demand (tfplace.overheads.cpu_demand) can be checked term by term. Per pass it
-prints, for each item, the wall per unit and each task's CPU per unit (the scheduler's counters,
-fidelity_bench.task_cpu_seconds), each the difference of two steps that differ only in it
-(fidelity_bench.step_costs):
+The runtime overheads (tfplace.profiling.overheads_probe) give the servers' CPU summed over the
+tasks, and fidelity_bench's table each task's CPU per step of a whole strategy. This probe splits
+the runtime's work by task, so that the simulator's per-device CPU demand
+(tfplace.overheads.cpu_demand) can be checked term by term. Per pass it prints, for each item,
+the wall per unit and each task's CPU per unit (the scheduler's counters,
+overheads_probe.task_cpu_seconds), each the difference of two steps that differ only in it
+(overheads_probe.step_costs):
   * further tasks: a step with a tiny op on tasks 1 and 2 as well, beyond a one-task step (each
     further task's column: its RunGraph; task 0's: what the master spends on both);
   * an all-reduce: a chain of 12 across all three tasks (and across tasks 0-1) at 16 bytes and
-    64 KiB, beyond the same chain of Identity ops (fidelity_bench.collective_chain);
+    64 KiB, beyond the same chain of Identity ops (overheads_probe.collective_chain);
   * a message: a chain of 24 dependent 16-byte hops between tasks 1-2 and 0-1, beyond the same
-    chain on one task (fidelity_bench.hop_chain);
+    chain on one task (overheads_probe.hop_chain);
   * an op: a chain of 1000 dependent adds of 4 floats on each task, beyond none.
 With --record and --strategies, each named strategy of a fidelity_bench --record file, its step
 as it is and with every all-reduce an Identity (without_collectives): the difference is what its
@@ -34,6 +35,8 @@ import time
 
 import numpy as np
 
+from tfplace.profiling import overheads_probe as probe
+
 import fidelity_bench as fb
 
 COLLECTIVE_SIZES_BYTES = (16, 64 << 10)
@@ -47,7 +50,7 @@ def per_unit(lc, build, units: int, steps: int) -> tuple:
     wall = []
     cpu = []
     for present in (True, False):
-        w, c = fb.step_costs(lc, build(present), wall_steps=steps, cpu_steps=steps)
+        w, c = probe.step_costs(lc, build(present), wall_steps=steps, cpu_steps=steps)
         wall.append(w)
         cpu.append(c)
     return (wall[0] - wall[1]) / units, (cpu[0] - cpu[1]) / units
@@ -55,13 +58,13 @@ def per_unit(lc, build, units: int, steps: int) -> tuple:
 
 def further_tasks(devs):
     def build(present: bool):
-        return fb.every_task(devs) if present else (lambda x0: [x0])
+        return probe.every_task(devs) if present else (lambda x0: [x0])
     return build
 
 
 def op_chain(devs, task: int):
     def build(present: bool):
-        return fb.add_chain(devs, CHAIN_OPS if present else 0, task)
+        return probe.add_chain(devs, CHAIN_OPS if present else 0, task)
     return build
 
 
@@ -74,11 +77,12 @@ def runtime_rows(lc, steps: int) -> list:
             key = 5000 + 200 * group  # collective_chain adds a term per value size
 
             def build(present, group=group, nbytes=nbytes, key=key):
-                return fb.collective_chain(devs, CHAIN_COLLECTIVES, group, present, nbytes // 4, key_base=key)
-            rows.append((f"all-reduce, tasks 0-{group - 1}, {nbytes} B", *per_unit(lc, build, CHAIN_COLLECTIVES, steps)))
+                return probe.collective_chain(devs, CHAIN_COLLECTIVES, group, present, nbytes // 4, key_base=key)
+            rows.append((f"all-reduce, tasks 0-{group - 1}, {nbytes} B",
+                         *per_unit(lc, build, CHAIN_COLLECTIVES, steps)))
     for a, b in ((1, 2), (0, 1)):
         def build(present, a=a, b=b):
-            return lambda x0: [x0, fb.hop_chain(devs, a, b, CHAIN_HOPS, present)]
+            return lambda x0: [x0, probe.hop_chain(devs, a, b, CHAIN_HOPS, present)]
         rows.append((f"message, tasks {a}-{b}, 16 B", *per_unit(lc, build, CHAIN_HOPS, steps)))
     for task in range(len(devs)):
         rows.append((f"op on task {task}", *per_unit(lc, op_chain(devs, task), CHAIN_OPS, steps)))
@@ -106,10 +110,10 @@ def rewritten_step_costs(lc, step, batch: int, steps: int) -> tuple:
     from tfplace.runtime.step_runner import StepRunner, random_feed
     with initialized(StepRunner(lc, step, timeout_s=120)) as runner:
         feed = random_feed(step.inputs, batch, 0)
-        fb.warm_up(lambda: runner.run_steps(1, feed), 5)
-        c0 = fb.task_cpu_seconds(lc.pids)
+        probe.warm_up(lambda: runner.run_steps(1, feed), 5)
+        c0 = probe.task_cpu_seconds(lc.pids)
         times = runner.run_steps(steps, feed)
-        cpu = (fb.task_cpu_seconds(lc.pids) - c0) / steps
+        cpu = (probe.task_cpu_seconds(lc.pids) - c0) / steps
     return float(np.median(times)), cpu
 
 
@@ -158,8 +162,8 @@ def recorded_rows(lc, cluster, record_path: str, pairs, steps: int) -> list:
         if name not in by_name:
             raise SystemExit(f"{record_path}: models.{model} has no strategy {name!r} (has {sorted(by_name)})")
         graph = load_op_graph(os.path.join(fb.ROOT, entry["bundle"]))
-        profile = fb.with_overheads(profile_from_reader(FieldReader(entry["profile"], record_path, "profile")),
-                                    entry.get("overheads"))
+        # the overheads only feed the simulator: the grouping and the rewrite need the profile alone
+        profile = profile_from_reader(FieldReader(entry["profile"], record_path, "profile"))
         batch = int(graph.reference_batch_size)
         grouping = make_problem(graph, cluster, profile, max_groups=fb.MAX_GROUPS, global_batch_size=batch).grouping
         strategy = strategy_from_reader(FieldReader(by_name[name]["strategy"], record_path, "strategy"))

@@ -75,3 +75,82 @@ def test_activate_baselines_are_the_registry_strategies(name):
     problem = make_problem(graph, cluster, profile, max_groups=BASELINE_MAX_GROUPS, global_batch_size=16)
     assert strategy.to_json() == registry.generate(name, problem).to_json()
     assert grouping.group_names == problem.grouping.group_names
+
+
+def _config(tmp_path, cluster, graphs=None, baselines=("single",)):
+    return _write(tmp_path / "activate_config.txt", {
+        "format": "tfplace.activate_config", "cluster": cluster, "baselines": list(baselines),
+        "graphs": graphs or [{"model": "tiny_mlp", "batch_size": 16}], "steps": 1, "warmup_steps": 0,
+        "output_dir": str(tmp_path / "out")})
+
+
+def test_a_cluster_on_other_hosts_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
+    from tfplace.cli import activate, common
+    from tfplace.runtime import local_cluster
+    monkeypatch.setattr(local_cluster.subprocess, "Popen", lambda *a, **k: pytest.fail("a server was started"))
+    with open(os.path.join(ROOT, "clusters", "local_cpu.json")) as f:
+        remote = json.load(f)
+    remote["hosts"][0]["address"] = "gpu-node-3.example.org"
+    cluster = _write(tmp_path / "remote_cluster.json", remote)
+    status = common.call(activate, [_config(tmp_path, cluster)])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert "remote_cluster.json" in err and "hosts[0].address" in err and "start the TF servers on those hosts" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_quota_that_cannot_be_applied_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
+    from tfplace.cli import activate, common
+    from tfplace.emulation import cpu_quota
+    from tfplace.runtime import local_cluster
+    monkeypatch.setattr(local_cluster.subprocess, "Popen", lambda *a, **k: pytest.fail("a server was started"))
+    monkeypatch.setattr(cpu_quota, "available", lambda: False)
+    status = common.call(activate, [_config(tmp_path, os.path.join(ROOT, "clusters", "local_cpu_hetero.json"))])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "local_cpu_hetero.json" in err and "devices[1].emulation.cpu_fraction" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_graph_entry_sizes_reach_the_bundle(tmp_path, monkeypatch):
+    # "image_size": 16 of a tiny_cnn entry is the exported bundle's size (it once ran the default)
+    from tfplace.cli import activate
+    from tfplace.formats.config import load_activate_config
+    from tfplace.graph_defs import bundle, export
+    from tfplace.graph_defs.export import resolve_options
+    real = export.ensure_bundle
+    monkeypatch.setattr(export, "ensure_bundle", lambda model, **opts: real(model, out_dir=str(tmp_path), **opts))
+    config = load_activate_config(_config(tmp_path, os.path.join(ROOT, "clusters", "local_cpu.json"), graphs=[
+        {"model": "tiny_cnn", "batch_size": 8, "image_size": 12},
+        {"model": "tiny_transformer", "batch_size": 8, "seq_len": 6, "num_layers": 1}]), check_model=resolve_options)
+    jobs = activate._jobs(config, {})
+    paths = [j["graph"] for j in jobs]
+    assert [os.path.basename(p) for p in paths] == ["tiny_cnn_b8_s12_sgd.json", "tiny_transformer_b8_t6_n1_sgd.json"]
+    metas = [bundle.read_meta(p) for p in paths]
+    assert metas[0]["image_size"] == 12 and (metas[1]["seq_len"], metas[1]["num_layers"]) == (6, 1)
+    assert all(os.path.dirname(p) == str(tmp_path) for p in paths)
+
+
+@pytest.mark.parametrize("graph, field", [
+    ({"model": "tiny_mlp", "batch_size": 16, "image_size": 32}, "graphs[0].image_size"),
+    ({"model": "tiny_cnn", "batch_size": 16, "seq_len": 8}, "graphs[0].seq_len"),
+])
+def test_an_option_the_model_does_not_take_is_an_error_naming_it(tmp_path, capsys, graph, field):
+    from tfplace.cli import activate, common
+    status = common.call(activate, [_config(tmp_path, os.path.join(ROOT, "clusters", "local_cpu.json"), [graph])])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and field in err and "does not apply" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_quota_kinds_get_the_cpu_profile_over_their_share():
+    from tfplace.cli.activate import _profile, _speed_weights
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.ir.loader import load_op_graph
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu_hetero.json"))
+    graph = load_op_graph(os.path.join(ROOT, "graph_defs", "zoo", "tiny_mlp_b16_sgd.json"))
+    profile = _profile(graph, cluster)
+    for op in graph.names:
+        if profile.has(op, "CPU"):
+            assert profile.seconds(op, "CPU_half", 8) == pytest.approx(2 * profile.seconds(op, "CPU", 8))
+    w = _speed_weights(cluster)
+    assert w[1] == w[2] == pytest.approx(w[0] / 2)

@@ -88,18 +88,34 @@ def test_missing_input_file_exits_2_naming_it(name, tmp_path):
     assert len(errors) == 1 and str(tmp_path / "missing.json") in errors[0], result.stderr
 
 
+# commands whose output is a folder: made with its missing parents (runs/<config> on a fresh
+# checkout), so only a file in the way stops them
+FOLDER_OUTPUTS = {"train", "compare", "export", "activate"}
+
+
 @pytest.mark.parametrize("name", sorted(n for n, c in COMMANDS.items() if c[3] is not None))
-def test_output_in_a_missing_folder_exits_2_before_any_work(name, tmp_path):
+def test_output_that_cannot_be_written_exits_2_before_any_work(name, tmp_path):
     nodir = tmp_path / "no_such_folder"
     with open(tmp_path / "bad_out.txt", "w") as f:  # activate's output_dir comes from its config
         json.dump({"format": "tfplace.activate_config", "cluster": CLUSTER, "baselines": ["single"],
                    "graphs": [{"model": "tiny_mlp", "batch_size": 16}], "output_dir": str(nodir / "run")}, f)
+    if name in FOLDER_OUTPUTS:
+        nodir.write_text("a file where the output folder's parent should be")
     result = _run(COMMANDS[name][0], COMMANDS[name][3], tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     errors = _error_lines(result.stderr)
     assert len(errors) == 1 and str(nodir) in errors[0], result.stderr
-    assert not nodir.exists() and sorted(os.listdir(tmp_path)) == ["bad_out.txt"]
+    left = ["bad_out.txt"] + (["no_such_folder"] if name in FOLDER_OUTPUTS else [])
+    assert sorted(os.listdir(tmp_path)) == left and (name not in FOLDER_OUTPUTS or nodir.is_file())
+
+
+def test_an_output_folder_is_made_with_its_missing_parents(tmp_path):
+    from tfplace.cli.common import check_output_dir, output_problem
+    deep = tmp_path / "runs" / "a" / "b"
+    assert output_problem(str(deep), folder=True) is None
+    check_output_dir(str(deep), "config.json", "output_dir")
+    assert output_problem(str(deep / "x.json")) is not None  # a file still needs its folder
 
 
 def test_activate_without_a_config_prints_usage_and_exits_2(tmp_path):

@@ -1,6 +1,8 @@
 """benchmarks/fidelity_bench.py --replay: recorded runs re-simulated with the current simulator
 (no cluster, no TensorFlow session): the same strategies, profile and overheads give the same
-simulated times, and the error is taken against the recorded real steps."""
+simulated times, and the error is taken against the recorded real steps. Also the bench's own
+helpers (benchmarks/fidelity/): rounds, reports, conditions; the micro-benchmarks behind the
+runtime overheads are tested in tests/test_overheads_probe.py."""
 
 import json
 import os
@@ -14,6 +16,7 @@ from tfplace.formats.strategy import even_strategy
 from tfplace.testing import uniform_profile
 
 import fidelity_bench as fb
+from fidelity import cluster_setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -130,55 +133,6 @@ def test_conditions_table_shows_each_ends_message_share_where_a_record_has_it():
     assert "| CPU-CPU_half 90; CPU-CPU_half: CPU 44%, CPU_half 56% |" in new
 
 
-def _overheads_pass(share_cpu, message_s, raw=False):
-    out = {"step_s": 3e-4, "message_cpu_s": {"CPU|CPU_half": message_s},
-           "message_cpu_share": {"CPU|CPU_half": {"CPU": share_cpu, "CPU_half": 1.0 - share_cpu}}, "how": "test"}
-    if raw:
-        out["raw"] = {"first": True}
-    return out
-
-
-@pytest.mark.parametrize("shares, expected_cpu", [
-    ([0.42], 0.42),                    # one pass: as measured
-    ([0.40, 0.47, 0.44], 0.44),        # the median end, the other end its complement
-    ([0.40, 0.50], 0.45),              # an even count: both ends' medians still add up to 1
-])
-def test_median_overheads_takes_each_ends_median_message_share(shares, expected_cpu):
-    runs = [_overheads_pass(s, 1e-4 * (i + 1), raw=not i) for i, s in enumerate(shares)]
-    out = fb.median_overheads(runs)
-    ends = out["message_cpu_share"]["CPU|CPU_half"]
-    assert ends["CPU"] == pytest.approx(expected_cpu) and ends["CPU"] + ends["CPU_half"] == pytest.approx(1.0)
-    assert out["message_cpu_s"]["CPU|CPU_half"] == pytest.approx(1e-4 * (len(shares) + 1) / 2)
-    assert out["raw"]["first"] and len(out["raw"]["passes"]) == len(shares)
-
-
-@pytest.mark.parametrize("steps, min_s, call_s", [
-    (2, 0.0, 0.0),            # no time floor: the count
-    (2, 0.05, 0.01),          # the time floor decides
-    (8, 0.01, 0.005),         # the count decides
-])
-def test_warm_up_runs_the_count_and_the_time(steps, min_s, call_s):
-    import time
-    starts = []
-    t0 = time.perf_counter()
-    fb.warm_up(lambda: (starts.append(time.perf_counter()), time.sleep(call_s)), steps, min_s)
-    assert len(starts) >= steps and time.perf_counter() - t0 >= min_s
-    # and it stopped once both held: the last call was needed for the count or for the time
-    assert len(starts) == steps or starts[-1] - t0 < min_s
-
-
-@pytest.mark.parametrize("wall_us, cpu_us, link_us, latency_us, expected_us", [
-    (150, 60, 72, 71.5, 18),        # the hop takes more than its CPU and the link: the rest
-    (94, 88, 72, 71.5, -64.35),     # CPU and link more than the wall: cut, at most 0.9 latency
-    (130, 50, 72, 71.5, 8),
-    (94, 88, 46, 45.0, -40),        # with a 45 us link the same hop would keep 40 us off
-])
-def test_transfer_is_the_hop_beyond_its_cpu_and_the_simulated_link(wall_us, cpu_us, link_us, latency_us,
-                                                                   expected_us):
-    got = fb.transfer_beyond(wall_us * 1e-6, cpu_us * 1e-6, link_us * 1e-6, latency_us * 1e-6)
-    assert got == pytest.approx(expected_us * 1e-6)
-
-
 @pytest.mark.parametrize("cpu_ms, fractions, bound_ms", [
     ((2.0, 7.0, 6.0), (None, 0.5, 0.5), 14.0),   # a task at half a core needs twice its CPU in wall time
     ((6.0, 2.0, 2.5), (None, 0.5, 0.5), 6.0),    # the unlimited task is the bound
@@ -190,22 +144,11 @@ def test_cpu_bound_is_the_busiest_task_under_its_quota(cpu_ms, fractions, bound_
     assert got == pytest.approx(bound_ms * 1e-3)
 
 
-def test_task_cpu_seconds_counts_this_process_work():
-    import time
-    before = fb.task_cpu_seconds([os.getpid()])
-    t0 = time.process_time()
-    while time.process_time() - t0 < 0.1:
-        pass
-    used = fb.task_cpu_seconds([os.getpid()]) - before
-    assert used.shape == (1,) and 0.05 <= used[0] <= 1.0
-    assert fb.ms_list([0.0012, 0.0034]) == "1.20/3.40"
-
-
 @pytest.mark.parametrize("hetero, inter_threads", [(False, 1), (False, 2), (True, 1), (True, 2)])
 def test_cluster_setup_gives_every_task_the_inter_op_threads_asked_for(monkeypatch, hetero, inter_threads):
     # --inter-threads: a TF server runs its RPC handlers on its inter-op pool, so the count changes
     # when a busy task serves tensors; the heterogeneous setup keeps its pinning and quotas
-    monkeypatch.setattr(fb, "pin_this_process", lambda cpus: None)  # this test process stays as it is
+    monkeypatch.setattr(cluster_setup, "pin_this_process", lambda cpus: None)  # this test process stays as it is
     cluster, kwargs = fb.local_cluster_setup(hetero, inter_threads)
     assert kwargs["inter_threads_per_task"] == [inter_threads] * 3
     assert kwargs["threads_per_task"] == [1, 1, 1]
@@ -213,22 +156,15 @@ def test_cluster_setup_gives_every_task_the_inter_op_threads_asked_for(monkeypat
     assert kwargs.get("cpu_fraction_per_task") == (fb.HETERO["fractions"] if hetero else None)
 
 
+def test_ms_list_writes_milliseconds():
+    assert fb.ms_list([0.0012, 0.0034]) == "1.20/3.40"
+    assert fb.ms_list([]) == ""
+
+
 def test_inter_threads_below_one_is_refused_before_anything_runs(capsys):
     with pytest.raises(SystemExit):
         fb.main(["--inter-threads", "0"])
     assert "--inter-threads must be >= 1" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("per_task, expected", [
-    ([1, 1, 1], 1),
-    ([2, 2, 2], 2),
-    ([4, 2, 3], 2),                     # the fewest: the task whose handlers wait longest
-    ([None, 0, 3], min(os.cpu_count() or 1, 3)),  # None / 0: TF's default, one per core
-])
-def test_overheads_record_the_fewest_inter_op_threads_of_any_task(per_task, expected):
-    # model_conditions writes it as runtime_overheads.inter_op_threads: with 2 or more the
-    # simulator runs a message's CPU beside the lanes instead of on them
-    assert fb.handler_threads(per_task) == expected
 
 
 @pytest.mark.parametrize("passes, medians", [
@@ -258,63 +194,20 @@ def test_profile_repeats_cover_the_profile_repeats_over_the_passes(passes, repea
     assert passes * repeats >= fb.PROFILE_REPEATS
 
 
-@pytest.mark.parametrize("messages, tries, outcome", [
-    ([], 3, "ok"),  # no abort: one call
-    (["The same RunGraph (Worker) request was received twice. graph_handle: 1"], 3, "ok"),  # sent again once
-    (["... request was received twice ..."] * 2, 3, "ok"),
-    (["... request was received twice ..."] * 3, 3, "raised"),  # the last try's abort propagates
-    (["Graph handle is not found"], 3, "raised"),  # another abort is not a resend
+@pytest.mark.parametrize("flags, setup", [
+    ([], "(clusters/local_cpu.json), 1 intra-op + 1 inter-op thread(s) each, homogeneous, unpinned"),
+    (["--hetero", "--inter-threads", "2"], "(clusters/local_cpu_hetero.json), 1 intra-op + 2 inter-op thread(s)"),
 ])
-def test_a_micro_benchmark_step_is_run_again_only_when_its_request_came_twice(messages, tries, outcome):
-    tf = pytest.importorskip("tensorflow")
-    pending = list(messages)
-    calls = []
-
-    def step():
-        calls.append(1)
-        if pending:
-            raise tf.errors.AbortedError(None, None, pending.pop(0))
-        return "done"
-    if outcome == "ok":
-        assert fb.run_resent(step, tries) == "done" and len(calls) == len(messages) + 1
-    else:
-        with pytest.raises(tf.errors.AbortedError):
-            fb.run_resent(step, tries)
-        assert len(calls) == min(len(messages), tries)
-
-
-@pytest.mark.parametrize("kinds, per_task_ms, mean_ms, by_kind_ms", [
-    # the hetero cluster's 3-task group: task 0 unthrottled, tasks 1 and 2 under the quota
-    (["CPU", "CPU_half", "CPU_half"], [[0.2, 0.3, 0.4], [2.0, 2.2, 2.4]], [0.3, 2.2],
-     {"CPU": [0.2, 2.0], "CPU_half": [0.35, 2.3]}),
-    (["CPU", "CPU_half"], [[0.2, 0.4], [1.0, 3.0]], [0.3, 2.0], {"CPU": [0.2, 1.0], "CPU_half": [0.4, 3.0]}),
-    (["CPU", "CPU"], [[0.2, 0.4], [1.0, 3.0]], [0.3, 2.0], {"CPU": [0.3, 2.0]}),
-])
-def test_participant_curves_give_the_mean_and_each_kinds_mean(kinds, per_task_ms, mean_ms, by_kind_ms, monkeypatch):
-    monkeypatch.setattr(fb, "COLLECTIVE_CPU_BYTES", (16, 1 << 20))
-    curve = fb.participant_curves([[v * 1e-3 for v in row] for row in per_task_ms], kinds)
-    assert curve["bytes"] == [16, 1 << 20]
-    assert curve["seconds"] == pytest.approx([v * 1e-3 for v in mean_ms], rel=1e-12)
-    assert sorted(curve["seconds_by_kind"]) == sorted(by_kind_ms)
-    for kind, want in by_kind_ms.items():
-        assert curve["seconds_by_kind"][kind] == pytest.approx([v * 1e-3 for v in want], rel=1e-12)
-
-
-def test_the_collective_cpu_curve_gives_every_size_instance_keys_of_its_own():
-    """A collective instance key names one shape for the servers' lifetime: two sizes of the curve
-    that shared a key would abort the bench ("Shape mismatch in the collective instance")."""
-    import tensorflow as tf
-    devs = [f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in range(3)]
-    keys_by_size = {}
-    for nbytes in fb.COLLECTIVE_CPU_BYTES:
-        g = tf.Graph()
-        with g.as_default():
-            x0 = tf.constant(0.0)
-            fb.collective_chain(devs, fb.CURVE_CHAIN, 3, True, nbytes // 4, key_base=fb.CURVE_KEY_BASE)(x0)
-        keys_by_size[nbytes] = {int(tf.get_static_value(n.inputs[3])) for n in g.get_operations()
-                                if n.type == "CollectiveReduceV2"}  # inputs: input, group size, group key, instance key
-        assert len(keys_by_size[nbytes]) == fb.CURVE_CHAIN
-    sizes = list(keys_by_size)
-    for i, a in enumerate(sizes):
-        for b in sizes[i + 1:]:
-            assert not keys_by_size[a] & keys_by_size[b], (a, b)
+def test_the_page_has_the_command_the_setup_the_summary_and_every_row(flags, setup):
+    args = fb.parser().parse_args(flags)
+    # real 10 / 4 ms, sim 11 / 4 ms: errors 10% and 0%, median 5%, worst 10%; fastest 8 / 4 ms
+    rows = [("a", 0.010, 0.011, 0.008, [0.010], [0.002, 0.001, 0.001], [0.009, 0.0, 0.0], 0.002),
+            ("b", 0.004, 0.004, 0.004, [0.004], [0.001, 0.001, 0.001], [0.003, 0.0, 0.0], 0.001)]
+    page = fb.markdown(args, flags, {"m": rows}, {"m": (fb.cluster_comm(), None)}, 12.0)
+    assert page.startswith("# Simulator fidelity on the local CPU cluster\n")
+    assert f"Command: `.venv/bin/python benchmarks/fidelity_bench.py {' '.join(flags)}`" in page
+    assert setup in page and "(12 s)" in page
+    summary_row = [line for line in page.splitlines() if line.startswith("| m | 2 |")]
+    assert len(summary_row) == 1 and summary_row[0].startswith("| m | 2 | 5.0% | 10.0% | 1.00 | 0.0% |")
+    assert summary_row[0].endswith("| 37.5% | 1.00 |")  # against the fastest: 37.5% and 0%
+    assert "| m | a | 10.00 | 8.00 | 11.00 | 1.10 | 1.38 | 2.00/1.00/1.00 | 2.00 | 9.00/0.00/0.00 |" in page

@@ -15,6 +15,7 @@ from tfplace.formats.errors import InputError
 from tfplace.formats.profile import interpolate_seconds, load_profile, save_profile
 from tfplace.formats.strategy import (even_strategy, load_strategy, proportional_shares, proportional_strategy,
                               save_strategy, validate_strategy)
+from tfplace.overheads.model import load_overheads, save_overheads
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_FILES = sorted(glob.glob(os.path.join(REPO, "clusters", "*.json"))
@@ -23,7 +24,7 @@ DATA_FILES = sorted(glob.glob(os.path.join(REPO, "clusters", "*.json"))
                     + glob.glob(os.path.join(REPO, "configs", "*.json")))
 LOADERS = {"tfplace.cluster": load_cluster, "tfplace.strategy": load_strategy,
            "tfplace.profile": load_profile, "tfplace.train_config": load_train_config,
-           "tfplace.activate_config": load_activate_config}
+           "tfplace.activate_config": load_activate_config, "tfplace.runtime_overheads": load_overheads}
 
 
 def _format_of(path):
@@ -96,6 +97,14 @@ def test_profile_round_trip(tmp_path):
     assert again.to_json() == original.to_json()
     assert again.ops == original.ops and again.comm == original.comm
     assert again.run_order == original.run_order and len(original.run_order) == 3
+
+
+def test_overheads_round_trip(tmp_path):
+    original = load_overheads(os.path.join(REPO, "examples", "formats", "overheads.json"))
+    save_overheads(original, tmp_path / "o.json")
+    again = load_overheads(tmp_path / "o.json")
+    assert again.to_json() == original.to_json()
+    assert original.transfer_s["CPU|CPU"] < 0 and original.collective_cpu_s["3"]["bytes"][0] == 16
 
 
 def test_train_config_round_trip(tmp_path):

@@ -65,3 +65,68 @@ def test_failure_is_a_clear_error(tmp_path):
     bad.write_text('{"graph_file": "missing.pb", "inputs": []}')
     with pytest.raises(horovod_runner.HorovodError, match="exited with status"):
         horovod_runner.run_horovod(str(bad), [2, 2], steps=1, warmup_steps=0, timeout_s=120)
+
+
+def _listening(pids):
+    """(pid, ip, port) of every TCP socket in LISTEN state that one of `pids` holds."""
+    import psutil
+    out = set()
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
+            out.add((conn.pid, conn.laddr.ip, conn.laddr.port))
+    return out
+
+
+@pytest.mark.skipif(not __import__("tfplace.emulation.cpu_quota", fromlist=["available"]).available(),
+                    reason="CPU quotas need writable cgroups with the cpu controller (root)")
+@pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="local_cpu_hetero.json pins ranks to cores 0 and 1")
+def test_ranks_run_under_their_devices_emulation_and_listen_on_loopback_only():
+    # 3 ranks on clusters/local_cpu_hetero.json: each rank reports the affinity and the cgroup
+    # quota the kernel applies to it; meanwhile every listening socket of this process (the
+    # rendezvous server) and of the ranks (Gloo) is sampled: all must be on 127.0.0.1.
+    import threading
+    import psutil
+    from tfplace.formats.cluster import load_cluster
+    cluster = load_cluster(os.path.join(REPO, "clusters", "local_cpu_hetero.json"))
+    seen, done = set(), threading.Event()
+
+    def sample():
+        me = psutil.Process()
+        while not done.is_set():
+            try:
+                pids = {me.pid} | {p.pid for p in me.children(recursive=True)}
+                seen.update(_listening(pids))
+            except psutil.Error:
+                pass
+            done.wait(0.05)
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = horovod_runner.run_horovod(TINY_MLP, [8, 4, 4], steps=2, warmup_steps=0, timeout_s=300,
+                                            emulation_per_rank=[d.emulation for d in cluster.devices],
+                                            source=cluster.source, device_names=cluster.device_names)
+    finally:
+        done.set()
+        sampler.join()
+    limits = result.rank_limits
+    assert [tuple(r["cpus"]) for r in limits] == [(0,), (1,), (1,)]
+    assert limits[0]["quota_us"] is None
+    for r in limits[1:]:
+        assert r["quota_us"] / r["period_us"] == pytest.approx(0.5) and r["cgroup"]
+    assert limits[1]["cgroup"] != limits[2]["cgroup"] and not any(os.path.isdir(r["cgroup"]) for r in limits[1:])
+    assert len(result.step_times_s) == 2
+    rank_sockets = {s for s in seen if s[0] != os.getpid()}
+    assert rank_sockets, "no rank was seen listening (Gloo)"
+    assert {ip for _, ip, _ in seen} == {"127.0.0.1"}, seen
+
+
+def test_emulation_that_cannot_be_applied_starts_no_rank(tmp_path, monkeypatch):
+    from tfplace.emulation import cpu_quota
+    from tfplace.formats.cluster import Emulation
+    from tfplace.formats.errors import InputError
+    monkeypatch.setattr(cpu_quota, "available", lambda: False)
+    monkeypatch.setattr(horovod_runner.subprocess, "Popen", lambda *a, **k: pytest.fail("a rank was started"))
+    with pytest.raises(InputError) as e:
+        horovod_runner.run_horovod(TINY_MLP, [8, 8], steps=1, out_dir=str(tmp_path), source="hetero.json",
+                                   emulation_per_rank=[None, Emulation(cpus=(0,), cpu_fraction=0.5)])
+    assert (e.value.source, e.value.field) == ("hetero.json", "devices[1].emulation.cpu_fraction")

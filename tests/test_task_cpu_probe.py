@@ -5,9 +5,9 @@ all-reduces costs each participant CPU and the task left out of it nothing. Mult
 import numpy as np
 import pytest
 
+from tfplace.profiling import overheads_probe
 from tfplace.runtime.local_cluster import LocalCluster
 
-import fidelity_bench as fb
 import task_cpu_probe as probe
 
 pytestmark = pytest.mark.multiprocess
@@ -21,7 +21,7 @@ def test_each_task_is_charged_its_own_work():
         ops = {t: probe.per_unit(lc, probe.op_chain(devs, t), probe.CHAIN_OPS, steps=20) for t in (1, 2)}
 
         def pair_chain(present):
-            return fb.collective_chain(devs, 4, 2, present, key_base=9000)
+            return overheads_probe.collective_chain(devs, 4, 2, present, key_base=9000)
         reduce = probe.per_unit(lc, pair_chain, 4, steps=20)
     wall, cpu = further
     # every further task serves its RunGraph (hundreds of microseconds here) on its own CPU
@@ -35,8 +35,8 @@ def test_each_task_is_charged_its_own_work():
 
 def test_step_costs_gives_the_wall_and_each_task_cpu_or_none():
     with LocalCluster(num_tasks=2, threads_per_task=[1, 1], inter_threads_per_task=[1, 1]) as lc:
-        wall, cpu = fb.step_costs(lc, lambda x0: [x0], wall_steps=3, cpu_steps=5)
-        none_wall, none_cpu = fb.step_costs(lc, lambda x0: [x0], wall_steps=0, cpu_steps=0)
+        wall, cpu = overheads_probe.step_costs(lc, lambda x0: [x0], wall_steps=3, cpu_steps=5)
+        none_wall, none_cpu = overheads_probe.step_costs(lc, lambda x0: [x0], wall_steps=0, cpu_steps=0)
     assert wall > 0 and cpu.shape == (2,) and cpu[0] > 0
     assert none_wall is None and none_cpu is None
 

@@ -7,7 +7,11 @@ table with measured time, simulated time and their ratio. A bad entry is reporte
 in the table and in results.json) and the others still run. Results: `<output_dir>/results.json`.
 
 Clusters whose hosts are all loopback run on a LocalCluster started here (one server process
-per task); horovod_* baselines call baselines/horovod_runner.py.
+per task, each pinned and CPU-limited as its device's `emulation` in the cluster file says);
+horovod_* baselines call baselines/horovod_runner.py, rank i under device i's emulation. A
+cluster file with a host that is not loopback is refused (exit 2) before anything starts: its
+servers run on those hosts, never silently here. A graph entry's sizes (image_size, seq_len,
+num_layers) shape its exported bundle; one the model does not take is an error naming it.
 Config keys: examples/formats/README.md (loader: tfplace.formats.config.load_activate_config).
 The output folder is checked before any work. Exit status: 0 when an entry ran, 1 when every
 entry failed, 2 on a usage error or bad input (one line naming the file, the field and the fix).
@@ -15,6 +19,7 @@ entry failed, 2 on a usage error or bad input (one line naming the file, the fie
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -24,7 +29,7 @@ from typing import Any, Dict, List, Optional
 
 from tfplace.cli import common
 from tfplace.formats.cluster import Cluster, load_cluster
-from tfplace.formats.config import ActivateConfig, load_activate_config, validate_entries
+from tfplace.formats.config import ActivateConfig, GraphEntry, load_activate_config, validate_entries
 from tfplace.formats.strategy import load_strategy
 
 
@@ -45,15 +50,53 @@ def baseline_plan(name: str, graph, cluster: Cluster, profile, batch: Optional[i
     return registry.generate(name, problem), problem.grouping
 
 
+def _quota_kinds(cluster: Cluster) -> Dict[str, float]:
+    """CPU kinds the device model lacks whose devices all run under one declared CPU quota
+    ("CPU_half" at cpu_fraction 0.5) -> that fraction. They are a whole CPU slowed by the quota:
+    their op times are the CPU kind's over the fraction (the quota's nominal slowdown; a profile
+    measured with `python -m tfplace.profile --cpu-fraction` has the measured one)."""
+    from tfplace.formats.cluster import is_cpu_kind
+    from tfplace.formats.errors import InputError
+    from tfplace.profiling.device_model import device_spec
+    out: Dict[str, float] = {}
+    for kind in cluster.kinds:
+        try:
+            device_spec(kind)
+            continue
+        except InputError:
+            pass
+        fractions = {d.emulation.cpu_fraction if d.emulation else None for d in cluster.devices if d.kind == kind}
+        if is_cpu_kind(kind) and len(fractions) == 1 and None not in fractions:
+            out[kind] = fractions.pop()
+    return out
+
+
 def _speed_weights(cluster: Cluster) -> List[float]:
     from tfplace.profiling.device_model import relative_speed
-    return [float(relative_speed(d.kind)) for d in cluster.devices]
+    quota = _quota_kinds(cluster)
+    return [float(relative_speed("CPU") * quota[d.kind] if d.kind in quota else relative_speed(d.kind))
+            for d in cluster.devices]
 
 
-def _graph_path(graph: Optional[str], model: Optional[str], batch: int) -> str:
-    from tfplace.formats.config import GraphEntry
+def _profile(graph, cluster: Cluster):
+    """The device model's profile of the cluster's kinds (the bundled measured one when the graph
+    has it, else the roofline model), the one the search would use; quota kinds from "CPU"."""
+    from tfplace.profiling.device_model import default_profile
+    from tfplace.profiling.profiler import merge_profiles, scaled_kind
+    quota = _quota_kinds(cluster)
+    known = [k for k in cluster.kinds if k not in quota]
+    profile = default_profile(graph, known + (["CPU"] if quota and "CPU" not in known else []))
+    for kind, fraction in quota.items():
+        cpu = dataclasses.replace(profile, ops={op: {kind: per["CPU"]} for op, per in profile.ops.items()
+                                                 if "CPU" in per}, derived={kind: "CPU"}, conditions={})
+        profile = merge_profiles(profile, scaled_kind(cpu, kind, 1.0 / fraction))
+    return profile
+
+
+def _graph_path(entry: GraphEntry) -> str:
+    """The entry's bundle: its `graph`, or its zoo model exported with every size it gives."""
     from tfplace.graph_defs.export import bundle_for_entry
-    return bundle_for_entry(GraphEntry(batch, model=model, graph=graph or None))
+    return bundle_for_entry(entry)
 
 
 def _jobs(config: ActivateConfig, errors: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -64,14 +107,15 @@ def _jobs(config: ActivateConfig, errors: Dict[str, Any]) -> List[Dict[str, Any]
         if job["error"] is None:
             try:
                 s = load_strategy(e.strategy)
-                job.update(strategy=s, graph=_graph_path(e.graph, e.model, s.global_batch_size))
+                job.update(strategy=s, graph=_graph_path(GraphEntry(s.global_batch_size, model=e.model,
+                                                                    graph=e.graph or None)))
                 graphs.append((job["graph"], s.global_batch_size))
             except Exception as err:  # reported per entry
                 job["error"] = err
         jobs.append(job)
     for g in config.graphs:
         try:
-            graphs.append((_graph_path(g.graph, g.model, g.batch_size), g.batch_size))
+            graphs.append((_graph_path(g), g.batch_size))
         except Exception as err:
             jobs.append({"name": g.label, "kind": "graph", "error": err})
     for base in config.baselines:
@@ -94,12 +138,11 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None) 
         n, b = cluster.num_devices, job["batch"]
         per = even_batches(b, n) if job["baseline"] == "horovod_even" else \
             proportional_batches(b, _speed_weights(cluster))
-        res = run_horovod(job["graph"], per, steps=config.steps, warmup_steps=config.warmup_steps)
+        emulation = [d.emulation for d in cluster.devices] if cluster.has_emulation else None
+        res = run_horovod(job["graph"], per, steps=config.steps, warmup_steps=config.warmup_steps,
+                          emulation_per_rank=emulation, source=config.cluster, device_names=cluster.device_names)
         return {"step_times_s": list(res.report.step_times_s), "simulated_s": None, "timeline": ""}
-    from tfplace.profiling.device_model import default_profile
-    # The simulated time uses the device model's profile (the bundled measured one when the
-    # graph has it, else the roofline model), the same one the search would use.
-    profile = default_profile(graph, cluster.kinds)
+    profile = _profile(graph, cluster)
     strategy, grouping = job.get("strategy"), None
     if strategy is None:
         strategy, grouping = baseline_plan(job["baseline"], graph, cluster, profile, job["batch"],
@@ -121,16 +164,19 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None) 
 
 def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
     """Runs every entry of the config; returns (and writes) the result rows."""
+    from tfplace.graph_defs.export import resolve_options
     from tfplace.runtime.local_cluster import LocalCluster
-    config = load_activate_config(config_path, strict=False)
+    config = load_activate_config(config_path, strict=False, check_model=resolve_options)
     common.check_output_dir(config.output_dir, config_path, "output_dir")  # before any work
     errors = {name: err for name, err in validate_entries(config) if err is not None}
     cluster = load_cluster(config.cluster)
     overheads = common.load_overheads_arg(config.overheads)  # before any work: its errors name the file
+    # loopback hosts, cores and quotas are checked here, before any export or server
+    lc = LocalCluster.for_cluster(cluster)
     os.makedirs(config.output_dir, exist_ok=True)
     jobs = _jobs(config, errors)
     rows = []
-    with LocalCluster(num_tasks=cluster.num_tasks) as lc:
+    with lc:
         for job in jobs:
             row = {"name": job["name"], "kind": job["kind"], "error": None}
             if job.get("error") is None:

@@ -59,13 +59,20 @@ def load_overheads_arg(path: Optional[str]):
 
 def output_problem(path: str, folder: bool = False) -> Optional[Tuple[str, str]]:
     """(problem, fix) that stops writing the file (or folder) `path`, or None when it can be
-    written: its parent folder exists and is writable, and it is not a folder (a file)."""
+    written. A file: its parent folder exists and is writable, and it is not a folder. A folder
+    (made with its missing parents, like `mkdir -p`, e.g. runs/<config> on a fresh checkout): it
+    and its existing ancestors are folders, the nearest existing one writable."""
     full = os.path.abspath(os.fspath(path))
     if not folder and os.path.isdir(full):
         return f"{path} is an existing folder, not a file", f"give a file name, e.g. {os.path.join(path, 'out.json')}"
     if folder and os.path.exists(full) and not os.path.isdir(full):
         return f"{path} is an existing file, not a folder", "give a folder path (new or existing)"
     target = full if folder and os.path.isdir(full) else os.path.dirname(full)
+    if folder:
+        while not os.path.exists(target) and os.path.dirname(target) != target:
+            target = os.path.dirname(target)
+        if not os.path.isdir(target):
+            return f"{target} is a file, so the folder {path} cannot be made", "give a folder path under a folder"
     if not os.path.isdir(target):
         return f"folder {os.path.dirname(full)} does not exist", "create it first or write elsewhere"
     if not os.access(target, os.W_OK | os.X_OK):

@@ -9,7 +9,8 @@ clusters and their datasheet figures in clusters/README.md):
                 "intra_bandwidth_bytes_per_s": 1.2e10, "intra_latency_s": 5e-6,
                 "cpu_cores": 2}],                                                   # optional
      "devices": [{"name": "v100_0", "kind": "V100", "host": "h0", "memory_bytes": 16000000000,
-                  "task": 0, "straggle_probability": 0.0, "straggle_factor": 1.0}],
+                  "task": 0, "straggle_probability": 0.0, "straggle_factor": 1.0,
+                  "emulation": {"cpus": [1], "cpu_fraction": 0.5}}],                  # optional
      "links": {"bandwidth_bytes_per_s": [[...]], "latency_s": [[...]]}}   # optional matrices
 
 Units: bytes, bytes per second, seconds. Host fields left out take the `Host` defaults.
@@ -28,11 +29,21 @@ Devices map onto TensorFlow tasks: `task` is the index of the TF server process 
 device (default: one task per host, in host order), and `tf_device` is the full device name
 `/job:worker/replica:0/task:<t>/device:<GPU|CPU>:<k>`. Tasks must be numbered 0..T-1 and a task
 lives on one host (it is one process).
+
+Emulation (optional, per device): how the device's TF task is run on this machine to emulate a
+slower or faster device. `cpus` pins the task's process to those cores (indices as in
+`os.sched_setaffinity`); `cpu_fraction` in (0, 1] limits it to that share of one core by a
+cgroup CPU quota (tfplace.emulation.cpu_quota). A device with emulation must be its task's only
+device (one process, one set of limits). The file is checked here; whether the cores exist and
+quotas can be applied is checked where the cluster is started (tfplace.emulation.tasks), before
+any process starts. activate's servers and the Horovod ranks apply these limits; the profiler
+takes the same ones as flags (`python -m tfplace.profile --cpus 1 --cpu-fraction 0.5`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -51,6 +62,34 @@ def is_cpu_kind(kind: str) -> bool:
     return kind in CPU_KINDS or kind.startswith("CPU_")
 
 
+def is_loopback_address(address: str) -> bool:
+    """Whether `address` names this machine over loopback ("localhost", 127.0.0.0/8, ::1)."""
+    if address.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip()).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Emulation:
+    """How a device's task is emulated on one machine.
+
+    cpus: cores the task's process is pinned to (sorted, distinct, >= 0); None: not pinned.
+    cpu_fraction: CPU quota as a share of one core, in (0, 1]; None: no quota."""
+    cpus: Optional[Tuple[int, ...]] = None
+    cpu_fraction: Optional[float] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        if self.cpus is not None:
+            out["cpus"] = list(self.cpus)
+        if self.cpu_fraction is not None:
+            out["cpu_fraction"] = self.cpu_fraction
+        return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Host:
     """One machine. Defaults: 10 GbE NIC (1.25e9 B/s), PCIe-class intra-host links.
@@ -65,6 +104,11 @@ class Host:
     intra_bandwidth_bytes_per_s: float = 1.0e10
     intra_latency_s: float = 5e-6
     cpu_cores: Optional[int] = None
+
+    @property
+    def is_loopback(self) -> bool:
+        """Whether the host is this machine over loopback (its tasks may run locally)."""
+        return is_loopback_address(self.address)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +125,7 @@ class Device:
       tf_device: full TF device string (filled in by `build_cluster`).
       straggle_probability: chance per step that the device runs slow (simulator noise).
       straggle_factor: slowdown factor (>= 1) when it does.
+      emulation: pinned cores and CPU quota of its task on a local cluster, or None.
     """
     name: str
     kind: str
@@ -90,6 +135,7 @@ class Device:
     tf_device: str = ""
     straggle_probability: float = 0.0
     straggle_factor: float = 1.0
+    emulation: Optional[Emulation] = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -135,6 +181,19 @@ class Cluster:
     @property
     def memory_bytes(self) -> np.ndarray:
         return np.array([d.memory_bytes for d in self.devices], dtype=np.int64)
+
+    @property
+    def task_emulations(self) -> Tuple[Optional[Emulation], ...]:
+        """The emulation of every task, in task order (None where its device declares none)."""
+        out: List[Optional[Emulation]] = [None] * self.num_tasks
+        for d in self.devices:
+            if d.emulation is not None:
+                out[d.task] = d.emulation
+        return tuple(out)
+
+    @property
+    def has_emulation(self) -> bool:
+        return any(d.emulation is not None for d in self.devices)
 
     def device_index(self, name: str, source: str = "", field: str = "device") -> int:
         try:
@@ -183,6 +242,8 @@ def _device_json(d: Device) -> Dict[str, Any]:
            "task": d.task}
     if d.straggle_probability or d.straggle_factor != 1.0:
         out.update(straggle_probability=d.straggle_probability, straggle_factor=d.straggle_factor)
+    if d.emulation is not None:
+        out["emulation"] = d.emulation.to_json()
     return out
 
 
@@ -241,6 +302,31 @@ def _check_device(src: str, i: int, d: Device, host_index: Dict[str, int], seen:
     if not d.straggle_factor >= 1:
         raise InputError(src, f"{f}.straggle_factor", f"must be >= 1, got {d.straggle_factor}",
                          "give the slowdown factor (2.0 = twice as slow)")
+    if d.emulation is not None:
+        _check_emulation(src, f"{f}.emulation", d.emulation)
+
+
+def _check_emulation(src: str, f: str, e: Emulation) -> None:
+    if not isinstance(e, Emulation):
+        raise InputError(src, f, f"must be an Emulation, got {e!r}", 'give e.g. {"cpus": [1], "cpu_fraction": 0.5}')
+    if e.cpus is None and e.cpu_fraction is None:
+        raise InputError(src, f, "gives neither cpus nor cpu_fraction",
+                         'give "cpus" (pinned cores) and/or "cpu_fraction" (share of one core), or remove it')
+    if e.cpus is not None:
+        if not isinstance(e.cpus, tuple) or not e.cpus:
+            raise InputError(src, f"{f}.cpus", f"must be a non-empty list of core indices, got {e.cpus!r}",
+                             "list the cores the task is pinned to, e.g. [1]")
+        for k, cpu in enumerate(e.cpus):
+            if isinstance(cpu, bool) or not isinstance(cpu, int) or cpu < 0:
+                raise InputError(src, f"{f}.cpus[{k}]", f"must be an integer >= 0, got {cpu!r}",
+                                 "give core indices as os.sched_setaffinity numbers them (0, 1, ...)")
+        if len(set(e.cpus)) != len(e.cpus):
+            raise InputError(src, f"{f}.cpus", f"lists a core twice: {list(e.cpus)}", "list each core once")
+    fraction = e.cpu_fraction
+    if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+                                 or not 0 < fraction <= 1):
+        raise InputError(src, f"{f}.cpu_fraction", f"must be a number in (0, 1], got {fraction!r}",
+                         "give the share of one core the task may use, e.g. 0.5 for half a core")
 
 
 def _check_tasks(src: str, devices: Sequence[Device]) -> None:
@@ -254,6 +340,10 @@ def _check_tasks(src: str, devices: Sequence[Device]) -> None:
     if missing:
         raise InputError(src, "devices", f"tasks must be numbered 0..T-1 without gaps; no device has task {missing[0]}",
                          "renumber the devices' tasks")
+    for i, d in enumerate(devices):  # emulation limits a process: its task must hold only this device
+        if d.emulation is not None and sum(e.task == d.task for e in devices) > 1:
+            raise InputError(src, f"devices[{i}].emulation", f"task {d.task} holds several devices; emulation "
+                             "applies to a task's whole process", "give the emulated device a task of its own")
 
 
 def _check_matrix(src: str, field: str, m: np.ndarray, n: int, positive: bool) -> None:
@@ -348,7 +438,20 @@ def load_cluster(path: Union[str, os.PathLike]) -> Cluster:
 
 _HOST_KEYS = ("name", "address", "nic_bandwidth_bytes_per_s", "nic_latency_s",
               "intra_bandwidth_bytes_per_s", "intra_latency_s", "cpu_cores")
-_DEVICE_KEYS = ("name", "kind", "host", "memory_bytes", "task", "straggle_probability", "straggle_factor")
+_DEVICE_KEYS = ("name", "kind", "host", "memory_bytes", "task", "straggle_probability", "straggle_factor",
+                "emulation")
+_EMULATION_KEYS = ("cpus", "cpu_fraction")
+
+
+def _emulation(d: FieldReader) -> Optional[Emulation]:
+    """The device's "emulation" object, or None without one (values checked in build_cluster)."""
+    if not d.has("emulation"):
+        return None
+    e = d.child("emulation")
+    e.expect_keys(_EMULATION_KEYS, also_allowed=("comment",))
+    cpus = e.get("cpus", list, default=None)
+    return Emulation(cpus=None if cpus is None else tuple(cpus),
+                     cpu_fraction=e.get("cpu_fraction", float, default=None))
 
 
 def _matrix(links: FieldReader, key: str, default: Any) -> Optional[np.ndarray]:
@@ -382,7 +485,7 @@ def cluster_from_reader(r: FieldReader) -> Cluster:
             memory_bytes=d.get("memory_bytes", int, fix="give the device memory in bytes, e.g. 16000000000 for 16 GB"),
             task=d.get("task", int, default=None),
             straggle_probability=d.get("straggle_probability", float, default=0.0),
-            straggle_factor=d.get("straggle_factor", float, default=1.0)))
+            straggle_factor=d.get("straggle_factor", float, default=1.0), emulation=_emulation(d)))
     bw = lat = None
     if r.has("links"):
         links = r.child("links")

@@ -188,6 +188,9 @@ def _budget(r: FieldReader) -> Budget:
 ModelCheck = Callable[..., Any]
 
 
+_ZOO_OPTIONS = ("image_size", "seq_len", "num_layers", "optimizer", "batch_size")
+
+
 def _check_zoo(g: FieldReader, e: GraphEntry, check_model: Optional[ModelCheck]) -> None:
     if check_model is None:
         return
@@ -195,7 +198,9 @@ def _check_zoo(g: FieldReader, e: GraphEntry, check_model: Optional[ModelCheck])
         check_model(e.model, e.batch_size, image_size=e.image_size, seq_len=e.seq_len,
                     num_layers=e.num_layers, optimizer=e.optimizer or "sgd")
     except ValueError as err:
-        raise g.error("model", str(err), "use a zoo model name and options that apply to it") from None
+        # name the option the model refuses (e.g. image_size of an MLP), else the model itself
+        field = next((k for k in _ZOO_OPTIONS if g.has(k) and re.search(rf"\b{k}\b", str(err))), "model")
+        raise g.error(field, str(err), "use a zoo model name and options that apply to it") from None
 
 
 def _graph_entry(g: FieldReader, bases: List[str], check_model: Optional[ModelCheck]) -> GraphEntry:

@@ -23,6 +23,13 @@ Heterogeneity on one machine is emulated by per-task CPU affinity (`cpus_per_tas
 bandwidth quotas (`cpu_fraction_per_task`, tfplace.emulation.cpu_quota) and thread limits
 (`threads_per_task`), so a profile taken with the same limits (`python -m tfplace.profile
 --cpus ... --cpu-fraction ...`) describes what the simulator should expect of that task.
+A cluster file declares the first two per device (its `emulation`):
+
+    with LocalCluster.for_cluster(load_cluster("clusters/local_cpu_hetero.json")) as lc: ...
+
+refuses a cluster whose hosts are not loopback (`require_loopback`) and checks the cores and
+the quotas before any task starts (tfplace.emulation.tasks); every cgroup is created before the
+first task, so a refused quota leaves nothing started.
 """
 
 from __future__ import annotations
@@ -101,18 +108,15 @@ def _check_per_task(name: str, values: Optional[Sequence[Any]], n: int) -> List[
     return values
 
 
-def _limit_child(cpus, quota):
-    """preexec_fn of a task: pin it to `cpus` and join its CPU quota before TensorFlow starts any
-    thread (None when neither is asked for)."""
-    if not cpus and quota is None:
-        return None
-
-    def limit():
-        if cpus:
-            os.sched_setaffinity(0, tuple(cpus))
-        if quota is not None:
-            quota.join_in_child()
-    return limit
+def require_loopback(cluster, source: str = "") -> None:
+    """Raises InputError naming the cluster file and `hosts[i].address` when a host of `cluster`
+    is not this machine's loopback: such a cluster runs on its own hosts, never silently here."""
+    for i, host in enumerate(cluster.hosts):
+        if not host.is_loopback:
+            raise InputError(source or cluster.source or cluster.name, f"hosts[{i}].address",
+                             f"{host.address!r} is not this machine's loopback; a local cluster would not run there",
+                             "start the TF servers on those hosts, or use a cluster file whose hosts are 127.0.0.1 "
+                             "(e.g. clusters/local_cpu.json)")
 
 
 class _StepResult:
@@ -192,7 +196,9 @@ class LocalCluster:
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 64):
                 raise InputError("LocalCluster", f"cpu_fraction_per_task[{i}]", f"must be a number in (0, 64], got {v!r}",
                                  "give the share of one CPU the task may use (0.5 = half a core), or None")
-        self._quotas: list = []
+        self._limits = None  # tfplace.emulation.tasks.TaskLimits while started
+        self.source = ""  # the cluster file, for `for_cluster`; named by errors of its emulation
+        self._emulation_field = "tasks"
         self.envs = _check_per_task("env_per_task", env_per_task, num_tasks)
         for field, values in (("threads_per_task", self.threads), ("inter_threads_per_task", self.inter_threads)):
             for i, v in enumerate(values):
@@ -212,6 +218,27 @@ class LocalCluster:
         self._steppers: List[_Stepper] = []  # idle step threads, reused from step to step
         self._stepper_lock = threading.Lock()
 
+    @classmethod
+    def for_cluster(cls, cluster, **kwargs) -> "LocalCluster":
+        """A LocalCluster of `cluster`'s tasks (a tfplace.formats.cluster.Cluster whose hosts are
+        all loopback), each pinned and limited as its device's `emulation` says. kwargs: the other
+        constructor arguments (threads, env, ...). Raises InputError naming the cluster file and
+        the field, before anything starts, for a non-loopback host, a core this machine lacks or a
+        CPU quota that cannot be set here."""
+        from tfplace.emulation.tasks import check_applicable
+        for key in ("num_tasks", "cpus_per_task", "cpu_fraction_per_task"):
+            if key in kwargs:
+                raise InputError("LocalCluster.for_cluster", key, "is set by the cluster file",
+                                 "declare it as the devices' emulation in the cluster file")
+        require_loopback(cluster)
+        source = cluster.source or cluster.name
+        check_applicable([d.emulation for d in cluster.devices], source)
+        emulations = cluster.task_emulations
+        lc = cls(num_tasks=cluster.num_tasks, cpus_per_task=[e and e.cpus for e in emulations],
+                 cpu_fraction_per_task=[e and e.cpu_fraction for e in emulations], **kwargs)
+        lc.source = source
+        return lc
+
     # ---- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> "LocalCluster":
         self.start()
@@ -228,6 +255,11 @@ class LocalCluster:
             self.log_dir = tempfile.mkdtemp(prefix="tfplace_cluster_")
         os.makedirs(self.log_dir, exist_ok=True)
         _LIVE.add(self)
+        try:  # every cgroup exists before the first task starts: a refused quota starts nothing
+            self._limits = self._task_limits()
+        except BaseException:
+            self.close()
+            raise
         for attempt in range(PORT_RETRIES):
             try:
                 self._start_once(attempt)
@@ -261,16 +293,11 @@ class LocalCluster:
             env = dict(os.environ)
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             env.update(self.envs[task] or {})
-            cpus, quota = self.cpus[task], None
-            if self.cpu_fractions[task] is not None:
-                from tfplace.emulation.cpu_quota import CpuQuota
-                quota = CpuQuota(self.cpu_fractions[task], name=f"task{task}")
-                self._quotas.append(quota)
             with open(log, "wb") as logf:
                 proc = subprocess.Popen(
                     cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True,  # own process group: Ctrl-C reaches us, we stop it
-                    preexec_fn=_limit_child(cpus, quota))
+                    preexec_fn=self._limits.preexec(task))
             self._procs.append(proc)
             self._logs.append(log)
             ready_files.append(ready)
@@ -299,8 +326,8 @@ class LocalCluster:
             for stepper in self._steppers:
                 stepper.stop()
             self._steppers.clear()
-        for quota in self._quotas:
-            quota.close()
+        if self._limits is not None:
+            self._limits.close()
         _LIVE.discard(self)
         if self._own_log_dir and self.log_dir and os.path.isdir(self.log_dir):
             shutil.rmtree(self.log_dir, ignore_errors=True)
@@ -325,6 +352,19 @@ class LocalCluster:
                 os.killpg(p.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+    def _task_limits(self):
+        from tfplace.emulation.tasks import TaskLimits
+        from tfplace.formats.cluster import Emulation
+        emulations = [None if cpus is None and fraction is None else
+                      Emulation(None if cpus is None else tuple(cpus), fraction)
+                      for cpus, fraction in zip(self.cpus, self.cpu_fractions)]
+        return TaskLimits(emulations, self.source or "LocalCluster", self._emulation_field)
+
+    @property
+    def _quotas(self) -> list:
+        """The CPU quotas of the limited tasks, in task order (empty before start)."""
+        return [q for q in (self._limits.quotas if self._limits else []) if q is not None]
 
     # ---- what callers use ----------------------------------------------------------------------
     @property

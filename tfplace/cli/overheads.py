@@ -1,0 +1,285 @@
+"""Measures what the TF runtime of a local CPU cluster adds beyond kernels and links, and writes
+it as a runtime-overheads file (format tfplace.runtime_overheads, tfplace.overheads.model).
+
+    python -m tfplace.cli.overheads --cluster clusters/local_cpu.json --out overheads.json
+    python -m tfplace.cli.overheads --cluster clusters/local_cpu_hetero.json --out hetero.json \\
+        --cpus-per-task "0;1;1" --cpu-fraction-per-task ",0.5,0.5" --client-cpus 1
+
+Starts one TF server task per device of the cluster file on 127.0.0.1 (device i on task i), with
+the emulation settings below, and times micro-benchmarks on them: the step's dispatch and feed,
+per-op dispatch, messages and their CPU per pair of device kinds, all-reduces per group size and,
+with --raw, the collective CPU curve over bytes and the per-byte figures
+(tfplace.profiling.overheads_probe). Each of --passes passes runs on fresh server processes and
+measures its own comm fit first (unless --comm gives one); the file holds each figure's median
+over the passes. One pass took about 35 s on a 2-core machine (3 tasks; --noraw: 10 s). The
+simulator reads the file with `--overheads FILE` (simulate, compare, plan) or a config's
+"overheads" key.
+
+Emulation settings (they must match the runs the overheads will describe, and the profile's):
+  --threads / --inter-threads   intra-op / inter-op threads of every server task (a server runs
+                                its message handlers on its inter-op pool; the file records the
+                                count as inter_op_threads)
+  --cpus-per-task "0;1;1"       CPU ids each task is pinned to, tasks separated by ";", CPUs by
+                                ","; an empty entry leaves that task unpinned
+  --cpu-fraction-per-task ",0.5,0.5"  share of one CPU each task may use (a cgroup CPU quota,
+                                tfplace.emulation.cpu_quota; needs writable cgroups, i.e. root);
+                                an empty entry leaves that task unlimited
+  --client-cpus 1               pins this process (the client that drives the steps)
+Without the two per-task flags, each task is pinned and limited as its device's `emulation` in the
+cluster file says (none: unpinned, unlimited); a flag given replaces the file's value for every
+task. The emulated heterogeneous cluster clusters/local_cpu_hetero.json runs with the second
+example's settings: task 0 alone on core 0, tasks 1 and 2 on core 1 at half of it each, the client
+on core 1.
+
+collective_s is measured against the comm fit in use (the fit the simulator charges for one
+all-reduce): give the simulator a profile with that fit (raw.comm in the file; --comm PROFILE
+makes it that profile's). Progress goes to stderr, a summary to stdout. Bad arguments and bad
+input exit with status 2 and one line naming the argument (or the file and field) and the fix
+(tfplace.cli.common); --out and the cluster file are checked before any server starts.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import sys
+import time
+from typing import List, Optional
+
+from absl import flags
+
+from tfplace.cli import common
+from tfplace.formats.errors import InputError
+
+
+def _cpu_sets(text: str) -> List[Optional[List[int]]]:
+    """'0;1;1' -> [[0], [1], [1]]; an empty entry (or '') is None (unpinned). Raises ValueError."""
+    out: List[Optional[List[int]]] = []
+    for entry in text.split(";"):
+        cpus = [int(c) for c in entry.split(",") if c.strip()]
+        if any(c < 0 for c in cpus):
+            raise ValueError(f"CPU ids must be >= 0, got {entry!r}")
+        out.append(cpus or None)
+    return out
+
+
+def _fractions(text: str) -> List[Optional[float]]:
+    """',0.5,0.5' -> [None, 0.5, 0.5]; an empty entry is None (unlimited). Raises ValueError."""
+    out: List[Optional[float]] = []
+    for entry in text.split(","):
+        value = float(entry) if entry.strip() else None
+        if value is not None and not 0 < value <= 64:
+            raise ValueError(f"{entry!r} is not a share of one CPU in (0, 64]")
+        out.append(value)
+    return out
+
+
+def _parses(parse, example: str):
+    def check(text: Optional[str]) -> bool:
+        if text:
+            try:
+                parse(text)
+            except ValueError as err:
+                raise flags.ValidationError(f"{err}. Fix: write e.g. {example}") from None
+        return True
+    return check
+
+
+def define_flags() -> None:
+    """The command's flags (called when it runs; see tfplace.cli.common)."""
+    flags.DEFINE_string("cluster", None, "cluster file whose hosts are all this machine (127.0.0.1 or "
+                        "localhost); one server task per device", required=True)
+    flags.DEFINE_string("out", None, "runtime-overheads file to write", required=True)
+    flags.DEFINE_integer("passes", 3, "measurement passes, each on fresh server processes; the file holds "
+                         "each figure's median over them", lower_bound=1)
+    flags.DEFINE_integer("threads", 1, "intra-op threads per server task (0 = TensorFlow's default)", lower_bound=0)
+    flags.DEFINE_integer("inter-threads", 1, "inter-op threads per server task, which also run its message "
+                         "handlers (0 = TensorFlow's default, one per core)", lower_bound=0)
+    flags.DEFINE_string("cpus-per-task", "", "CPU ids per task, tasks separated by ';', CPUs by ',' "
+                        "(\"0;1;1\"); an empty entry or flag: unpinned")
+    flags.DEFINE_string("cpu-fraction-per-task", "", "share of one CPU per task, comma-separated "
+                        "(\",0.5,0.5\"; a cgroup quota, needs root); an empty entry or flag: unlimited")
+    flags.DEFINE_list("client-cpus", [], "pin this process, the client driving the steps, to these CPU ids")
+    flags.DEFINE_string("comm", None, "a profile file whose comm fit (p2p and all-reduce per group size) the "
+                        "overheads are measured against, instead of measuring one in each pass")
+    flags.DEFINE_boolean("raw", True, "also measure the collective CPU curve and the per-byte figures (first "
+                         "pass; the CPU bound of the step needs them); --noraw: quicker, without them")
+    flags.DEFINE_integer("reps", 30, "timed steps per micro-benchmark (wall: their median)", lower_bound=1)
+    flags.DEFINE_integer("cpu-reps", 200, "steps per micro-benchmark whose CPU is counted", lower_bound=1)
+    flags.DEFINE_integer("fan", 24, "tensors per burst and hops / all-reduces per chain", lower_bound=1)
+    common.output_file_flag("out")
+    common.int_list_flag("client-cpus", minimum=0)
+    flags.register_validator("cpus-per-task", _parses(_cpu_sets, '"0;1;1"'))
+    flags.register_validator("cpu-fraction-per-task", _parses(_fractions, '",0.5,0.5"'))
+
+
+def is_loopback(address: str) -> bool:
+    """Whether `address` names this machine's loopback interface (127.0.0.0/8, ::1, localhost)."""
+    if address.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip()).is_loopback
+    except ValueError:
+        return False
+
+
+def check_local_cluster(cluster, source: str) -> None:
+    """Raises InputError (naming the field) unless every host is loopback, every device a CPU kind
+    on a task of its own (device i on task i), and there are at least two devices."""
+    from tfplace.formats.cluster import is_cpu_kind
+    fix = "measure on a cluster of this machine's CPU tasks, e.g. clusters/local_cpu.json"
+    for i, host in enumerate(cluster.hosts):
+        if not is_loopback(host.address):
+            raise InputError(source, f"hosts[{i}].address", f"is {host.address!r}, not a loopback address: this "
+                             "command starts every task on this machine (127.0.0.1)",
+                             "give a cluster file whose hosts are 127.0.0.1 or localhost, and run the command on "
+                             "the machine it describes")
+    if cluster.num_devices < 2:
+        raise InputError(source, "devices", f"has {cluster.num_devices} device; messages and all-reduces need 2",
+                         fix)
+    for i, device in enumerate(cluster.devices):
+        if not is_cpu_kind(device.kind):
+            raise InputError(source, f"devices[{i}].kind", f"is {device.kind!r}, not a CPU kind: GPU clusters "
+                             "need no runtime overheads", fix)
+        if device.task != i:
+            raise InputError(source, f"devices[{i}].task", f"is {device.task}; the command runs device i on "
+                             f"task i (one task per device)", "give device i task i")
+
+
+def _per_task(text: str, parse, n: int, flag: str) -> Optional[list]:
+    """parse(text), one entry per task, or None when the flag is empty; InputError on a wrong count."""
+    if not text:
+        return None
+    values = parse(text)
+    if len(values) != n:
+        raise InputError("arguments", f"--{flag}", f"has {len(values)} entries, the cluster {n} tasks",
+                         "give one entry per device of the cluster file (empty entries allowed)")
+    return values
+
+
+def _file_emulation(cluster) -> tuple:
+    """(cpus per task, CPU fraction per task) that the cluster file's devices declare in their
+    `emulation` (device i runs as task i; None where a device declares none)."""
+    emulations = [getattr(d, "emulation", None) for d in cluster.devices]
+    return ([list(e.cpus) if e is not None and e.cpus else None for e in emulations],
+            [e.cpu_fraction if e is not None else None for e in emulations])
+
+
+def cluster_settings(args, cluster, source: str) -> dict:
+    """LocalCluster keyword arguments for the cluster's tasks: the flags' threads, and the pinning
+    and quotas of the per-task flags or else of the cluster file's emulation."""
+    n = cluster.num_devices
+    kwargs = dict(num_tasks=n, threads_per_task=[args.threads] * n, inter_threads_per_task=[args.inter_threads] * n)
+    file_cpus, file_fractions = _file_emulation(cluster)
+    cpus = _per_task(args.cpus_per_task, _cpu_sets, n, "cpus-per-task") or file_cpus
+    fractions = _per_task(args.cpu_fraction_per_task, _fractions, n, "cpu-fraction-per-task")
+    origin = ("arguments", "--cpu-fraction-per-task") if fractions else None
+    fractions = fractions or file_fractions
+    if any(c is not None for c in cpus):
+        kwargs["cpus_per_task"] = cpus
+    if any(f is not None for f in fractions):
+        from tfplace.emulation import cpu_quota
+        if not cpu_quota.available():
+            first = next(i for i, f in enumerate(fractions) if f is not None)
+            where = origin or (source, f"devices[{first}].emulation.cpu_fraction")
+            raise InputError(*where, "needs writable cgroups to set a CPU quota, and this process has none",
+                             "run as root, or leave the tasks unlimited")
+        kwargs["cpu_fraction_per_task"] = fractions
+    return kwargs
+
+
+def comm_of_profile(path: str, num_tasks: int) -> dict:
+    """The comm section of the profile file `path` ({"p2p": ..., "allreduce": {"2": ...}}),
+    checked to have a point-to-point fit and an all-reduce fit for every group size up to num_tasks."""
+    from tfplace.formats.profile import load_profile
+    comm = load_profile(path).to_json().get("comm") or {}
+    fix = "measure one with `python -m tfplace.profile --comm-only --out PROFILE`, or leave --comm out"
+    if "p2p" not in comm:
+        raise InputError(path, "comm.p2p", "is missing: the overheads need the point-to-point fit", fix)
+    missing = [g for g in range(2, num_tasks + 1) if str(g) not in comm.get("allreduce", {})]
+    if missing:
+        raise InputError(path, "comm.allreduce", f"has no fit for group size {missing[0]} (the cluster has "
+                         f"{num_tasks} tasks)", fix)
+    return {"p2p": comm["p2p"], "allreduce": comm["allreduce"]}
+
+
+def how(args, kwargs: dict, comm_from: str) -> str:
+    """What was measured, for the file's `how` (the probe's own account follows it)."""
+    n = kwargs["num_tasks"]
+    parts = [f"python -m tfplace.cli.overheads on {os.path.basename(args.cluster)}: {n} server tasks on "
+             f"127.0.0.1, {args.threads} intra-op + {args.inter_threads} inter-op thread(s) each"]
+    if "cpus_per_task" in kwargs:
+        parts.append(f"pinned to CPUs {kwargs['cpus_per_task']}")
+    if "cpu_fraction_per_task" in kwargs:
+        parts.append(f"CPU quotas {kwargs['cpu_fraction_per_task']}")
+    if args.client_cpus:
+        parts.append(f"the client on CPUs {[int(c) for c in args.client_cpus]}")
+    parts.append(f"comm fit: {comm_from}")
+    parts.append(f"{args.passes} pass(es), each on fresh servers{'' if args.raw else ', without raw figures'}")
+    return "; ".join(parts)
+
+
+def _us(x: float) -> str:
+    return f"{x * 1e6:.0f} us"
+
+
+def summary_lines(overheads) -> List[str]:
+    """A few lines on the main figures of a RuntimeOverheads."""
+    def table(value):
+        if not hasattr(value, "items"):
+            return _us(value)
+        return ", ".join(f"{k} {_us(v)}" for k, v in sorted(value.items()))
+    lines = [f"dispatch: step {_us(overheads.step_s)}, per further task {_us(overheads.worker_s)}, "
+             f"per op {_us(overheads.op_s)}; inter-op threads {overheads.inter_op_threads}",
+             f"per message: transfer beyond the link {table(overheads.transfer_s)}; "
+             f"CPU {table(overheads.message_cpu_s)}"]
+    if overheads.collective_s is not None:
+        lines.append(f"per all-reduce beyond the comm fit (by group size): {table(overheads.collective_s)}")
+    for size, curve in sorted(overheads.collective_cpu_s.items()):
+        lines.append(f"all-reduce CPU per participant, {size} tasks: {_us(curve['seconds'][0])} at "
+                     f"{curve['bytes'][0]} B .. {_us(curve['seconds'][-1])} at {curve['bytes'][-1]} B")
+    return lines
+
+
+def main(argv) -> int:
+    """Measures and writes the overheads of the parsed flags (absl main: argv holds the program name only)."""
+    del argv
+    args = common.args()
+    from tfplace.formats.cluster import load_cluster
+    cluster = load_cluster(args.cluster)
+    check_local_cluster(cluster, args.cluster)
+    kwargs = cluster_settings(args, cluster, args.cluster)
+    comm = comm_of_profile(args.comm, cluster.num_devices) if args.comm else None
+    from tfplace.overheads.model import overheads_from_json, save_overheads
+    from tfplace.profiling import overheads_probe as probe
+    started = time.monotonic()
+
+    def progress(line: str) -> None:
+        print(f"[{time.monotonic() - started:5.0f} s] {line}", file=sys.stderr, flush=True)
+    try:
+        measured, _ = probe.measure_runtime_overheads(
+            cluster, kwargs, passes=args.passes, comm=comm, reps=args.reps, fan=args.fan, cpu_reps=args.cpu_reps,
+            raw=args.raw, client_cpus=[int(c) for c in args.client_cpus], progress=progress)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    comm_from = (f"the profile {args.comm}" if args.comm else
+                 f"measured on the same servers before each pass (comm_profiler up to "
+                 f"{probe.COMM_MAX_BYTES >> 20} MiB), median over the passes: raw.comm")
+    measured["how"] = how(args, kwargs, comm_from) + "; " + measured["how"]
+    overheads = overheads_from_json(measured, f"overheads measured on {args.cluster}")
+    save_overheads(overheads, args.out)
+    for line in summary_lines(overheads):
+        print(line)
+    print(f"wrote {args.out} ({time.monotonic() - started:.0f} s)")
+    return 0
+
+
+def run() -> None:
+    """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    common.run(main, define_flags, __doc__)
+
+
+if __name__ == "__main__":
+    run()
