@@ -3,8 +3,8 @@
 The pass must (a) be the identity without overheads and never be imported then, (b) leave the
 lowering's PlacedGraph untouched (the rewrite emits that one), and (c) reproduce the recorded
 simulated times of a measured run on the emulated heterogeneous cluster bit for bit
-(benchmarks/records/hetero_tiny_mlp.json, recorded when the overheads still lived inside the
-lowering).
+(benchmarks/records/hetero_tiny_mlp.json; the overheads pass was first checked this way against a
+run recorded while the overheads still lived inside the lowering).
 """
 
 import json
@@ -146,9 +146,9 @@ def test_the_simulators_path_never_imports_the_overheads():
 
 @pytest.mark.slow
 def test_a_recorded_run_replays_to_its_recorded_figures():
-    # A run of benchmarks/fidelity_bench.py --hetero --record (tiny MLP, 9 strategies, measured
-    # overheads with every key, one inter-op thread), recorded before the overheads became their
-    # own pass: every strategy simulates to the time recorded then, to the last bit.
+    # A run of benchmarks/fidelity_bench.py --hetero --record (tiny MLP, the baselines, measured
+    # overheads with every key, one inter-op thread): every strategy simulates to the time recorded
+    # then, to the last bit. A change of the lowering, the overheads pass or the simulator shows here.
     import fidelity_bench as fb
     from tfplace.baselines.problem import make_problem
     from tfplace.formats.cluster import load_cluster
@@ -166,7 +166,7 @@ def test_a_recorded_run_replays_to_its_recorded_figures():
     over = fb.typed_overheads(m["overheads"], RECORD)
     grouping = make_problem(graph, cluster, profile, max_groups=fb.MAX_GROUPS,
                             global_batch_size=graph.reference_batch_size).grouping
-    assert len(m["rows"]) == 9
+    assert len(m["rows"]) >= 8 and {"dp_even_allreduce", "dp_even_ps"} <= {r["name"] for r in m["rows"]}
     for r in m["rows"]:
         strategy = strategy_from_reader(FieldReader(r["strategy"], RECORD))
         report = fb.simulate_with(graph, grouping, cluster, strategy, profile, over)
