@@ -1,0 +1,103 @@
+"""Runtime parity: tfplace's rewritten data-parallel step against Horovod on the same local cluster.
+
+    .venv/bin/python benchmarks/parity_bench.py [--models resnet50_s32,tiny_transformer,resnet50_s224]
+        [--batch-size 24] [--cluster clusters/local_cpu.json] [--rounds 3] [--steps 8] [--warmup 3]
+        [--bucket-bytes 1,4194304] [--json out.json]
+
+Per model and round, on fresh processes each time: tfplace DP-even all-reduce (the rewrite of
+`even_strategy`, one run per --bucket-bytes value; 1 = one all-reduce per gradient) on a
+LocalCluster started from the cluster file (its emulation applied), then Horovod DP-even with the
+same per-rank batches under the same emulation. Rounds alternate the runs so a slow phase of the
+machine hits both alike. Prints each round's medians and, per model, the median over every timed
+step and tfplace / Horovod. A benchmark: it reports numbers and never fails on timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = {  # name -> (zoo model, export options)
+    "resnet50_s32": ("resnet50", {"image_size": 32}),
+    "resnet50_s224": ("resnet50", {"image_size": 224}),
+    "tiny_transformer": ("tiny_transformer", {}),
+    "tiny_cnn": ("tiny_cnn", {}),
+    "tiny_mlp": ("tiny_mlp", {}),
+}
+
+
+def tfplace_steps(bundle: str, cluster, batch: int, bucket_bytes: int, steps: int, warmup: int):
+    """Timed steps (seconds) of the rewritten DP-even all-reduce step, on fresh servers."""
+    from tfplace.formats.strategy import even_strategy
+    from tfplace.ir.loader import load_op_graph
+    from tfplace.rewrite.graph_rewrite import rewrite_step
+    from tfplace.runtime.local_cluster import LocalCluster
+    from tfplace.runtime.step_runner import StepRunner, random_feed
+    graph = load_op_graph(bundle)
+    strategy = dataclasses.replace(even_strategy(list(cluster.device_names), batch, 64), bucket_bytes=bucket_bytes)
+    step = rewrite_step(graph, strategy, cluster)
+    with LocalCluster.for_cluster(cluster) as lc, StepRunner(lc, step, timeout_s=600) as runner:
+        runner.initialize()
+        times, _ = runner.timed(steps, warmup, random_feed(step.inputs, batch, 0))
+    return list(times)
+
+
+def horovod_steps(bundle: str, cluster, batch: int, steps: int, warmup: int, source: str):
+    """Timed steps (seconds) of rank 0 of Horovod DP-even, each rank under its device's emulation."""
+    from tfplace.baselines.horovod_runner import even_batches, run_horovod
+    emulation = [d.emulation for d in cluster.devices]
+    res = run_horovod(bundle, even_batches(batch, cluster.num_devices), steps=steps, warmup_steps=warmup,
+                      emulation_per_rank=emulation if any(emulation) else None, source=source)
+    return list(res.report.step_times_s)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="resnet50_s32,tiny_transformer", help=f"comma-separated, of {sorted(MODELS)}")
+    p.add_argument("--batch-size", type=int, default=24)
+    p.add_argument("--cluster", default=os.path.join(ROOT, "clusters", "local_cpu.json"))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--bucket-bytes", default=f"1,{4 << 20}", help="tfplace runs, one per bucket size")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.graph_defs.export import ensure_bundle
+    cluster = load_cluster(args.cluster)
+    buckets = [int(x) for x in args.bucket_bytes.split(",")]
+    out = {"cluster": os.path.relpath(args.cluster, ROOT), "batch_size": args.batch_size, "models": {}}
+    for name in args.models.split(","):
+        model, opts = MODELS[name]
+        bundle = ensure_bundle(model, batch_size=args.batch_size, **opts)
+        runs = {f"tfplace_bucket_{b}": [] for b in buckets}
+        runs["horovod_even"] = []
+        t0 = time.time()
+        for r in range(args.rounds):
+            for b in buckets:
+                runs[f"tfplace_bucket_{b}"] += tfplace_steps(bundle, cluster, args.batch_size, b, args.steps,
+                                                             args.warmup)
+            runs["horovod_even"] += horovod_steps(bundle, cluster, args.batch_size, args.steps, args.warmup,
+                                                  args.cluster)
+            print(f"{name} round {r}: " + ", ".join(f"{k} {statistics.median(v[-args.steps:]) * 1e3:.1f} ms"
+                                                    for k, v in runs.items()), flush=True)
+        med = {k: statistics.median(v) for k, v in runs.items()}
+        hv = med["horovod_even"]
+        print(f"{name} (batch {args.batch_size}, {len(runs['horovod_even'])} steps each, {time.time() - t0:.0f} s): "
+              + "; ".join(f"{k} {v * 1e3:.1f} ms ({v / hv:.2f}x Horovod)" for k, v in med.items()), flush=True)
+        out["models"][name] = {"median_s": med, "steps_s": runs}
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
