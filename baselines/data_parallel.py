@@ -98,6 +98,30 @@ def dp_proportional(problem: Problem, sync: str = "allreduce") -> Strategy:
     return data_parallel(problem, list(problem.costs.device_throughput()), sync)
 
 
+def dp_best_subset(problem: Problem, sync: str = "allreduce", proportional: bool = True) -> Strategy:
+    """Data parallelism over the best subset of devices, as a user would try by hand: the k
+    fastest devices (speed_order) for every k, shares even or ∝ throughput, the fastest simulated
+    step that does not run out of memory (every k out of memory: the fastest). On a cluster with a
+    few fast devices behind fast links and slow ones behind slow links, leaving the slow ones out
+    beats every all-device baseline. Costs one simulation per device count."""
+    _check_sync(sync)
+    order = speed_order(problem)
+    speed = problem.costs.device_throughput()
+    best, best_key = None, None
+    for k in range(1, len(order) + 1):
+        if problem.global_batch_size < k:
+            break
+        idx = order[:k]
+        names = [problem.device_names[i] for i in idx]
+        weights = [float(speed[i]) for i in idx] if proportional else [1.0] * k
+        strategy = data_parallel(problem, weights, sync, names)
+        report = problem.evaluate(strategy)
+        key = (report.oom, report.iteration_time_s)
+        if best_key is None or key < best_key:
+            best, best_key = strategy, key
+    return best
+
+
 def device_weights(problem: Problem) -> np.ndarray:
     """Relative speed of every device (the proportional baseline's weights), summing to 1."""
     w = problem.costs.device_throughput()

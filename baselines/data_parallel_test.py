@@ -94,3 +94,41 @@ def test_round_robin_and_contiguous_count():
 def test_contiguous_blocks(weights, device_weights, expected):
     got = model_parallel.contiguous_blocks(np.array(weights, float), np.array(device_weights, float))
     assert got.tolist() == expected
+
+
+def _fast_pair_slow_pair():
+    """Two V100s on one host with NVLink-class links; two P100s on another host behind a 1 Gb/s
+    NIC. The MLP's dense layers at batch 64 with a large hidden layer: its gradients are MBs."""
+    hosts = [Host("fast", intra_bandwidth_bytes_per_s=5e10, nic_bandwidth_bytes_per_s=1.25e8),
+             Host("slow", intra_bandwidth_bytes_per_s=1e10, nic_bandwidth_bytes_per_s=1.25e8)]
+    devices = [Device("v100_0", "V100", "fast", 16 * 10**9), Device("v100_1", "V100", "fast", 16 * 10**9),
+               Device("p100_0", "P100", "slow", 12 * 10**9), Device("p100_1", "P100", "slow", 12 * 10**9)]
+    return build_cluster("fast_pair_slow_pair", hosts, devices)
+
+
+def test_dp_over_the_best_subset_leaves_the_slow_linked_devices_out():
+    problem = small_problem(cluster=_fast_pair_slow_pair(), batch=64)
+    every = {name: problem.evaluate(fn(problem)).iteration_time_s for name, fn in (
+        ("dp_even_allreduce", lambda p: data_parallel.dp_even(p, "allreduce")),
+        ("dp_even_ps", lambda p: data_parallel.dp_even(p, "ps")),
+        ("dp_proportional_allreduce", lambda p: data_parallel.dp_proportional(p, "allreduce")),
+        ("dp_proportional_ps", lambda p: data_parallel.dp_proportional(p, "ps")))}
+    for proportional in (False, True):
+        subset = data_parallel.dp_best_subset(problem, "allreduce", proportional=proportional)
+        assert set(_shares(subset)) == {"v100_0", "v100_1"}, _shares(subset)
+        t = problem.evaluate(subset).iteration_time_s
+        assert t * 1.3 < min(every.values()), (t, every)  # the slow NIC makes every all-device DP pay
+
+
+@pytest.mark.parametrize("batch, devices", [
+    (64, 4),   # compute-bound, one host with fast links: every device pays
+    (16, 3),   # less work per device: the fourth (slow) device no longer pays for its all-reduce share
+])
+def test_dp_over_the_best_subset_takes_as_many_devices_as_pay(batch, devices):
+    problem = small_problem(devices=4, batch=batch, fixed_seconds=1e-6)
+    subset = data_parallel.dp_best_subset(problem, "allreduce", proportional=True)
+    assert len(_shares(subset)) == devices
+    times = [problem.evaluate(data_parallel.data_parallel(
+        problem, [1.0] * k, "allreduce", [problem.device_names[i] for i in data_parallel.speed_order(problem)[:k]]))
+        .iteration_time_s for k in range(1, 5)]
+    assert problem.evaluate(subset).iteration_time_s <= min(times) * 1.05

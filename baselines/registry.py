@@ -8,6 +8,8 @@ Strategy generators (each returns a Strategy that goes through the lowering and 
   dp_even_allreduce / _ps      DP-EV with ring all-reduce / with a PS (best-linked device)
   dp_proportional_allreduce / _ps   DP-CP, shares ∝ profiled device throughput
   dp_ratio_lp                  HAP's ratio LP re-balancing DP-EV's device set (ratio_lp)
+  dp_subset_even / _proportional   DP all-reduce over the best subset of the fastest devices
+                               (data_parallel.dp_best_subset): what a user tries by hand
   model_parallel_round_robin, model_parallel_contiguous   HeteroG's MP seeds (model_parallel)
   heft, m_etf, m_sct           memory-aware list-scheduling placers (list_scheduling)
   pipeline                     DAPPLE-style planner (prints its estimated speed-up over DP)
@@ -42,6 +44,8 @@ GENERATORS: Dict[str, Generator] = {
     "dp_proportional_allreduce": lambda p: data_parallel.dp_proportional(p, "allreduce"),
     "dp_proportional_ps": lambda p: data_parallel.dp_proportional(p, "ps"),
     "dp_ratio_lp": lambda p: ratio_lp.rebalance(p, data_parallel.dp_even(p, "allreduce")).strategy,
+    "dp_subset_even": lambda p: data_parallel.dp_best_subset(p, "allreduce", proportional=False),
+    "dp_subset_proportional": lambda p: data_parallel.dp_best_subset(p, "allreduce", proportional=True),
     "model_parallel_round_robin": model_parallel.round_robin,
     "model_parallel_contiguous": model_parallel.contiguous,
     "heft": list_scheduling.heft,
