@@ -40,7 +40,6 @@ input exit with status 2 and one line naming the argument (or the file and field
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import sys
 import time
@@ -113,27 +112,13 @@ def define_flags() -> None:
     flags.register_validator("cpu-fraction-per-task", _parses(_fractions, '",0.5,0.5"'))
 
 
-def is_loopback(address: str) -> bool:
-    """Whether `address` names this machine's loopback interface (127.0.0.0/8, ::1, localhost)."""
-    if address.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address.strip()).is_loopback
-    except ValueError:
-        return False
-
-
 def check_local_cluster(cluster, source: str) -> None:
     """Raises InputError (naming the field) unless every host is loopback, every device a CPU kind
     on a task of its own (device i on task i), and there are at least two devices."""
     from tfplace.formats.cluster import is_cpu_kind
+    from tfplace.runtime.local_cluster import require_loopback
     fix = "measure on a cluster of this machine's CPU tasks, e.g. clusters/local_cpu.json"
-    for i, host in enumerate(cluster.hosts):
-        if not is_loopback(host.address):
-            raise InputError(source, f"hosts[{i}].address", f"is {host.address!r}, not a loopback address: this "
-                             "command starts every task on this machine (127.0.0.1)",
-                             "give a cluster file whose hosts are 127.0.0.1 or localhost, and run the command on "
-                             "the machine it describes")
+    require_loopback(cluster, source)
     if cluster.num_devices < 2:
         raise InputError(source, "devices", f"has {cluster.num_devices} device; messages and all-reduces need 2",
                          fix)
