@@ -202,18 +202,17 @@ def _cpu_demand(site: _Site, over: RuntimeOverheads, fraction, seconds, charge, 
 
 def _runtime_overheads(seconds, kind, device, src_dev, dep_src, dep_dst, site: _Site, over: RuntimeOverheads,
                        dispatch, num_inputs, group_size, feed_bytes=0.0):
-    """Adds the measured costs of the runtime the profile was taken for to `seconds` (in place)
+    """Adds the measured costs of the cluster's runtime to `seconds` (in place)
     and returns (the link-hold time of every task (empty: links are held for the whole duration),
     the message CPU added to each lane task (None: none), the message CPU of each transfer task
     that runs beside the lanes, as (sending end[M], receiving end[M]) (None: none), the sending
     end's message CPU of each transfer task,
-    to run as its HANDLER task (None: none); see inter_op_threads). `over`: _overheads(ctx);
+    to run as its HANDLER task (None: none); see inter_op_threads). `over`: the RuntimeOverheads;
     `dispatch`: _dispatch's (task, wall seconds, devices used, further devices' wait) for step_s;
     `num_inputs`: the graph's fed inputs; `group_size` [M]: each task's participants (collectives).
 
-    They come from the profile conditions `runtime_overheads`, written by
-    benchmarks/fidelity_bench.py from micro-benchmarks on the local cluster; absent, nothing is
-    added. Keys (seconds):
+    They come from the RuntimeOverheads file, measured by `python -m tfplace.cli.overheads` from
+    micro-benchmarks on the local cluster (tfplace.profiling.overheads_probe). Fields (seconds):
       step_s         once per step (client -> master -> workers dispatch and the fetch), charged
                      to the first input's first instance: nothing starts before the feed arrives;
       feed_input_s, feed_s_per_byte   the feed, charged there too: per fed input beyond the
@@ -314,7 +313,7 @@ def _append_worker_dispatch(t, dispatch, dep_src, dep_dst):
     HANDLER task first on each device of the step but the first input's, lasting the dispatch's
     wait, before every lane task there. The master sends every RunGraph at once, so each
     further device waits what the micro-benchmark measured for all of them together
-    (worker_s per further task, benchmarks/fidelity_bench.py measure_overheads). `t` as
+    (worker_s per further task, tfplace.profiling.overheads_probe). `t` as
     _append_handlers's (changed in place); returns the dependencies with the new ones."""
     first, _, used, wait_s = dispatch
     if first < 0 or wait_s <= 0:
