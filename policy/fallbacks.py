@@ -44,6 +44,17 @@ def relative_speed(kind: str) -> float:
     return _PEAK_TFLOPS.get(kind, 5.0)
 
 
+def device_speed(device) -> float:
+    """Relative compute speed of one cluster device: its kind's, or, for a CPU device emulated
+    under a CPU quota (its cluster file's `emulation.cpu_fraction`, e.g. kind "CPU_half"), a CPU's
+    times that fraction (the quota's nominal slowdown)."""
+    emulation = getattr(device, "emulation", None)
+    fraction = getattr(emulation, "cpu_fraction", None) if emulation is not None else None
+    if fraction and device.kind.upper().startswith("CPU"):
+        return relative_speed("CPU") * float(fraction)
+    return relative_speed(device.kind)
+
+
 def default_profile(graph: OpGraph, kinds: Sequence[str]) -> Profile:
     """Roofline-ish derived profile when no measured one is given.
 
@@ -83,7 +94,7 @@ def baseline_strategies(graph: OpGraph, cluster: Cluster, batch_size: int, max_g
         return dict(real(graph, cluster, batch_size, max_groups, profile=profile, grouping=grouping,
                          overheads=overheads))
     names = cluster.device_names
-    speeds = [relative_speed(d.kind) for d in cluster.devices]
+    speeds = [device_speed(d) for d in cluster.devices]
     fastest = names[int(np.argmax(speeds))]
     out: Dict[str, Callable[[], Strategy]] = {
         "single": lambda: Strategy(batch_size, max_groups, decision({fastest: batch_size}), {}, label),

@@ -78,7 +78,7 @@ def _speed_weights(cluster: Cluster) -> List[float]:
             for d in cluster.devices]
 
 
-def _profile(graph, cluster: Cluster):
+def simulation_profile(graph, cluster: Cluster):
     """The device model's profile of the cluster's kinds (the bundled measured one when the graph
     has it, else the roofline model), the one the search would use; quota kinds from "CPU"."""
     from tfplace.profiling.device_model import default_profile
@@ -142,7 +142,7 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None) 
         res = run_horovod(job["graph"], per, steps=config.steps, warmup_steps=config.warmup_steps,
                           emulation_per_rank=emulation, source=config.cluster, device_names=cluster.device_names)
         return {"step_times_s": list(res.report.step_times_s), "simulated_s": None, "timeline": ""}
-    profile = _profile(graph, cluster)
+    profile = simulation_profile(graph, cluster)
     strategy, grouping = job.get("strategy"), None
     if strategy is None:
         strategy, grouping = baseline_plan(job["baseline"], graph, cluster, profile, job["batch"],
