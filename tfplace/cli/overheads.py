@@ -142,33 +142,28 @@ def _per_task(text: str, parse, n: int, flag: str) -> Optional[list]:
     return values
 
 
-def _file_emulation(cluster) -> tuple:
-    """(cpus per task, CPU fraction per task) that the cluster file's devices declare in their
-    `emulation` (device i runs as task i; None where a device declares none)."""
-    emulations = [getattr(d, "emulation", None) for d in cluster.devices]
-    return ([list(e.cpus) if e is not None and e.cpus else None for e in emulations],
-            [e.cpu_fraction if e is not None else None for e in emulations])
-
-
 def cluster_settings(args, cluster, source: str) -> dict:
     """LocalCluster keyword arguments for the cluster's tasks: the flags' threads, and the pinning
-    and quotas of the per-task flags or else of the cluster file's emulation."""
+    and quotas of the per-task flags or else of the cluster file's emulation (device i is task i,
+    check_local_cluster). Raises InputError, before any server starts, for a core this machine
+    lacks or a quota it cannot set (tfplace.emulation.tasks.check_applicable), naming the flags or
+    the cluster file's field."""
+    from tfplace.emulation.tasks import check_applicable
+    from tfplace.formats.cluster import Emulation
     n = cluster.num_devices
     kwargs = dict(num_tasks=n, threads_per_task=[args.threads] * n, inter_threads_per_task=[args.inter_threads] * n)
-    file_cpus, file_fractions = _file_emulation(cluster)
-    cpus = _per_task(args.cpus_per_task, _cpu_sets, n, "cpus-per-task") or file_cpus
-    fractions = _per_task(args.cpu_fraction_per_task, _fractions, n, "cpu-fraction-per-task")
-    origin = ("arguments", "--cpu-fraction-per-task") if fractions else None
-    fractions = fractions or file_fractions
+    from_file = cluster.task_emulations
+    flag_cpus = _per_task(args.cpus_per_task, _cpu_sets, n, "cpus-per-task")
+    flag_fractions = _per_task(args.cpu_fraction_per_task, _fractions, n, "cpu-fraction-per-task")
+    cpus = flag_cpus or [list(e.cpus) if e is not None and e.cpus else None for e in from_file]
+    fractions = flag_fractions or [e.cpu_fraction if e is not None else None for e in from_file]
+    where = (("arguments --cpus-per-task / --cpu-fraction-per-task", "tasks") if flag_cpus or flag_fractions
+             else (source, "devices"))
+    check_applicable([None if c is None and f is None else Emulation(None if c is None else tuple(c), f)
+                      for c, f in zip(cpus, fractions)], *where)
     if any(c is not None for c in cpus):
         kwargs["cpus_per_task"] = cpus
     if any(f is not None for f in fractions):
-        from tfplace.emulation import cpu_quota
-        if not cpu_quota.available():
-            first = next(i for i, f in enumerate(fractions) if f is not None)
-            where = origin or (source, f"devices[{first}].emulation.cpu_fraction")
-            raise InputError(*where, "needs writable cgroups to set a CPU quota, and this process has none",
-                             "run as root, or leave the tasks unlimited")
         kwargs["cpu_fraction_per_task"] = fractions
     return kwargs
 
