@@ -172,26 +172,20 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
     seconds += np.bincount(w_task, weights=ctx.options.aux_launch_s + 2.0 * buf_bytes[w_buf] / ctx.mem_bw[w_dev],
                            minlength=len(seconds))
     task_bytes = np.concatenate([inst_bytes, tt_bytes, sb_bytes, np.zeros(nc), st["bytes"]])
-    dep_src, dep_dst = dep_src.astype(np.int32), dep_dst.astype(np.int32)
-    t = {"kind": kind, "device": device, "src_dev": src_dev, "op": task_op, "prio": task_prio,
-         "seconds": seconds, "bytes": task_bytes,
-         "tensor": np.concatenate([np.full(m0, -1), tt_t, np.full(nx + nc + ns, -1)]),
-         "samples": samples,
-         "lo": np.concatenate([lay_lo[ent], A["lo"][row], np.zeros(nx + nc, np.int64), st["lo"]]),
-         "hi": np.concatenate([lay_hi[ent], A["hi"][row], np.full(nx + nc, batch), st["hi"]]),
-         "control": np.concatenate([np.arange(m) >= m2, st["control"]]), "link_ptr": link_ptr, "part_ptr": part_ptr}
-    m_all = len(t["kind"])
-
+    task_tensor = np.concatenate([np.full(m0, -1), tt_t, np.full(nx + nc + ns, -1)])
+    task_lo = np.concatenate([lay_lo[ent], A["lo"][row], np.zeros(nx + nc, np.int64), st["lo"]])
+    task_hi = np.concatenate([lay_hi[ent], A["hi"][row], np.full(nx + nc, batch), st["hi"]])
+    m_all = len(kind)
     return PlacedGraph(
         device_names=ctx.cluster.device_names, global_batch_size=batch, num_compute=m0, op_task_ptr=op_ptr,
-        task_kind=t["kind"], task_device=t["device"].astype(np.int32), task_src_device=t["src_dev"].astype(np.int32),
-        task_op=t["op"].astype(np.int32), task_tensor=t["tensor"].astype(np.int32),
-        task_samples=t["samples"].astype(np.int32), task_lo=t["lo"].astype(np.int32), task_hi=t["hi"].astype(np.int32),
-        task_seconds=t["seconds"], task_bytes=t["bytes"], task_priority=t["prio"],
+        task_kind=kind, task_device=device.astype(np.int32), task_src_device=src_dev.astype(np.int32),
+        task_op=task_op.astype(np.int32), task_tensor=task_tensor.astype(np.int32),
+        task_samples=samples.astype(np.int32), task_lo=task_lo.astype(np.int32), task_hi=task_hi.astype(np.int32),
+        task_seconds=seconds, task_bytes=task_bytes, task_priority=task_prio,
         task_weight=np.concatenate([inst_samp / batch, np.zeros(m_all - m0)]),
-        dep_src=dep_src, dep_dst=dep_dst,
-        link_ptr=t["link_ptr"], link_idx=link_idx, link_names=links.link_names,
-        link_bandwidth_bytes_per_s=links.link_bw, part_ptr=t["part_ptr"], part_dev=part_dev,
+        dep_src=dep_src.astype(np.int32), dep_dst=dep_dst.astype(np.int32),
+        link_ptr=link_ptr, link_idx=link_idx, link_names=links.link_names,
+        link_bandwidth_bytes_per_s=links.link_bw, part_ptr=part_ptr, part_dev=part_dev,
         buf_task=buf_task.astype(np.int32), buf_device=buf_device.astype(np.int32),
         buf_bytes=buf_bytes, buf_tensor=buf_tensor.astype(np.int32),
         out_ptr=exclusive_cumsum(np.bincount(buf_task, minlength=m_all)),
@@ -199,7 +193,7 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
         in_edge=np.concatenate([r2_edge, np.full(len(r1_task), -1)]).astype(np.int32), static_bytes=static,
         tensor_weight_mean=ix.tensor_weight_mean, op_names=graph.names,
         tensor_mean_scaled=ix.tensor_mean_scaled, tensor_batch_rows=ix.tensor_batch_rows,
-        task_control=t["control"], step_message_start=m if ns else -1,
+        task_control=np.concatenate([np.arange(m) >= m2, st["control"]]), step_message_start=m if ns else -1,
         device_cpu_fraction=ctx.cpu_fraction, input_ops=fed.astype(np.int32), feed_bytes=float(np.sum(fed_bytes)))
 
 
