@@ -45,13 +45,11 @@ def relative_speed(kind: str) -> float:
 
 
 def device_speed(device) -> float:
-    """Relative compute speed of one cluster device: its kind's, or, for a CPU device emulated
-    under a CPU quota (its cluster file's `emulation.cpu_fraction`, e.g. kind "CPU_half"), a CPU's
-    times that fraction (the quota's nominal slowdown)."""
-    emulation = getattr(device, "emulation", None)
-    fraction = getattr(emulation, "cpu_fraction", None) if emulation is not None else None
-    if fraction and device.kind.upper().startswith("CPU"):
-        return relative_speed("CPU") * float(fraction)
+    """Relative compute speed of one cluster device (a quota-emulated CPU device: a CPU's times
+    its quota; stands in for `tfplace.profiling.device_model.device_speed`)."""
+    real = _real("tfplace.profiling.device_model", "device_speed")
+    if real is not None:
+        return float(real(device))
     return relative_speed(device.kind)
 
 

@@ -72,10 +72,8 @@ def _quota_kinds(cluster: Cluster) -> Dict[str, float]:
 
 
 def _speed_weights(cluster: Cluster) -> List[float]:
-    from tfplace.profiling.device_model import relative_speed
-    quota = _quota_kinds(cluster)
-    return [float(relative_speed("CPU") * quota[d.kind] if d.kind in quota else relative_speed(d.kind))
-            for d in cluster.devices]
+    from tfplace.profiling.device_model import device_speed
+    return [float(device_speed(d)) for d in cluster.devices]
 
 
 def simulation_profile(graph, cluster: Cluster):

@@ -697,6 +697,18 @@ def relative_speed(kind: str, graph: Optional[OpGraph] = None, batch_size: Optio
     return float(roofline_seconds(ref, costs).sum() / roofline_seconds(spec, costs).sum())
 
 
+def device_speed(device) -> float:
+    """relative_speed of one cluster device (a tfplace.formats.cluster.Device): its kind's; for a
+    CPU kind the device table lacks whose device runs under a declared CPU quota (the cluster file's
+    `emulation.cpu_fraction`, e.g. kind "CPU_half"), a CPU's times that fraction (the quota's
+    nominal slowdown). Raises InputError for any other unknown kind."""
+    from tfplace.formats.cluster import is_cpu_kind
+    fraction = device.emulation.cpu_fraction if device.emulation is not None else None
+    if fraction is not None and is_cpu_kind(device.kind) and device.kind not in DEVICES:
+        return relative_speed("CPU") * float(fraction)
+    return relative_speed(device.kind)
+
+
 # ---------------------------------------------------------------------------------------------
 # Bundled profiles
 # ---------------------------------------------------------------------------------------------
