@@ -14,7 +14,8 @@ start them (the same environment variables, Horovod's own rendezvous server), wi
 difference: horovodrun's rendezvous HTTP server binds every interface (0.0.0.0, no option to
 change it in Horovod 0.28), while here it binds 127.0.0.1; Gloo binds the loopback interface
 (HOROVOD_GLOO_IFACE, as horovodrun sets it for local hosts). So nothing of a run listens beyond
-loopback. Each rank runs in its own process group; leaving `run_horovod` by any route (success,
+loopback, and all of it runs in the run's private network namespace (tfplace.runtime.netns),
+where loopback is the only interface. Each rank runs in its own process group; leaving `run_horovod` by any route (success,
 error, a rank's failure, timeout, Ctrl-C) terminates every group (SIGTERM, then SIGKILL), so no
 rank outlives the call, and a failed rank stops the others at once.
 
@@ -217,6 +218,8 @@ def run_horovod(bundle: str, batch_per_rank: Sequence[int], steps: int = 10, war
 def _run_ranks(cmd: List[str], n: int, work: str, limits: TaskLimits, timeout_s: float) -> None:
     """Starts the n ranks (each in its own process group, under its limits) and waits for all;
     raises HorovodError on the first failed rank or at the timeout. Every rank is gone on return."""
+    from tfplace.runtime.netns import ensure_private_network
+    ensure_private_network("Horovod's rendezvous and Gloo")  # its ranks inherit the private network
     iface = _loopback_interface()
     base = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), PYTHONUNBUFFERED="1")
     rendezvous = _Rendezvous(n)

@@ -21,6 +21,8 @@ import os
 import re
 import time
 
+from tfplace.formats.errors import InputError
+
 from . import bundle
 from . import models
 
@@ -190,7 +192,23 @@ def bundle_for_entry(entry):
     if entry.graph is not None:
         return entry.graph
     opts = {k: getattr(entry, k) for k in ("image_size", "seq_len", "num_layers") if getattr(entry, k) is not None}
-    return ensure_bundle(entry.model, batch_size=entry.batch_size, optimizer=entry.optimizer or "sgd", **opts)
+    opts.update(batch_size=entry.batch_size, optimizer=entry.optimizer or "sgd")
+    try:
+        resolve_options(entry.model, **opts)  # before any export: a bad name is one clear error
+    except ValueError as err:
+        raise InputError(f"graph entry {entry.label}", option_field(str(err), opts), str(err),
+                         "use a zoo model name and options that apply to it") from None
+    return ensure_bundle(entry.model, **opts)
+
+
+def option_field(message, given=()):
+    """The option a resolve_options message is about ("image_size", ...): the first option of
+    `given` (or of every option) the message names, else "model"."""
+    for field in (*given, "batch_size", "image_size", "seq_len", "num_layers", "num_classes", "variant",
+                  "optimizer", "learning_rate", "seed"):
+        if re.search(rf"\b{field}\b", message):
+            return field
+    return "model"
 
 
 def _human_bytes(n):

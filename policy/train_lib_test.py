@@ -1,5 +1,8 @@
-"""Training end to end through the CLI: outputs, and resume after a kill with no lost progress."""
+"""Training: end to end through the CLI (outputs, resume after a kill with no lost progress),
+seeds (one seed, one run), and the fingerprint a resumed run is checked against. Faults (damaged
+checkpoints, changed configs, SIGTERM, an infeasible best) are in tests/test_faults_unit_resume.py."""
 
+import dataclasses
 import json
 import os
 import re
@@ -78,3 +81,115 @@ def test_train_is_killed_and_resumes_without_losing_progress(tmp_path):
     assert report["best_baseline"] == min(feasible, key=feasible.get)
     for name, t in feasible.items():  # speed-ups over each baseline, by hand
         assert report["speedups"][name] == pytest.approx(t / report["time_s"])
+
+
+# ---- seeds -------------------------------------------------------------------------------------
+def _short_run(tmp_path, name, seed, steps=3):
+    """(losses per step, state.json without the wall time, network weights) of `steps` steps."""
+    import dataclasses
+
+    from tfplace.formats.config import load_train_config
+    from tfplace.policy import train_lib
+    config = load_train_config(_config(tmp_path, steps))
+    config = dataclasses.replace(config, seed=seed, output_dir=str(tmp_path / name))
+    trainer = train_lib.Trainer(config, log=lambda m: None, progress=False)
+    losses = [trainer.train_step()["loss"] for _ in range(steps)]
+    trainer.save()
+    state = _state(config.output_dir)
+    del state["elapsed_s"]
+    return losses, state, [v.numpy() for v in trainer.network.trainable_variables]
+
+
+def test_two_runs_with_one_seed_take_the_same_steps_and_another_seed_does_not(tmp_path):
+    import numpy as np
+    losses, state, weights = _short_run(tmp_path, "a", seed=3)
+    again_losses, again_state, again_weights = _short_run(tmp_path, "b", seed=3)
+    assert again_losses == losses
+    assert again_state == state  # pools (best strategies), logs, RNG, reward baselines, fingerprint
+    assert all(np.array_equal(a, b) for a, b in zip(weights, again_weights))
+    other_losses, other_state, other_weights = _short_run(tmp_path, "c", seed=4)
+    assert other_losses != losses
+    assert not all(np.array_equal(a, b) for a, b in zip(weights, other_weights))
+    label = state["labels"][0]
+    assert other_state["tasks"][label]["log"] != state["tasks"][label]["log"]
+
+
+# ---- fingerprint -------------------------------------------------------------------------------
+def _fingerprint_case(tmp_path):
+    """A loaded config whose input files are copies in tmp_path, and a spare file of each kind."""
+    import shutil
+
+    from tfplace.formats.config import load_train_config
+    for name in ("tiny_mlp_b16_sgd.json", "tiny_mlp_b16_sgd.pb"):
+        shutil.copy(os.path.join(REPO, "graph_defs", "zoo", name), tmp_path / name)
+    shutil.copy(os.path.join(REPO, "clusters", "two_kind_4gpu.json"), tmp_path / "cluster.json")
+    cfg = json.loads(open(_config(tmp_path, 2)).read())
+    cfg["graphs"][0]["graph"] = str(tmp_path / "tiny_mlp_b16_sgd.json")
+    cfg["clusters"] = [str(tmp_path / "cluster.json")]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "other.json").write_text('{"another": "file"}')
+    return load_train_config(tmp_path / "config.json", workdir=str(tmp_path))
+
+
+# TrainConfig field -> (a change of it, the fingerprint part it must change or None: resumable)
+FIELD_CHANGES = {
+    "graphs": (lambda c, d: (dataclasses.replace(c.graphs[0], batch_size=24),), "graphs[0]"),
+    "clusters": (lambda c, d: (str(d / "other.json"),), "clusters[0]"),
+    "profiles": (lambda c, d: (str(d / "other.json"),), "profiles[0]"),
+    "overheads": (lambda c, d: (str(d / "other.json"),), "overheads[0]"),
+    "max_groups": (lambda c, d: 8, "max_groups"),
+    "seed": (lambda c, d: 4, "seed"),
+    "network": (lambda c, d: dataclasses.replace(c.network, hidden_size=32), "network"),
+    "rl": (lambda c, d: dataclasses.replace(c.rl, oom_penalty=3.0), "rl"),
+    "simulator": (lambda c, d: dataclasses.replace(c.simulator, allreduce_algorithm="tree"), "simulator"),
+    "budget": (lambda c, d: dataclasses.replace(c.budget, steps=500), None),
+    "checkpoint_every_steps": (lambda c, d: 7, None),
+    "output_dir": (lambda c, d: str(d / "elsewhere"), None),
+    "accept_infeasible": (lambda c, d: True, None),
+    "source": (lambda c, d: str(d / "copy.json"), None),
+}
+
+
+def test_every_config_field_is_in_the_fingerprint_or_declared_resumable():
+    from tfplace.formats.config import RESUMABLE_FIELDS, TrainConfig
+    assert sorted(FIELD_CHANGES) == sorted(f.name for f in dataclasses.fields(TrainConfig))
+    assert sorted(k for k, (_, part) in FIELD_CHANGES.items() if part is None) == sorted(RESUMABLE_FIELDS)
+
+
+@pytest.mark.parametrize("field", sorted(FIELD_CHANGES))
+def test_a_changed_field_changes_its_fingerprint_part_only(field, tmp_path):
+    from tfplace.policy import train_lib
+    config = _fingerprint_case(tmp_path)
+    change, part = FIELD_CHANGES[field]
+    changed = dataclasses.replace(config, **{field: change(config, tmp_path)})
+    before = train_lib.run_fingerprint(config, [config.graphs[0].graph])
+    after = train_lib.run_fingerprint(changed, [changed.graphs[0].graph])
+    assert [p for p in after if after[p] != before[p]] == ([part] if part else [])
+    assert train_lib.first_difference(before, after) == part
+
+
+@pytest.mark.parametrize("edit,part", [
+    ("graph file bytes", "graphs[0]"),   # the GraphDef the bundle names, not only the bundle
+    ("cluster file bytes", "clusters[0]"),
+    ("files moved", None),               # contents, not paths: a moved checkout still resumes
+])
+def test_the_fingerprint_follows_file_contents_not_paths(edit, part, tmp_path):
+    import shutil
+
+    from tfplace.policy import train_lib
+    config = _fingerprint_case(tmp_path)
+    before = train_lib.run_fingerprint(config, [config.graphs[0].graph])
+    bundle = config.graphs[0].graph
+    if edit == "graph file bytes":
+        with open(bundle[:-len(".json")] + ".pb", "ab") as f:
+            f.write(b"\0")
+    elif edit == "cluster file bytes":
+        with open(config.clusters[0], "a") as f:
+            f.write(" ")
+    else:
+        moved = tmp_path / "moved"
+        shutil.copytree(tmp_path, moved, ignore=lambda d, names: ["moved"])
+        entry = dataclasses.replace(config.graphs[0], graph=str(moved / os.path.basename(bundle)))
+        config = dataclasses.replace(config, graphs=(entry,), clusters=(str(moved / "cluster.json"),))
+    after = train_lib.run_fingerprint(config, [config.graphs[0].graph])
+    assert train_lib.first_difference(before, after) == part

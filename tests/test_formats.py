@@ -147,16 +147,38 @@ def test_activate_non_strict_reports_each_bad_entry(tmp_path):
     path.write_text(json.dumps({
         "strategies": [{"name": "ok", "strategy": "good.json", "model": "tiny_mlp"},
                        {"name": "missing", "strategy": "nope.json", "model": "tiny_mlp"},
-                       {"name": "ok", "strategy": "good.json", "model": "tiny_mlp"}],
+                       {"name": "ok2", "strategy": "good.json", "model": "tiny_mlp"}],
         "baselines": ["single", "dp_magic", "dp_even_ps"]}))
     with pytest.raises(InputError, match=r"strategies\[1\].strategy"):
         load_activate_config(path)
     config = load_activate_config(path, strict=False)
     assert config.cluster == os.path.join(REPO, "clusters", "local_cpu.json")  # the default
     report = validate_entries(config)
-    assert [name for name, _ in report] == ["ok", "missing", "ok", "single", "dp_magic", "dp_even_ps"]
-    assert [error is None for _, error in report] == [True, False, False, True, False, True]
-    assert "strategies[2].name" in str(report[2][1]) and "baselines[1]" in str(report[4][1])
+    assert [name for name, _ in report] == ["ok", "missing", "ok2", "single", "dp_magic", "dp_even_ps"]
+    assert [error is None for _, error in report] == [True, False, True, True, False, True]
+    assert "strategies[1].strategy" in str(report[1][1]) and "baselines[1]" in str(report[4][1])
+
+
+@pytest.mark.parametrize("strategies,baselines,field,first", [
+    (["ok", "ok"], [], "strategies[1].name", "strategies[0].name"),
+    (["single"], ["single"], "baselines[0]", "strategies[0].name"),
+    ([], ["single", "dp_even_ps", "single"], "baselines[2]", "baselines[0]"),
+])
+def test_an_activate_entry_name_used_twice_stops_the_whole_file(strategies, baselines, field, first, tmp_path):
+    """Results are keyed by entry name: a shared name would fail the valid entry too (or drop a
+    baseline), so it is an error of the file, strict or not, naming both entries' fields."""
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"global_batch_size": 6, "max_groups": 4,
+                                "default": {"shares": {"cpu0": 2, "cpu1": 2, "cpu2": 2}}}))
+    path = tmp_path / "activate_config.txt"
+    path.write_text(json.dumps({"strategies": [{"name": n, "strategy": "good.json", "model": "tiny_mlp"}
+                                               for n in strategies],
+                                "baselines": baselines, "graphs": [{"model": "tiny_mlp", "batch_size": 6}]}))
+    for strict in (True, False):
+        with pytest.raises(InputError) as info:
+            load_activate_config(path, strict=strict)
+        message = str(info.value)
+        assert message.startswith(str(path)) and field in message and first in message and "Fix:" in message
 
 
 # ---- cluster topology -----------------------------------------------------------------------

@@ -7,6 +7,7 @@ Each family module (keras_apps, resnet200, transformer, bert, xlnet, tiny) has
 """
 
 import dataclasses
+import difflib
 import importlib
 from typing import Optional, Tuple
 
@@ -90,10 +91,19 @@ def default_image_size(spec, variant=None):
     return _VARIANT_IMAGE_SIZE.get((spec.name, variant), spec.image_size)
 
 
+def unknown_model(name):
+    """What is wrong with the model name `name`: "unknown model 'x'", the closest known name
+    when one is close, and every known name."""
+    close = difflib.get_close_matches(str(name), sorted(MODELS), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown model {name!r}{hint}; choose one of {sorted(MODELS)}"
+
+
 def get_spec(name):
-    """Returns the ModelSpec for `name`; ValueError listing the known names otherwise."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+    """Returns the ModelSpec for `name`; ValueError listing the known names (and the closest
+    one) otherwise."""
+    if not isinstance(name, str) or name not in MODELS:
+        raise ValueError(unknown_model(name))
     return MODELS[name]
 
 

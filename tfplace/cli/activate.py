@@ -4,7 +4,11 @@ For every entry (strategy files, then baselines on every graph): rewrite (tfplac
 warm-up, timed steps, mean ± std per-iteration time, a Chrome timeline of one FULL_TRACE step
 (`<output_dir>/<entry>.timeline.json`), the simulated time of the same PlacedGraph, and a final
 table with measured time, simulated time and their ratio. A bad entry is reported (its error
-in the table and in results.json) and the others still run. Results: `<output_dir>/results.json`.
+in the table and in results.json) and the others still run; a worker that died is replaced by a
+new cluster for the next entry. Results: `<output_dir>/results.json`, rewritten after every entry
+("complete": false until the last), so what ran survives an interrupt. One run at a time may
+use an output folder (a lock in it; a second run stops with exit 2). SIGTERM or Ctrl-C stops
+every server and Horovod rank and removes their temporary folders.
 
 Clusters whose hosts are all loopback run on a LocalCluster started here (one server process
 per task, each pinned and CPU-limited as its device's `emulation` in the cluster file says);
@@ -165,37 +169,69 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
     from tfplace.graph_defs.export import resolve_options
     from tfplace.runtime.local_cluster import LocalCluster
     config = load_activate_config(config_path, strict=False, check_model=resolve_options)
-    common.check_output_dir(config.output_dir, config_path, "output_dir")  # before any work
+    common.check_outputs_in(config.output_dir, ["results.json", ".tfplace.lock"], config_path,
+                            "output_dir")  # before any work
     errors = {name: err for name, err in validate_entries(config) if err is not None}
     cluster = load_cluster(config.cluster)
     overheads = common.load_overheads_arg(config.overheads)  # before any work: its errors name the file
     # loopback hosts, cores and quotas are checked here, before any export or server
-    lc = LocalCluster.for_cluster(cluster)
+    LocalCluster.for_cluster(cluster)
     os.makedirs(config.output_dir, exist_ok=True)
-    jobs = _jobs(config, errors)
-    rows = []
-    with lc:
-        for job in jobs:
-            row = {"name": job["name"], "kind": job["kind"], "error": None}
-            if job.get("error") is None:
-                try:
-                    row.update(_run_one(job, cluster, lc, config, overheads))
-                    t = row["step_times_s"]
-                    row["mean_s"], row["std_s"] = statistics.fmean(t), statistics.pstdev(t)
-                    sim = row["simulated_s"]
-                    row["ratio"] = sim / row["mean_s"] if sim else None
-                except Exception as err:  # one bad entry must not stop the others
-                    row["error"] = f"{type(err).__name__}: {err}"
-                    traceback.print_exc(file=sys.stderr)
-            else:
-                row["error"] = str(job["error"])
-            print(f"{row['name']}: " + (row["error"] or f"{row['mean_s'] * 1e3:.2f} ± {row['std_s'] * 1e3:.2f} ms"),
-                  file=out, flush=True)
-            rows.append(row)
-    print_table(rows, out)
-    with open(os.path.join(config.output_dir, "results.json"), "w") as f:
-        json.dump({"config": os.path.abspath(config_path), "cluster": config.cluster, "results": rows}, f, indent=1)
+    results_path = os.path.join(config.output_dir, "results.json")
+    with common.OutputLock(config.output_dir, config_path, "output_dir"):  # one run per folder
+        jobs = _jobs(config, errors)
+        if config.trace:
+            common.check_outputs_in(config.output_dir, [f"{j['name']}.timeline.json" for j in jobs], config_path,
+                                    "output_dir")
+        rows: List[Dict[str, Any]] = []
+        lc = None
+        try:
+            for job in jobs:
+                row = {"name": job["name"], "kind": job["kind"], "error": None}
+                if job.get("error") is None:
+                    try:
+                        lc = _running_cluster(lc, cluster, out)
+                        row.update(_run_one(job, cluster, lc, config, overheads))
+                        t = row["step_times_s"]
+                        row["mean_s"], row["std_s"] = statistics.fmean(t), statistics.pstdev(t)
+                        sim = row["simulated_s"]
+                        row["ratio"] = sim / row["mean_s"] if sim else None
+                    except Exception as err:  # one bad entry must not stop the others
+                        row["error"] = f"{type(err).__name__}: {err}"
+                        traceback.print_exc(file=sys.stderr)
+                else:
+                    row["error"] = str(job["error"])
+                print(f"{row['name']}: " + (row["error"] or f"{row['mean_s'] * 1e3:.2f} ± {row['std_s'] * 1e3:.2f} ms"),
+                      file=out, flush=True)
+                rows.append(row)
+                _write_results(results_path, config_path, config, rows, complete=False)  # survives an interrupt
+        finally:
+            if lc is not None:
+                lc.close()
+        print_table(rows, out)
+        _write_results(results_path, config_path, config, rows, complete=True)
     return rows
+
+
+def _running_cluster(lc, cluster: Cluster, out):
+    """`lc` while all its tasks live; else a new LocalCluster of `cluster`, started (a worker that
+    died in one entry, e.g. out of memory, must not fail every later entry)."""
+    from tfplace.runtime.local_cluster import LocalCluster
+    if lc is not None and lc.running and not lc.dead_tasks():
+        return lc
+    if lc is not None:
+        lc.close()
+        print("a worker died: restarting the cluster for the next entry", file=out, flush=True)
+    return LocalCluster.for_cluster(cluster).start()
+
+
+def _write_results(path: str, config_path: str, config: ActivateConfig, rows, complete: bool) -> None:
+    """results.json, replaced atomically; `complete` is false while entries are still to run."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump({"config": os.path.abspath(config_path), "cluster": config.cluster, "complete": complete,
+                   "results": rows}, f, indent=1)
+    os.replace(tmp, path)
 
 
 def print_table(rows, out=sys.stdout) -> None:
@@ -225,7 +261,7 @@ def main(argv) -> int:
 
 def run_command() -> None:
     """Entry point of `python activate.py CONFIG`: `app.run(main)` under tfplace.cli.common's contract."""
-    common.run(main, define_flags, __doc__, positional=POSITIONAL)
+    common.run(main, define_flags, __doc__, positional=POSITIONAL, servers=True)
 
 
 if __name__ == "__main__":

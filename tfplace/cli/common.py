@@ -10,10 +10,17 @@ with this module's flag parser. The contract every command keeps:
   * a usage error (unknown flag, missing required flag, a value a validator rejects, a missing or
     stray positional argument) prints one line `error: ...` on stderr and exits 2;
   * bad input (`tfplace.formats.errors.InputError`: the file, the field, the fix) prints one line
-    `error: <file>: <field>: ... Fix: ...` on stderr and exits 2; a failed run exits 1;
+    `error: <file>: <field>: ... Fix: ...` on stderr and exits 2; a run tfplace stopped on purpose
+    (any other TfplaceError: a dead worker, a failed rank, no private network) prints one line
+    and exits 1; Ctrl-C exits 130 and SIGTERM 143, after the same clean-up (tfplace.runtime.signals);
+  * a command that starts servers (`run(..., servers=True)`) enters a private network namespace
+    first (tfplace.runtime.netns); one that writes a folder holds its `OutputLock`;
   * output paths are checked before any work starts: flags with `output_file_flag` /
     `output_dir_flag` (at parse time), paths from files with `check_output_file` /
-    `check_output_dir`.
+    `check_output_dir`;
+  * numbers and names are checked at parse time (absl bounds, `int_list_flag`, `names_flag`,
+    `zoo_model_flag`, `device_kinds_flag`), input files too (`input_file_flag`, `graph_flag`:
+    a regular file, never a folder, FIFO or device, which every loader refuses as well).
 
 `call(module, argv)` runs a command in-process (for tests): it defines the module's flags, parses
 argv, runs its main, removes the flags again and returns the exit status.
@@ -21,18 +28,23 @@ argv, runs its main, removes the flags again and returns the exit status.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
+import signal
 import sys
 import types
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from absl import app, flags
 
-from tfplace.formats.errors import InputError
+from tfplace.formats.errors import InputError, TfplaceError
+from tfplace.runtime.signals import Terminated, stop_on_sigterm
+from tfplace.formats.files import file_kind, input_problem
 
 FLAGS = flags.FLAGS
 USAGE_EXIT = 2  # usage errors and bad input
+FAILED_EXIT = 1  # a run that failed (a dead worker, a failed rank): not the input's fault
 _HELP_ARGS = frozenset({"-h", "-help", "--help", "-?", "--helpshort", "--helpfull"})
 
 
@@ -65,6 +77,8 @@ def output_problem(path: str, folder: bool = False) -> Optional[Tuple[str, str]]
     full = os.path.abspath(os.fspath(path))
     if not folder and os.path.isdir(full):
         return f"{path} is an existing folder, not a file", f"give a file name, e.g. {os.path.join(path, 'out.json')}"
+    if not folder and os.path.exists(full) and not os.path.isfile(full):  # writing would block or hit a device
+        return f"{path} is {file_kind(os.stat(full).st_mode)}, not a regular file", "give the path of a regular file"
     if folder and os.path.exists(full) and not os.path.isdir(full):
         return f"{path} is an existing file, not a folder", "give a folder path (new or existing)"
     target = full if folder and os.path.isdir(full) else os.path.dirname(full)
@@ -94,6 +108,48 @@ def check_output_dir(path: str, source: str, field: str = "") -> None:
         raise InputError(source, field, *problem)
 
 
+def check_outputs_in(folder: str, names: Sequence[str], source: str, field: str = "") -> None:
+    """`check_output_dir(folder)`, then, when the folder exists, `check_output_file` on each
+    of `names` inside it (a file a run writes at its end must not turn out to be a folder then)."""
+    check_output_dir(folder, source, field)
+    if os.path.isdir(folder):
+        for name in names:
+            check_output_file(os.path.join(folder, name), source, f"{field}/{name}" if field else name)
+
+
+class OutputLock:
+    """Holds `<folder>/.tfplace.lock` (an flock) while a run writes into `folder`, so two runs
+    given the same folder do not overwrite each other's results: the second stops at once with an
+    InputError naming `source`, `field` and the pid of the run holding it. The kernel releases the
+    lock when the process ends, however it ends; the empty lock file stays."""
+
+    def __init__(self, folder: str, source: str, field: str = ""):
+        self.path = os.path.join(folder, ".tfplace.lock")
+        self.source, self.field = source, field
+        self._fd: Optional[int] = None
+
+    def __enter__(self) -> "OutputLock":
+        import fcntl
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise InputError(self.source, self.field,
+                             f"{os.path.dirname(self.path)} is in use by another run (pid {holder})",
+                             "wait for that run to end, or give this run another output folder") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock
+            self._fd = None
+
+
 def _output_checker(folder: bool) -> Callable[[Optional[str]], bool]:
     def check(path: Optional[str]) -> bool:
         problem = None if path is None else output_problem(path, folder)
@@ -111,6 +167,118 @@ def output_file_flag(name: str) -> None:
 def output_dir_flag(name: str) -> None:
     """Validates flag `name` at parse time as a folder this command will write into."""
     flags.register_validator(name, _output_checker(folder=True))
+
+
+def flag_check(name: str, check: Callable[[object], None]) -> None:
+    """Validates flag `name` at parse time with `check(value)` (not called for None, nor for the
+    items of an empty list), which raises InputError: its problem and fix become the one line of
+    the usage error, e.g. `error: flag --model=tiny_mpl: unknown model ... Fix: ...`."""
+    def validate(value) -> bool:
+        if value is None:
+            return True
+        try:
+            check(value)
+        except InputError as err:
+            raise flags.ValidationError(f"{err.problem}. Fix: {err.fix}") from None
+        return True
+    flags.register_validator(name, validate)
+
+
+def check_input_file(path: str, source: Optional[str] = None, field: str = "") -> None:
+    """Raises InputError (naming `source`, default the path, and `field`) unless `path` is a
+    regular file this process may read (tfplace.formats.files; the path is never opened)."""
+    problem = input_problem(path)
+    if problem:
+        raise InputError(path if source is None else source, field,
+                         problem[0] if source is None else f"{path}: {problem[0]}", problem[1])
+
+
+def input_file_flag(name: str) -> None:
+    """Validates flag `name` (a path, or a list of paths) at parse time as a regular file this
+    command reads: not missing, not a folder, FIFO or device (tfplace.formats.files; never opened)."""
+    flag_check(name, lambda v: [check_input_file(p) for p in ([v] if isinstance(v, str) else v)])
+
+
+def check_zoo_model(name: str, source: str = "argument --model") -> None:
+    """Raises InputError (naming `source`, the known names and the closest one) unless `name`
+    is a zoo model (tfplace.graph_defs; its registry imports no TensorFlow)."""
+    from tfplace.graph_defs.models import MODELS, unknown_model
+    if name not in MODELS:
+        raise InputError(source, "", unknown_model(name), "give one of the zoo model names")
+
+
+def zoo_model_flag(name: str) -> None:
+    """Validates flag `name` at parse time as a zoo model name."""
+    flag_check(name, lambda v: check_zoo_model(v, f"argument --{name}"))
+
+
+def _bare_name(spec: str) -> bool:
+    """True for a spec that reads as a name, not a path: no folder part and no extension."""
+    return os.sep not in spec and "/" not in spec and "." not in spec
+
+
+def check_graph_arg(spec: str, flag: str, zoo: bool = True) -> None:
+    """Raises InputError naming `flag` unless `spec` is a readable regular file (a bundle .json
+    or a GraphDef) or, with `zoo`, a zoo model name (a bare name: no folder, no extension)."""
+    if os.path.lexists(spec) or not _bare_name(spec):
+        check_input_file(spec)
+        return
+    from tfplace.graph_defs.models import MODELS, unknown_model
+    if not zoo:
+        if spec in MODELS:
+            raise InputError(flag, "", f"{spec!r} is a zoo model name, not a file", f"give --model {spec}")
+        raise InputError(flag, "", f"{spec!r}: file not found", "give the path of a bundle .json")
+    if spec not in MODELS:
+        raise InputError(flag, "", f"{spec!r} is neither a file nor a zoo model: {unknown_model(spec)}",
+                         "give a bundle .json path or a zoo model name")
+
+
+def graph_flag(name: str, zoo: bool = True) -> None:
+    """Validates flag `name` (a path or a list of them) at parse time with `check_graph_arg`."""
+    flag_check(name, lambda v: [check_graph_arg(p, f"argument --{name}", zoo)
+                                for p in ([v] if isinstance(v, str) else v)])
+
+
+def resolve_graph(spec: str, flag: str, batch_size: Optional[int] = None) -> str:
+    """The graph file of a --graph value: the path itself, or the bundle of a zoo model name,
+    exported on demand at `batch_size` (default: the model's) into the zoo cache
+    (tfplace.graph_defs.export.ensure_bundle). Raises InputError naming `flag` for anything else."""
+    check_graph_arg(spec, flag)
+    if os.path.lexists(spec) or not _bare_name(spec):
+        return spec
+    from tfplace.graph_defs.export import ensure_bundle
+    try:
+        return ensure_bundle(spec, batch_size=batch_size) if batch_size else ensure_bundle(spec)
+    except ValueError as err:  # an option the model does not take, e.g. its batch size
+        raise InputError(flag, "", f"zoo model {spec!r}: {err}", "give options the model takes") from None
+
+
+def device_kinds_flag(name: str) -> None:
+    """Validates flag `name` (comma-separated kinds, or a list of them) at parse time: every kind
+    known to the device model (tfplace.profiling.device_model.DEVICES; aliases allowed)."""
+    def check(value) -> None:
+        from tfplace.profiling.device_model import device_spec
+        for kind in value.split(",") if isinstance(value, str) else value:
+            if kind.strip():
+                device_spec(kind.strip(), f"argument --{name}")
+    flag_check(name, check)
+
+
+def names_flag(name: str, known: Callable[[], Sequence[str]], what: str) -> None:
+    """Validates flag `name` (comma-separated names, or a list) at parse time: at least one name,
+    each one of known(), with the closest known name in the message."""
+    def check(value) -> None:
+        items = [x.strip() for x in (value.split(",") if isinstance(value, str) else value) if x.strip()]
+        choices = list(known())
+        if not items:
+            raise InputError(f"argument --{name}", "", "names nothing", f"give {what} names, e.g. {choices[0]}")
+        for item in items:
+            if item not in choices:
+                close = difflib.get_close_matches(item, choices, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise InputError(f"argument --{name}", "", f"unknown {what} {item!r}{hint}",
+                                 f"use one of {choices}")
+    flag_check(name, check)
 
 
 def int_list_flag(name: str, minimum: int) -> None:
@@ -154,8 +322,23 @@ def _help(doc: str, names: Sequence[str], positional: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+# absl's own usage messages (bounds, enums, unknown or missing flags) -> the fix they imply
+_ABSL_FIXES = (("is not a positive integer", "give an integer >= 1"),
+               ("is not a non-negative integer", "give an integer >= 0"),
+               ("is not a positive number", "give a number > 0"),
+               ("is not a non-negative number", "give a number >= 0"),
+               ("value should be one of", "give one of the listed values"),
+               ("Unknown command line flag", "remove it or use a flag that --help lists"),
+               ("must have a value other than None", "give the flag"),
+               ("expected ", "give the arguments the usage line shows"))
+
+
 def _usage_error(message: str) -> None:
-    print("error: " + " ".join(str(message).split()) + " (see --help)", file=sys.stderr)
+    text = " ".join(str(message).split())
+    if "Fix:" not in text:  # every error line says how to fix it
+        fix = next((f for phrase, f in _ABSL_FIXES if phrase in text), "give a value that --help describes")
+        text = f"{text}. Fix: {fix}"
+    print("error: " + text + " (see --help)", file=sys.stderr)
     sys.exit(USAGE_EXIT)
 
 
@@ -177,7 +360,9 @@ def _parse(argv: Sequence[str], names: Sequence[str], doc: str, positional: Sequ
 
 
 def guarded(main: Callable[[List[str]], Optional[int]]) -> Callable[[List[str]], int]:
-    """main, with bad input (InputError) reported as one line `error: ...` and exit status 2."""
+    """main, with bad input (InputError) reported as one line `error: ...` and exit status 2, and
+    a run that tfplace stopped on purpose (any other TfplaceError: a dead worker, a failed Horovod
+    rank, no private network) as `error: ...` and exit status 1."""
     @functools.wraps(main)
     def wrapped(argv: List[str]) -> int:
         try:
@@ -185,15 +370,34 @@ def guarded(main: Callable[[List[str]], Optional[int]]) -> Callable[[List[str]],
         except InputError as err:
             print(f"error: {err}", file=sys.stderr)
             return USAGE_EXIT
+        except TfplaceError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return FAILED_EXIT
+        except KeyboardInterrupt as err:
+            terminated = isinstance(err, Terminated)
+            print(f"error: stopped by {'SIGTERM' if terminated else 'Ctrl-C (SIGINT)'}; what was written so far is kept",
+                  file=sys.stderr)
+            return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
     return wrapped
 
 
 def run(main: Callable[[List[str]], Optional[int]], define_flags: Callable[[], None], doc: str,
-        positional: Sequence[str] = ()) -> None:
+        positional: Sequence[str] = (), servers: bool = False) -> None:
     """`app.run(main)` for a command line: defines its flags, parses them under the contract,
-    runs main and exits with its status. `positional` names the required positional arguments."""
+    runs main and exits with its status. `positional` names the required positional arguments.
+    `servers`: the command starts local servers, so it enters a private network namespace first,
+    while the process is still single-threaded (tfplace.runtime.netns)."""
     def parser(argv: List[str]) -> List[str]:
         return _parse(argv, _define(define_flags), doc, positional)
+    stop_on_sigterm()  # servers, ranks and temporary folders are cleaned up as on Ctrl-C
+    if servers:
+        from tfplace.runtime import netns
+        if os.environ.get(netns.ALLOW_OPEN_PORTS_ENV) != "1":
+            try:
+                netns.enter_private_network()
+            except netns.NetworkIsolationError as err:
+                print(f"error: {err}", file=sys.stderr)
+                sys.exit(FAILED_EXIT)
     app.run(guarded(main), flags_parser=parser)
 
 

@@ -50,19 +50,21 @@ def define_flags() -> None:
     flags.DEFINE_boolean("no-plot", False, "skip the PNG")
     common.define_overheads_flag()
     common.output_dir_flag("out")
+    common.graph_flag("graph")
+    common.input_file_flag("cluster")
+    common.input_file_flag("overheads")
+    common.flag_check("profile", lambda v: v == "roofline" or common.check_input_file(v))
+    common.names_flag("strategies", _baseline_names, "baseline")
+
+
+def _baseline_names():
+    from tfplace.baselines import registry
+    return registry.names()
 
 
 def _load_graph(spec: str, batch_size: Optional[int]):
     from tfplace.ir.loader import load_op_graph
-    path = spec
-    if not (spec.endswith(".json") or os.path.exists(spec)):
-        from tfplace.graph_defs.export import ensure_bundle
-        try:
-            path = ensure_bundle(spec, batch_size=batch_size) if batch_size else ensure_bundle(spec)
-        except (KeyError, ValueError) as err:
-            raise InputError("argument --graph", "", f"{spec!r} is neither a file nor a zoo model ({err})",
-                             "give a bundle .json path or a zoo model name such as vgg19") from None
-    return load_op_graph(path, batch_size=batch_size)
+    return load_op_graph(common.resolve_graph(spec, "argument --graph", batch_size), batch_size=batch_size)
 
 
 def _row(name: str, problem, generate) -> Dict[str, Any]:
@@ -138,17 +140,17 @@ def plot(result: Dict[str, Any], min_capacity_bytes: float, title: str, path: st
     plt.close(fig)
 
 
-def _check_outputs(out: Optional[str], no_plot: bool) -> None:
+def _check_outputs(out: Optional[str], no_plot: bool, names: Sequence[str] = (), default: bool = False) -> None:
     """Before any work: the output folder (default: one in the working folder) and, when it
-    exists, the bar chart and strategies/ inside it can be written."""
+    exists, every file written inside it (table, JSON, bar chart, strategies/<name>.json) can be
+    written."""
+    source = "argument --out" + (" (default: a folder in the working folder)" if default else "")
     if out is None:
-        common.check_output_dir(os.getcwd(), "argument --out (default: a folder in the working folder)")
+        common.check_output_dir(os.getcwd(), source)
         return
-    common.check_output_dir(out, "argument --out")
-    if not no_plot and os.path.isdir(out):
-        common.check_output_file(os.path.join(out, "compare.png"), "argument --out", "compare.png")
+    common.check_outputs_in(out, ["table.txt", "compare.json"] + ([] if no_plot else ["compare.png"]), source)
     if os.path.isdir(out):
-        common.check_output_dir(os.path.join(out, "strategies"), "argument --out", "strategies")
+        common.check_outputs_in(os.path.join(out, "strategies"), [f"{n}.json" for n in names], source, "strategies")
 
 
 def execute(args) -> int:
@@ -158,11 +160,9 @@ def execute(args) -> int:
     from tfplace.formats.profile import load_profile
     from tfplace.formats.strategy import save_strategy
 
-    _check_outputs(args.out, args.no_plot)
     names = registry.names() if args.strategies is None else tuple(x.strip() for x in args.strategies.split(",") if x.strip())
-    for n in names:
-        registry.is_runtime(n)  # raises for unknown names
     names = tuple(n for n in names if not registry.is_runtime(n))  # Horovod rows equal their DP strategies
+    _check_outputs(args.out, args.no_plot, names)
     cluster = load_cluster(args.cluster)
     graph = _load_graph(args.graph, args.batch_size)
     if args.profile == "roofline":
@@ -183,11 +183,11 @@ def execute(args) -> int:
     model = problem.graph_name
     title = (f"{model} (batch {problem.global_batch_size}, {problem.num_groups} groups) on {cluster.name} "
              f"({cluster.num_devices} devices); profile: {profile_label}")
+    out = args.out or f"compare_{model}_{cluster.name}"
+    _check_outputs(out, args.no_plot, names, default=args.out is None)  # the default folder: before the work
     result = compare(problem, names)
     table = format_table(result, title)
     print(table)
-    out = args.out or f"compare_{model}_{cluster.name}"
-    _check_outputs(out, args.no_plot)
     os.makedirs(os.path.join(out, "strategies"), exist_ok=True)
     for r in result["rows"]:
         strategy = r.pop("_strategy", None)

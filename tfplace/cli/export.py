@@ -5,10 +5,12 @@
   python -m tfplace.cli.export --tiny               # only the tiny test models
 
 The library (bundle names, export, manifest) is tfplace.graph_defs.export. The command line keeps
-tfplace's contract (tfplace.cli.common): --help exits 0, a usage error or bad option exits 2 with
-one line, --out is checked before anything is exported.
+tfplace's contract (tfplace.cli.common): --help exits 0, a usage error or bad option (an unknown
+model, with the closest name; an option the model does not take) exits 2 with one line, --out
+(and with --manifest, manifest.json) is checked before anything is exported; a failed export exits 1.
 """
 
+import math
 import os
 import sys
 import time
@@ -17,12 +19,14 @@ from absl import flags
 
 import tfplace.cli.common as common
 from tfplace.graph_defs import bundle, models
-from tfplace.graph_defs.export import DEFAULT_LR, ZOO_DIR, _human_bytes, export_all, export_model, write_manifest
+from tfplace.formats.errors import InputError
+from tfplace.graph_defs.export import (DEFAULT_LR, MANIFEST_PATH, ZOO_DIR, _human_bytes, export_all, export_model,
+                                       option_field, resolve_options, write_manifest)
 
 
 def define_flags():
     """The command's flags (called when it runs; see tfplace.cli.common)."""
-    flags.DEFINE_enum("model", None, models.model_names(), "model to export")
+    flags.DEFINE_string("model", None, f"model to export, one of {', '.join(models.model_names())}")
     flags.DEFINE_boolean("all", False, "every zoo model at its defaults")
     flags.DEFINE_boolean("tiny", False, "only the tiny test models")
     flags.register_multi_flags_validator(
@@ -35,12 +39,21 @@ def define_flags():
     flags.DEFINE_integer("num-classes", None, "classifier classes (image models)", lower_bound=1)
     flags.DEFINE_string("variant", None, "model variant, e.g. nasnet: mobile|large")
     flags.DEFINE_enum("optimizer", "sgd", list(bundle.OPTIMIZERS), "training optimizer")
-    flags.DEFINE_float("learning-rate", DEFAULT_LR, "learning rate", lower_bound=0.0)
-    flags.DEFINE_integer("seed", 0, "graph-level random seed")
+    flags.DEFINE_float("learning-rate", DEFAULT_LR, "learning rate (> 0)")
+    flags.DEFINE_integer("seed", 0, "graph-level random seed", lower_bound=0)
     flags.DEFINE_string("out", ZOO_DIR, "output folder (default: the zoo cache)")
     flags.DEFINE_boolean("force", False, "re-export even if the bundle is current")
     flags.DEFINE_boolean("manifest", False, "with --all/--tiny: rewrite manifest.json and zoo/.gitignore")
     common.output_dir_flag("out")
+    common.zoo_model_flag("model")
+    flags.register_validator("learning-rate", lambda v: v > 0 and math.isfinite(v),
+                             message="must be a positive number. Fix: give e.g. 0.01")
+
+
+# resolve_options' option names -> this command's flags
+_OPTION_FLAGS = {"batch_size": "--batch-size", "image_size": "--image-size", "seq_len": "--seq-len",
+                 "num_layers": "--num-layers", "num_classes": "--num-classes", "variant": "--variant",
+                 "optimizer": "--optimizer", "learning_rate": "--learning-rate", "seed": "--seed", "model": "--model"}
 
 
 def main(argv):
@@ -49,15 +62,18 @@ def main(argv):
     args = common.args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if not args.model:
-        given = [f for f in ("batch_size", "image_size", "seq_len", "num_layers",
-                             "num_classes", "variant") if getattr(args, f) is not None]
-        if given or args.optimizer != "sgd" or args.learning_rate != DEFAULT_LR or args.seed:
-            print(f"error: --all/--tiny export the default sizes; drop {given or 'the options'}"
-                  " or use --model", file=sys.stderr)
-            return 2
+        defaults = dict(batch_size=None, image_size=None, seq_len=None, num_layers=None, num_classes=None,
+                        variant=None, optimizer="sgd", learning_rate=DEFAULT_LR, seed=0)
+        given = [_OPTION_FLAGS[k] for k, v in defaults.items() if getattr(args, k) != v]
+        if given:
+            raise InputError("arguments", "", f"--all/--tiny export the default sizes, but {', '.join(given)} "
+                             f"{'was' if len(given) == 1 else 'were'} given", "drop them or export one model with --model")
     elif args.manifest:
-        print("error: --manifest goes with --all or --tiny", file=sys.stderr)
-        return 2
+        raise InputError("arguments", "", "--manifest goes with --all or --tiny", "drop --manifest or use --all")
+    else:
+        _check_options(args)
+    if args.manifest:
+        common.check_output_file(MANIFEST_PATH, "argument --manifest", "manifest.json")
     try:
         import tensorflow as tf
 
@@ -79,9 +95,24 @@ def main(argv):
         if args.manifest:
             print(f"wrote {write_manifest(paths, zoo_dir=args.out)}")
         return 0
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except InputError:
+        raise  # bad input: one line and exit status 2 (tfplace.cli.common)
+    except ValueError as e:  # the export itself failed; the options were checked above
+        print(f"error: export failed: {e}", file=sys.stderr)
+        return 1
+
+
+def _check_options(args) -> None:
+    """Raises InputError naming the flag unless the model takes the options given (before TF loads)."""
+    opts = dict(image_size=args.image_size, seq_len=args.seq_len, num_layers=args.num_layers,
+                num_classes=args.num_classes, variant=args.variant, optimizer=args.optimizer,
+                learning_rate=args.learning_rate, seed=args.seed)
+    try:
+        resolve_options(args.model, args.batch_size, **opts)
+    except ValueError as err:
+        given = [k for k, v in opts.items() if v is not None] + (["batch_size"] if args.batch_size else [])
+        flag = _OPTION_FLAGS[option_field(str(err), given)]
+        raise InputError(f"argument {flag}", "", str(err), "give options this model takes") from None
 
 
 def run() -> None:

@@ -24,13 +24,15 @@ from tfplace.formats.errors import InputError
 
 def define_flags() -> None:
     """The command's flags (called when it runs; see tfplace.cli.common)."""
-    flags.DEFINE_multi_string("graph", [], "bundle JSON (repeatable)")
+    flags.DEFINE_multi_string("graph", [], "bundle JSON or zoo model name (repeatable)")
     flags.DEFINE_boolean("all", False, "every model of the zoo")
     flags.DEFINE_multi_string("kind", [], "device kind (repeatable; default V100)")
     flags.DEFINE_integer("batch-size", 0, "per-device batch (0: the bundle's)", lower_bound=0)
     flags.DEFINE_boolean("by-type", False, "also split the totals by op type")
     flags.register_multi_flags_validator(["graph", "all"], lambda v: bool(v["graph"]) or v["all"],
                                          message="give --graph BUNDLE_JSON (repeatable) or --all")
+    common.graph_flag("graph")
+    common.device_kinds_flag("kind")
 
 
 def zoo_graphs() -> List[str]:
@@ -48,16 +50,14 @@ def zoo_graphs() -> List[str]:
 def check_bundle(meta_path: str, kinds: Sequence[str], batch_size: Optional[int] = None):
     """Grappler vs our model for one bundle on each kind (per-device batch: the bundle's unless given)."""
     from tfplace.graph_defs import bundle
-    from tfplace.ir.loader import load_op_graph
+    from tfplace.ir.loader import load_op_graph, read_graph_source
     from tfplace.profiling.grappler_check import check_graph
 
-    if not os.path.isfile(meta_path):
-        raise InputError(meta_path, "", "file not found",
+    if not meta_path.endswith(".json"):
+        raise InputError(meta_path, "", "is not a bundle's metadata .json",
                          "give a bundle JSON, e.g. graph_defs/zoo/tiny_mlp_b16_sgd.json")
-    try:
-        graph_def, meta = bundle.read_bundle(meta_path)
-    except (OSError, ValueError) as e:
-        raise InputError(meta_path, "", str(e), "re-export it with python -m tfplace.cli.export") from None
+    # the one strict bundle reader: regular files only (a FIFO is never opened), InputErrors
+    graph_def, meta, _ = read_graph_source(meta_path, None)
     b = batch_size or meta["global_batch_size"]
     graph = load_op_graph(meta_path, batch_size=b)
     name = os.path.splitext(os.path.basename(meta_path))[0]
@@ -69,7 +69,7 @@ def main(argv) -> int:
     del argv
     from tfplace.profiling.grappler_check import HEADER, format_rows
     args = common.args()
-    graphs = list(args.graph) + (zoo_graphs() if args.all else [])
+    graphs = [common.resolve_graph(g, "argument --graph") for g in args.graph] + (zoo_graphs() if args.all else [])
     print(HEADER, flush=True)
     for g in graphs:
         rows = check_bundle(g, args.kind or ["V100"], args.batch_size or None)

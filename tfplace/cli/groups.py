@@ -23,7 +23,8 @@ from tfplace.cli import common
 
 def define_flags() -> None:
     """The command's flags (called when it runs; see tfplace.cli.common)."""
-    flags.DEFINE_string("graph", None, "bundle metadata .json, or a .pb/.pbtxt GraphDef", required=True)
+    flags.DEFINE_string("graph", None, "bundle metadata .json, a zoo model name, or a .pb/.pbtxt GraphDef",
+                        required=True)
     flags.DEFINE_integer("max-groups", None, "K: at most this many groups", lower_bound=1, required=True)
     flags.DEFINE_list("sinks", None, "train op name(s), comma-separated (needed for a bare GraphDef)")
     flags.DEFINE_integer("batch-size", None, "global batch size", lower_bound=1)
@@ -31,6 +32,7 @@ def define_flags() -> None:
     flags.DEFINE_enum("loss-reduction", None, ["mean", "sum"], "how the loss reduces over the batch")
     flags.DEFINE_string("json", None, "also write the groups as JSON to this file")
     common.output_file_flag("json")
+    common.graph_flag("graph")
 
 
 def groups_json(graph, grouping, max_groups: int) -> Dict[str, Any]:
@@ -53,7 +55,8 @@ def main(argv) -> int:
     from tfplace.ir.grouping import make_grouping
     from tfplace.formats.jsonio import write_json
 
-    graph = load_op_graph(args.graph, sinks=args.sinks, batch_size=args.batch_size, loss=args.loss,
+    path = common.resolve_graph(args.graph, "argument --graph", args.batch_size)
+    graph = load_op_graph(path, sinks=args.sinks, batch_size=args.batch_size, loss=args.loss,
                           loss_reduction=args.loss_reduction)
     grouping = make_grouping(graph, args.max_groups)
     width = max(len(str(grouping.num_groups)), 5)

@@ -26,18 +26,33 @@ STEPS = {"export": ("graph",), "replay": ("ops", "batch-sizes"), "to-profile": (
 
 def define_flags() -> None:
     """The command's flags (called when it runs; see tfplace.cli.common)."""
-    flags.DEFINE_string("graph", None, "export: bundle JSON of the graph")
+    flags.DEFINE_string("graph", None, "export: bundle JSON of the graph, or a zoo model name")
     flags.DEFINE_string("ops", None, "replay: op table JSON written by export")
     flags.DEFINE_list("batch-sizes", None, "replay: per-device batch sizes, comma-separated")
     flags.DEFINE_integer("reps", 7, "replay: timed launches per op (the median is kept)", lower_bound=1)
     flags.DEFINE_string("replay", None, "to-profile: replay result JSON")
     flags.DEFINE_string("kind", None, "to-profile: device kind that keys the profile (e.g. H100)")
     flags.DEFINE_string("out", None, "the file this step writes", required=True)
-    common.int_list_flag("batch-sizes", minimum=1)
     common.output_file_flag("out")
+    common.int_list_flag("batch-sizes", minimum=1)
+    common.graph_flag("graph")
+    common.input_file_flag("ops")
+    common.input_file_flag("replay")
+    common.flag_check("kind", _check_kind)
+    common.flag_check("batch-sizes", lambda v: v or _fail("--batch-sizes", "names no batch size", "write e.g. 8,16,32"))
+
+
+def _fail(flag: str, problem: str, fix: str) -> None:
+    raise InputError(f"argument {flag}", "", problem, fix)
+
+
+def _check_kind(kind: str) -> None:
+    if not kind.strip():  # it keys the profile's times
+        _fail("--kind", f"{kind!r} is not a device kind name", "give the GPU model, e.g. H100")
 
 
 def _read_json(path: str, flag: str):
+    common.check_input_file(path)  # a FIFO or device is refused without opening it
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -58,7 +73,7 @@ def main(argv) -> int:
             raise InputError(f"argument --{name}", "", f"is required by {step}", f"give --{name}")
     if step == "export":
         from tfplace.ir.loader import load_op_graph
-        table = kernel_replay.export_op_table(load_op_graph(args.graph))
+        table = kernel_replay.export_op_table(load_op_graph(common.resolve_graph(args.graph, "argument --graph")))
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(table, f)
         print(f"{len(table['ops'])} ops -> {args.out}")

@@ -107,6 +107,8 @@ def define_flags() -> None:
     flags.DEFINE_integer("cpu-reps", 200, "steps per micro-benchmark whose CPU is counted", lower_bound=1)
     flags.DEFINE_integer("fan", 24, "tensors per burst and hops / all-reduces per chain", lower_bound=1)
     common.output_file_flag("out")
+    common.input_file_flag("cluster")
+    common.input_file_flag("comm")
     common.int_list_flag("client-cpus", minimum=0)
     flags.register_validator("cpus-per-task", _parses(_cpu_sets, '"0;1;1"'))
     flags.register_validator("cpu-fraction-per-task", _parses(_fractions, '",0.5,0.5"'))
@@ -258,7 +260,7 @@ def main(argv) -> int:
 def run() -> None:
     """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    common.run(main, define_flags, __doc__)
+    common.run(main, define_flags, __doc__, servers=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """One strategy for a graph and cluster from a trained policy, zero-shot, optionally improved by
 search: `python -m tfplace.plan --checkpoint RUN_DIR --graph bundle.json|--model NAME
 --batch_size B --cluster cluster.json [--profile profile.json] [--search_seconds N] --out strategy.json`.
+Every flag (numbers, the zoo model name, input files and --out) is checked before anything loads.
 
 RUN_DIR is the output_dir of `python -m tfplace.train` (its config.json gives the network sizes
 and max_groups, its state.json the checkpoint). The result is the best of: the policy's greedy
@@ -17,6 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import flags  # noqa: E402
 
 from tfplace.cli import common  # noqa: E402
+from tfplace.formats.errors import InputError  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -32,11 +34,29 @@ def define_flags() -> None:
     flags.DEFINE_float("search_seconds", 0.0, "seconds of sampling + local search after the zero-shot plan",
                        lower_bound=0.0)
     flags.DEFINE_integer("samples", 8, "policy samples evaluated zero-shot", lower_bound=0)
-    flags.DEFINE_integer("seed", 0, "sampling / search seed")
+    flags.DEFINE_integer("seed", 0, "sampling / search seed", lower_bound=0)
     flags.DEFINE_string("out", "strategy.json", "where to write the strategy")
     common.define_overheads_flag()
     flags.mark_flags_as_mutual_exclusive(["graph", "model"], required=True)
     common.output_file_flag("out")
+    common.flag_check("checkpoint", check_run_dir)
+    common.graph_flag("graph", zoo=False)
+    common.zoo_model_flag("model")
+    for name in ("cluster", "profile", "overheads"):
+        common.input_file_flag(name)
+
+
+def check_run_dir(path: str) -> None:
+    """Raises InputError unless `path` is a training run's output_dir: a folder holding the
+    regular files config.json and state.json (tfplace.policy.planner.load_policy reads them)."""
+    from tfplace.formats.files import input_problem
+    fix = "give the output_dir of a training run (python -m tfplace.train)"
+    if not os.path.isdir(path):
+        raise InputError(path, "", "not found" if not os.path.lexists(path) else "is not a folder", fix)
+    for name in ("config.json", "state.json"):
+        problem = input_problem(os.path.join(path, name))
+        if problem:
+            raise InputError(path, name, f"{name} {problem[0]}", fix)
 
 
 def main(argv) -> int:

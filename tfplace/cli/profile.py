@@ -8,7 +8,9 @@ measure communication on a local cluster.
 
 Writes profile.json (format: tfplace.formats.profile). Progress goes to stderr, a summary to
 stdout. Bad arguments and bad input exit with status 2 and one line naming the argument (or the
-file and field) and the fix (tfplace.cli.common); --out is checked before anything is measured.
+file and field) and the fix (tfplace.cli.common); --out, the numbers, device and kind names and
+--graph (a regular file or a zoo model name, exported on demand) are checked before anything is
+measured.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def _kinds(text: str) -> List[str]:
 
 def define_flags() -> None:
     """The command's flags (called when it runs; see tfplace.cli.common)."""
-    flags.DEFINE_string("graph", None, "bundle metadata JSON (<stem>.json beside <stem>.pb)")
+    flags.DEFINE_string("graph", None, "bundle metadata JSON (<stem>.json beside <stem>.pb) or a zoo model name")
     flags.DEFINE_string("device", "CPU", "CPU, GPU or GPU:<k>")
     flags.DEFINE_string("kind", "", "device kind that keys the profile (default CPU for CPUs)")
     flags.DEFINE_list("batch-sizes", ["8", "16", "32"], "per-device batch sizes, comma-separated")
@@ -48,7 +50,7 @@ def define_flags() -> None:
                        "...) limits a task; needs writable cgroups): the ops are timed without the quota and "
                        "scaled by the slowdown a compute loop measures under it; 0 = unlimited", lower_bound=0.0)
     flags.DEFINE_boolean("grappler", False, "keep Grappler on (fused ops then vanish from the trace)")
-    flags.DEFINE_integer("seed", 0, "random seed of the feeds")
+    flags.DEFINE_integer("seed", 0, "random seed of the feeds", lower_bound=0)
     flags.DEFINE_boolean("no-trace-calibration", False,
                          "keep the traced per-op times as they are (default on serial CPUs: remove the tracing "
                          "cost so the ops sum to the untraced step; tfplace.profiling.profiler rule 7)")
@@ -62,9 +64,46 @@ def define_flags() -> None:
     flags.DEFINE_boolean("compact", False, "one op per line (smaller file, same format)")
     flags.DEFINE_string("out", None, "profile.json to write", required=True)
     flags.DEFINE_boolean("quiet", False, "no progress bar")
+    common.output_file_flag("out")
     common.int_list_flag("batch-sizes", minimum=1)
     common.int_list_flag("cpus", minimum=0)
-    common.output_file_flag("out")
+    common.graph_flag("graph")
+    common.device_kinds_flag("derive")
+    common.device_kinds_flag("roofline")
+    common.flag_check("device", _check_device)
+    flags.register_validator("batch-sizes", bool, message="give at least one batch size. Fix: write e.g. 8,16,32")
+    flags.register_multi_flags_validator(["graph", "comm-only"], lambda v: bool(v["graph"]) or v["comm-only"],
+                                         message="--graph is required (unless --comm-only). Fix: give the "
+                                         "bundle JSON or a zoo model name, e.g. --graph tiny_mlp")
+    flags.register_multi_flags_validator(["derive", "roofline"], lambda v: not (v["derive"] and v["roofline"]),
+                                         message="--roofline cannot be combined with --derive. Fix: use "
+                                         "--roofline alone (nothing measured) or measure and --derive")
+    flags.register_multi_flags_validator(["derive", "kind", "device"], _derived_from_known_kind,
+                                         message="--derive scales the measured kind, which the device model "
+                                         "must know. Fix: give --kind one of its kinds (e.g. V100) or leave "
+                                         "--derive out")
+
+
+def _check_device(device: str) -> None:
+    """Raises InputError unless `device` is CPU, GPU or GPU:<k> (tfplace.profiling.profiler.parse_device)."""
+    from tfplace.profiling.profiler import parse_device
+    parse_device(device, "argument --device")
+
+
+def _derived_from_known_kind(values) -> bool:
+    """True unless --derive is given and the measured kind (--kind, else CPU on a CPU) is
+    unknown to the device model: derive_profile would refuse it after the measurement."""
+    from tfplace.profiling.device_model import device_spec
+    if not _kinds(values["derive"] or ""):
+        return True
+    kind = values["kind"] or ("CPU" if str(values["device"]).upper().startswith("CPU") else "")
+    if not kind:
+        return True  # ProfileOptions.validated asks for --kind, before anything is measured
+    try:
+        device_spec(kind)
+    except InputError:
+        return False
+    return True
 
 
 def main(argv) -> int:
@@ -93,11 +132,9 @@ def _run(args) -> int:
     else:
         if not args.graph:
             raise InputError("arguments", "--graph", "is required", "give the bundle JSON, e.g. graph_defs/zoo/tiny_mlp_b16_sgd.json")
+        args.graph = common.resolve_graph(args.graph, "argument --graph")  # a zoo name: its bundle
         batches = [int(b) for b in args.batch_sizes]
-        if args.roofline and args.derive:
-            raise InputError("arguments", "--roofline", "cannot be combined with --derive",
-                             "use --roofline alone (nothing measured) or measure and --derive")
-        if args.roofline:
+        if args.roofline:  # (never with --derive: refused at parse time)
             result = _roofline_only(args, batches)
         else:
             opts = profiler.ProfileOptions(device=args.device, kind=args.kind, batch_sizes=tuple(batches),
@@ -205,7 +242,7 @@ def _roofline_only(args, batches):
 
 def run() -> None:
     """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract."""
-    common.run(main, define_flags, __doc__)
+    common.run(main, define_flags, __doc__, servers=True)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ graph's bundled measured profile, derived to the cluster's kinds, else the pure 
 if no device model is installed the command stops with a message asking for --profile. The
 strategy's `max_groups` picks the grouping its group names refer to. `--overheads FILE` adds the
 runtime overheads measured on a CPU-emulated cluster (`python -m tfplace.cli.overheads`). `--json PATH` also writes
-the report as JSON. Output paths are checked before anything is loaded.
+the report as JSON. Output paths, numbers, the zoo model name and input files (regular files
+only: a folder, FIFO or device is refused) are checked before anything is loaded.
 
 Exit status: 0 when simulated (an OOM is a result, shown in the report), 2 on a usage error or
 bad input with one message naming the file, the field and the fix (tfplace.cli.common).
@@ -31,18 +32,22 @@ from tfplace.formats.errors import InputError
 
 def define_flags() -> None:
     """The command's flags (called when it runs; see tfplace.cli.common)."""
-    flags.DEFINE_string("graph", None, "bundle metadata .json (or a GraphDef with --sinks)", required=True)
+    flags.DEFINE_string("graph", None, "bundle metadata .json, a zoo model name (exported at the strategy's "
+                        "batch), or a GraphDef with --sinks", required=True)
     flags.DEFINE_string("cluster", None, "cluster.json", required=True)
     flags.DEFINE_string("strategy", None, "strategy.json", required=True)
     flags.DEFINE_string("profile", None, "profile.json (default: the roofline device model)")
     flags.DEFINE_list("sinks", None, "train op name(s), comma-separated, for a bare GraphDef")
     flags.DEFINE_string("trace", None, "write the Chrome trace to this file")
     flags.DEFINE_string("json", None, "write the report as JSON to this file")
-    flags.DEFINE_integer("seed", 0, "straggler noise seed")
+    flags.DEFINE_integer("seed", 0, "straggler noise seed", lower_bound=0)
     flags.DEFINE_enum("engine", "auto", ["auto", "fast", "reference"], "simulator engine")
     common.define_overheads_flag()
     common.output_file_flag("trace")
     common.output_file_flag("json")
+    common.graph_flag("graph")
+    for name in ("cluster", "strategy", "profile", "overheads"):
+        common.input_file_flag(name)
 
 
 def _device_model_profile(graph, cluster):
@@ -70,16 +75,17 @@ def execute(args) -> int:
 
     cluster = load_cluster(args.cluster)
     strategy = load_strategy(args.strategy)
+    overheads = common.load_overheads_arg(args.overheads)
     if args.profile is None:
         # Checked before loading the graph, so the message comes without a TensorFlow import.
         if importlib.util.find_spec("tfplace.profiling.device_model") is None:
             _device_model_profile(None, cluster)
-    graph = load_op_graph(args.graph, sinks=args.sinks, batch_size=strategy.global_batch_size)
+    path = common.resolve_graph(args.graph, "argument --graph", strategy.global_batch_size)
+    graph = load_op_graph(path, sinks=args.sinks, batch_size=strategy.global_batch_size)
     profile = load_profile(args.profile) if args.profile else _device_model_profile(graph, cluster)
     grouping = make_grouping(graph, strategy.max_groups)
     validate_strategy(strategy, grouping.group_names, cluster.device_names)
-    placed = with_overheads(lower(graph, grouping, cluster, strategy, profile), cluster,
-                            common.load_overheads_arg(args.overheads))
+    placed = with_overheads(lower(graph, grouping, cluster, strategy, profile), cluster, overheads)
     report = simulate(placed, cluster, SimOptions(seed=args.seed, trace=bool(args.trace), engine=args.engine))
     origin = args.profile or f"device model ({profile.conditions.get('method', 'tfplace.device_model')})"
     print(f"{graph.meta.get('model', graph.source)} on {cluster.name}, strategy {args.strategy} "

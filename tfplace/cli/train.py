@@ -1,12 +1,20 @@
 """Trains the placement policy: `python -m tfplace.train --config config.json [--output_dir DIR]`.
 
 Thin binary over tfplace.policy.train_lib (flags live only here). Re-running with the same
-output_dir resumes from its last checkpoint.
+output_dir resumes from its last usable checkpoint (the budget and checkpoint period may change;
+anything else that changes the problem is refused).
+
+Exit status: 0 done; 1 the run failed: some task's best strategy runs out of memory (unless the
+config sets "accept_infeasible": true; the summary says INFEASIBLE either way); 2 bad input,
+including a config that differs from the run output_dir holds, or no usable checkpoint in it;
+128 + the signal number (143 SIGTERM, 130 Ctrl-C) when stopped by a signal, after checkpointing
+the last whole step (a second signal stops at once, keeping the checkpoint before).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads (binary only)
 
@@ -15,6 +23,7 @@ from absl import flags  # noqa: E402
 from tfplace.cli import common  # noqa: E402
 
 FLAGS = flags.FLAGS
+FAILED_RUN_EXIT = 1  # tfplace.cli.common's contract: a failed run exits 1 (bad input exits 2)
 
 
 def define_flags() -> None:
@@ -40,16 +49,40 @@ def main(argv) -> int:
     else:
         common.check_output_dir(config.output_dir, FLAGS.config, "output_dir")
     log = train_lib.file_logger(config.output_dir)
-    summary = train_lib.train(config, log, FLAGS.progress, resolve_bundle=bundle_for_entry)
+    try:
+        summary = train_lib.train(config, log, FLAGS.progress, resolve_bundle=bundle_for_entry)
+    except train_lib.TrainingInterrupted as stop:
+        if not stop.saved:
+            log(f"stopped at once by a second {signal.Signals(stop.signum).name}; the checkpoint of step "
+                f"{stop.step} stands")
+        return stop.exit_status
     for label, t in summary["tasks"].items():
-        log(f"{label}: best {t['best_time_s'] * 1e3:.3f} ms ({t['best_source']}); best baseline "
-            f"{t['best_baseline']} {t['best_baseline_time_s'] * 1e3:.3f} ms; speed-up x{t['speedup_over_best_baseline']:.3f}")
+        log(_summary_line(label, t))
     if not train_lib.rewrite_available():
         log("best_graph.pb not written: the rewrite pass (tfplace.rewrite.graph_rewrite) does not exist yet")
     else:
         log("best_graph.pb: see rewritten_graph in each best_time.log")
     log(f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s; outputs in {config.output_dir}")
+    failed = train_lib.infeasible_tasks(summary)
+    if failed and not config.accept_infeasible:
+        log(f"error: the run failed: no strategy found for {', '.join(failed)} fits in device memory. Fix: use a "
+            "cluster with more device memory or a smaller batch_size, or set \"accept_infeasible\": true in "
+            f"{config.source or FLAGS.config} to keep an out-of-memory result")
+        return FAILED_RUN_EXIT
     return 0
+
+
+def _summary_line(label: str, t: dict) -> str:
+    """One task's result; an out-of-memory best says so first, with no speed-up."""
+    baseline = f"best baseline {t['best_baseline']} {t['best_baseline_time_s'] * 1e3:.3f} ms" + \
+        ("" if t["best_baseline_feasible"] else " (out of memory)")
+    if t["feasible"]:
+        return (f"{label}: best {t['best_time_s'] * 1e3:.3f} ms ({t['best_source']}); {baseline}; "
+                f"speed-up x{t['speedup_over_best_baseline']:.3f}")
+    over = ", ".join(f"{d} needs {v['peak_memory_bytes']} of {v['memory_bytes']} bytes"
+                     for d, v in t["oom_devices"].items())
+    return (f"{label}: INFEASIBLE: the best strategy found ({t['best_source']}, {t['best_time_s'] * 1e3:.3f} ms) "
+            f"runs out of memory ({over}); {baseline}; no speed-up")
 
 
 def run() -> None:

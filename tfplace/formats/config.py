@@ -14,6 +14,7 @@ The loaded values hold absolute paths.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
@@ -118,6 +119,13 @@ _RULES: Dict[type, Dict[str, Tuple[type, Dict[str, Any]]]] = {
 }
 
 
+# TrainConfig fields a resumed run may change: how long to train, how often to checkpoint, where
+# the outputs go and how the result is judged. Every other field changes the problem or the
+# learning, so it enters the run's fingerprint (tfplace.policy.train_lib) and a changed value
+# refuses to resume; a new field is in the fingerprint unless it is added here.
+RESUMABLE_FIELDS = ("budget", "checkpoint_every_steps", "output_dir", "accept_infeasible", "source")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """A loaded config.json. `profiles` has one entry per graph: an absolute path, or None to
@@ -135,6 +143,7 @@ class TrainConfig:
     network: NetworkConfig = NetworkConfig()
     rl: RLConfig = RLConfig()
     simulator: SimulatorConfig = SimulatorConfig()
+    accept_infeasible: bool = False  # a best strategy that runs out of memory fails the run unless set
     source: str = dataclasses.field(default="", compare=False)
 
     def to_json(self) -> Dict[str, Any]:
@@ -275,7 +284,7 @@ def load_train_config(path: Union[str, os.PathLike], workdir: Optional[str] = No
     r = FieldReader.from_file(path, expected_format=TRAIN_FORMAT)
     bases = [os.path.dirname(os.path.abspath(r.source)), REPO_ROOT]
     r.expect_keys(("graphs", "clusters", "profiles", "overheads", "max_groups", "budget", "seed", "output_dir",
-                   "checkpoint_every_steps", "network", "rl", "simulator"))
+                   "checkpoint_every_steps", "network", "rl", "simulator", "accept_infeasible"))
     graphs = _graph_entries(r, "graphs", bases, min_len=1, check_model=check_model)
     clusters = tuple(_resolve(r, f"clusters[{i}]", c, bases, "cluster file")
                      for i, c in enumerate(r.strings("clusters", min_len=1)))
@@ -288,7 +297,8 @@ def load_train_config(path: Union[str, os.PathLike], workdir: Optional[str] = No
         budget=_budget(r), seed=r.get("seed", int, default=TrainConfig.seed, **_non_neg),
         checkpoint_every_steps=r.get("checkpoint_every_steps", int, default=TrainConfig.checkpoint_every_steps, **_pos),
         network=_section(r, "network", NetworkConfig), rl=_section(r, "rl", RLConfig),
-        simulator=_section(r, "simulator", SimulatorConfig), source=r.source)
+        simulator=_section(r, "simulator", SimulatorConfig),
+        accept_infeasible=r.get("accept_infeasible", bool, default=TrainConfig.accept_infeasible), source=r.source)
 
 
 def _overheads_per_cluster(r: FieldReader, bases: List[str], num_clusters: int) -> Tuple[Optional[str], ...]:
@@ -397,6 +407,7 @@ def load_activate_config(path: Union[str, os.PathLike], strict: bool = True,
         warmup_steps=r.get("warmup_steps", int, default=ActivateConfig.warmup_steps, **_non_neg),
         trace=r.get("trace", bool, default=ActivateConfig.trace),
         overheads=r.get_path("overheads", bases, default=None, what="runtime-overheads file"), source=r.source)
+    check_unique_names(config)  # always: a shared name would mix two entries' results
     if strict:
         for _, error in validate_entries(config):
             if error is not None:
@@ -404,32 +415,42 @@ def load_activate_config(path: Union[str, os.PathLike], strict: bool = True,
     return config
 
 
+def check_unique_names(config: ActivateConfig) -> None:
+    """Raises InputError naming both entries' fields when two entries share a name: strategy
+    entries and baselines name their results rows and timeline files, and a run reports errors
+    by name, so a shared name would fail (or drop) the other entry too."""
+    first: Dict[str, str] = {}
+    for name, field in ([(e.name, f"{e.field}.name") for e in config.strategies] +
+                        [(b, f"baselines[{i}]") for i, b in enumerate(config.baselines)]):
+        if name in first:
+            raise InputError(config.source or "activate config", field,
+                             f"entry name {name!r} is used twice (also by {first[name]})",
+                             "give every strategy entry its own name (not a baseline's) and list each baseline once")
+        first[name] = field
+
+
 def validate_entries(config: ActivateConfig) -> List[Tuple[str, Optional[InputError]]]:
     """(entry name, problem or None) for every strategy entry, then every baseline, in file
-    order. Strategy files are loaded and checked against the cluster's devices (the grouping
-    check needs the graph and happens when the entry runs)."""
+    order; the names are unique (a shared one raises, `check_unique_names`). Strategy files are
+    loaded and checked against the cluster's devices (the grouping check needs the graph and
+    happens when the entry runs)."""
     src = config.source or "activate config"
+    check_unique_names(config)  # names are unique below: callers may key results by name
     devices = load_cluster(config.cluster).device_names
-    seen: set = set()
     out: List[Tuple[str, Optional[InputError]]] = []
     for e in config.strategies:
         error = e.error
-        if error is None and e.name in seen:
-            error = InputError(src, f"{e.field}.name", f"entry name {e.name!r} is used twice", "rename one of them")
         if error is None:
             try:
                 validate_strategy(load_strategy(e.strategy), None, devices)
             except InputError as err:
                 error = err
-        seen.add(e.name)
         out.append((e.name, error))
     for i, name in enumerate(config.baselines):
         error = None
         if name not in BASELINES:
-            error = InputError(src, f"baselines[{i}]", f"unknown baseline {name!r}", f"use one of {list(BASELINES)}")
-        elif name in seen:
-            error = InputError(src, f"baselines[{i}]", f"{name!r} is listed twice (or names a strategy entry too)",
-                               "list each baseline once and give strategy entries other names")
-        seen.add(name)
+            close = difflib.get_close_matches(name, BASELINES, n=1)
+            error = InputError(src, f"baselines[{i}]", f"unknown baseline {name!r}"
+                               + (f" (did you mean {close[0]!r}?)" if close else ""), f"use one of {list(BASELINES)}")
         out.append((name, error))
     return out

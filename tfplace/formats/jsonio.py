@@ -6,7 +6,9 @@ their typed values from it; nothing else in tfplace parses JSON by hand.
 
 Strictness, on purpose: a key given twice in one object is an error (plain `json` keeps the last
 one silently); an unknown key is an error that lists the known keys and the closest one; NaN and
-Infinity are not numbers; a path field is resolved against named base folders and must exist.
+Infinity are not numbers; a path field is resolved against named base folders and must exist;
+the file itself must be a regular file (a folder, FIFO or device is refused without opening it,
+tfplace.formats.files).
 
 Example:
     r = FieldReader.from_file("cluster.json", expected_format="tfplace.cluster")
@@ -25,11 +27,10 @@ import os
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Type, Union
 
 from tfplace.formats.errors import InputError
+from tfplace.formats.files import TOP_LEVEL, input_problem, require_regular_file
 
 _MISSING = object()
 TypeSpec = Union[Type, Tuple[Type, ...]]
-# Field name used when the whole document is bad (so every message still names a field).
-TOP_LEVEL = "(top level)"
 
 
 class _DuplicateKey(Exception):
@@ -93,14 +94,13 @@ class FieldReader:
     def from_file(cls, path: Union[str, os.PathLike], expected_format: Optional[str] = None,
                   supported_versions: Sequence[int] = (1,)) -> "FieldReader":
         """Parses `path` as a JSON object; checks its "format" and "version" keys if asked."""
-        source = os.fspath(path)
-        if not os.path.exists(source):
-            raise InputError(source, TOP_LEVEL, "file not found", "check the path")
-        if os.path.isdir(source):
-            raise InputError(source, TOP_LEVEL, "is a folder, not a file", "give the path of a JSON file")
+        source = require_regular_file(path, field=TOP_LEVEL)  # never opens a FIFO or a device
         try:
             with open(source, "r", encoding="utf-8") as f:
-                data = json.load(f, object_pairs_hook=_no_duplicates)
+                text = f.read()
+            if not text.strip():
+                raise InputError(source, TOP_LEVEL, "the file is empty", "write the JSON object { ... } into it")
+            data = json.loads(text, object_pairs_hook=_no_duplicates)
         except json.JSONDecodeError as e:
             raise InputError(source, f"line {e.lineno} column {e.colno}", f"not valid JSON ({e.msg})",
                              "repair the JSON syntax (a truncated file or a trailing comma?)") from None
@@ -240,12 +240,17 @@ class FieldReader:
 
 def resolve_path(value: str, source: str, field: str, base_dirs: Sequence[str], what: str = "file") -> str:
     """Absolute path of `value`: itself if absolute, else the first of base_dirs/value that
-    exists. Raises InputError naming every place it looked when none exists."""
+    exists. Raises InputError naming every place it looked when none exists, and when the one
+    found is not a regular file (a folder, FIFO or device; tfplace.formats.files)."""
     value = os.path.expanduser(value)
     candidates = [value] if os.path.isabs(value) else [os.path.join(b, value) for b in base_dirs]
     for c in candidates:
         if os.path.exists(c):
-            return os.path.normpath(os.path.abspath(c))
+            found = os.path.normpath(os.path.abspath(c))
+            problem = input_problem(found)  # a folder, FIFO or device: refused now, never opened later
+            if problem:
+                raise InputError(source, field, f"{what} {found}: {problem[0]}", problem[1])
+            return found
     looked = ", ".join(os.path.normpath(c) for c in candidates)
     rel = " (relative paths are resolved against the folder of the file that names them, " \
           "then the repository root)" if not os.path.isabs(value) else ""

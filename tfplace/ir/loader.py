@@ -5,8 +5,9 @@
     load_op_graph(graph_def, sinks=["train_op"], batch_size=64)   # a GraphDef proto
 
 What it does, in order:
-  1. reads the source; every bad input (truncated file, missing or unknown sink, no inputs,
-     unknown metadata key, ...) becomes one `InputError` naming the file, the field and the fix;
+  1. reads the source; every bad input (a path that is not a regular file, truncated file,
+     missing or unknown sink, no inputs, unknown metadata key, ...) becomes one `InputError`
+     naming the file, the field and the fix;
   2. keeps the step: the sinks (and the loss op) and their ancestors over data + control edges,
      in a deterministic topological order; TF1 control flow and loops in the step are rejected
      with `UnsupportedGraphError` (functional `If`/`StatelessIf` are single ops and fine);
@@ -36,6 +37,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from tfplace.formats.errors import InputError, UnsupportedGraphError
+from tfplace.formats.files import require_regular_file
 from tfplace.ir import roles as graph_roles, shapes as graph_shapes
 from tfplace.ir.graph_ir import OpGraph
 from tfplace.ir.shapes import shape_attr_dims
@@ -165,6 +167,7 @@ def _read_bundle(path):
     if not os.path.exists(graph_path):
         raise InputError(path, "graph_file", f"{graph_file!r} not found next to the metadata",
                          "put the .pb beside the .json or fix graph_file")
+    require_regular_file(graph_path, path, "graph_file")
     size = os.path.getsize(graph_path)
     if "graph_bytes" in meta and meta["graph_bytes"] != size:
         raise InputError(path, "graph_bytes", f"is {meta['graph_bytes']} but {graph_path} has {size} bytes "
@@ -173,11 +176,10 @@ def _read_bundle(path):
 
 
 def _read_graph_def(path, source):
+    require_regular_file(path, field="")  # before TensorFlow loads; never opens a FIFO
     from google.protobuf import message, text_format
     from tensorflow.core.framework import graph_pb2
 
-    if not os.path.exists(path):
-        raise InputError(path, "", "file not found", "check the path")
     graph_def = graph_pb2.GraphDef()
     with open(path, "rb") as f:
         data = f.read()

@@ -8,9 +8,13 @@
 
 Every task is a subprocess `python -m tfplace.runtime.worker` (see worker.py) in its own process group,
 serving `tf.distribute.Server` on 127.0.0.1 with a port chosen by binding port 0. The client
-(this process) holds no server: it connects to task 0's master through `target`.
+(this process) holds no server: it connects to task 0's master through `target`. TensorFlow's
+server binds every interface whatever its address says, so `start()` first moves this process
+into a private network namespace whose only interface is loopback (tfplace.runtime.netns; it
+refuses, with the fix, once this process already runs gRPC threads outside one).
 
-Shutdown: leaving the `with` block (normally, on an exception or on Ctrl-C), `close()`, or the
+Shutdown: leaving the `with` block (normally, on an exception, on Ctrl-C or on SIGTERM, which
+`start()` turns into an exception when the process has the default handler: tfplace.runtime.signals), `close()`, or the
 interpreter exiting terminates every process group (SIGTERM, then SIGKILL after
 `TERM_GRACE_S`); if this process is killed outright, each worker notices its launcher is gone
 and exits within `worker.PARENT_POLL_S`. So no server outlives its cluster.
@@ -50,7 +54,7 @@ import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tfplace.formats.errors import InputError, TfplaceError
-from tfplace.runtime.worker import READY_PREFIX
+from tfplace.runtime.worker import PORT_IN_USE_EXIT, READY_PREFIX
 
 POLL_S = 0.1
 TERM_GRACE_S = 3.0
@@ -251,6 +255,10 @@ class LocalCluster:
         """Starts every task and waits until all listen. Raises WorkerDiedError on failure."""
         if self._procs:
             raise RuntimeError("LocalCluster.start() called twice")
+        from tfplace.runtime.netns import ensure_private_network
+        from tfplace.runtime.signals import stop_on_sigterm
+        ensure_private_network("a local cluster")  # TF servers bind every interface: keep them to loopback
+        stop_on_sigterm(replace=False)  # SIGTERM then closes this cluster as Ctrl-C does
         if self.log_dir is None:
             self.log_dir = tempfile.mkdtemp(prefix="tfplace_cluster_")
         os.makedirs(self.log_dir, exist_ok=True)
@@ -266,7 +274,7 @@ class LocalCluster:
                 return self
             except WorkerDiedError as e:
                 self._kill_all()
-                port_clash = "address already in use" in str(e).lower() or "failed to bind" in str(e).lower()
+                port_clash = e.returncode == PORT_IN_USE_EXIT  # taken between choosing and binding
                 if not port_clash or attempt == PORT_RETRIES - 1:
                     self.close()
                     raise
@@ -418,6 +426,11 @@ class LocalCluster:
         self.check()
         return _session_class()(self.target, graph=graph,
                                 config=self.session_config() if config is None else config)
+
+    @property
+    def running(self) -> bool:
+        """True between a successful start() and close() (a dead task closes the cluster)."""
+        return bool(self._addresses) and not self._closed
 
     def dead_tasks(self) -> List[int]:
         return [t for t, p in enumerate(self._procs) if p.poll() is not None]

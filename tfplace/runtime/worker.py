@@ -8,7 +8,8 @@ Starts a `tf.distribute.Server` for task `--task` of job `--job`, writes `--read
 address it serves) once the server listens, and then waits. It exits by itself, within
 `PARENT_POLL_S`, when the process that started it (`--parent-pid`) is gone, so a crashed or
 SIGKILLed launcher never leaves servers behind; the launcher still terminates it explicitly
-on a normal shutdown.
+on a normal shutdown. A port taken by another process exits with `PORT_IN_USE_EXIT`, which
+the launcher answers by starting the cluster again on new ports.
 
 Thread limits (`--intra-threads`, `--inter-threads`) apply to every op this task runs; they are
 how a local cluster emulates devices of different speeds on one machine. Its malloc keeps freed
@@ -18,13 +19,16 @@ memory, as the profiler's does (tfplace.emulation.allocator).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import socket
 import sys
 import time
 
 PARENT_POLL_S = 0.5
 READY_PREFIX = "tfplace-worker-ready"
+PORT_IN_USE_EXIT = 75  # the server could not bind: its port was taken (EX_TEMPFAIL: try again)
 
 
 def _parse(argv):
@@ -52,6 +56,16 @@ def _parse(argv):
     return args, spec
 
 
+def _port_in_use(port: int) -> bool:
+    """True when another socket holds `port` (binding it here fails with EADDRINUSE)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError as err:
+            return err.errno == errno.EADDRINUSE
+    return False
+
+
 def _parent_alive(pid: int) -> bool:
     if pid <= 0:
         return True
@@ -77,9 +91,17 @@ def main(argv=None) -> int:
                                       inter_op_parallelism_threads=args.inter_threads)
     if args.collective_leader:
         config.experimental.collective_group_leader = args.collective_leader
-    server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=args.job,
-                                  task_index=args.task, config=config, start=True)
     address = spec[args.job][args.task]
+    try:
+        server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=args.job,
+                                      task_index=args.task, config=config, start=True)
+    except tf.errors.UnknownError:
+        # TF says only "Could not start gRPC server" (gRPC's reason is below its log level):
+        # tell a taken port, which the launcher retries with new ports, from other failures
+        if _port_in_use(int(address.rsplit(":", 1)[1])):
+            print(f"tfplace-worker: port of {address} is in use (Address already in use)", file=sys.stderr)
+            return PORT_IN_USE_EXIT
+        raise
     if args.ready_file:
         tmp = args.ready_file + ".tmp"
         with open(tmp, "w") as f:

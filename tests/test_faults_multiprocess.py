@@ -1,0 +1,279 @@
+"""Fault injection that starts processes: TF servers, Horovod ranks, whole command lines.
+
+Table-driven by category:
+  * port: every listening socket of a real `activate.py` run (TF servers, Horovod rendezvous and
+    Gloo) accepts connections through loopback only, looked at from the machine's own network
+    namespace, and the run leaves no temporary folder; a port taken between choosing and binding
+    is retried on new ports.
+  * process: SIGTERM / SIGINT to `activate.py` while TF servers or Horovod ranks run leaves no
+    process and no temporary folder, exits 143 / 130, and keeps the results written so far; a
+    worker that dies in one entry is replaced for the next; a second run on the same output
+    folder stops with exit 2 naming the run that holds it.
+The unit-level faults (bad files, paths, values, resume) are in test_faults_unit_*.py.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tfplace.runtime import netns
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLUSTER = os.path.join(ROOT, "clusters", "local_cpu.json")
+PYTHON = sys.executable
+
+
+def _write(path, obj) -> str:
+    with open(path, "w") as f:
+        json.dump(obj, f)
+    return str(path)
+
+
+def _activate_config(tmp_path, baselines, steps=3, out="out") -> str:
+    return _write(tmp_path / "activate_config.txt", {
+        "format": "tfplace.activate_config", "cluster": CLUSTER, "graphs": [{"model": "tiny_mlp", "batch_size": 12}],
+        "baselines": list(baselines), "steps": steps, "warmup_steps": 1, "output_dir": str(tmp_path / out),
+        "trace": False})
+
+
+def _in_machine_namespace():
+    """preexec_fn: the child starts in the namespace this test process started in (the conftest
+    moved this process into a private one), so the command makes its own as a user's would."""
+    fd = netns.original_namespace_fd()
+    if fd is None:
+        return None
+    return lambda: netns.join_namespace(fd)
+
+
+def _descendants(pid: int):
+    """pids of every live descendant of `pid` (walks /proc's parent links)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie, ended but not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _start_activate(tmp_path, config):
+    """`python activate.py config` in the machine's namespace, with its own TMPDIR (so its
+    temporary folders can be counted) and its own process group (so the test can sweep it)."""
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir(exist_ok=True)
+    env = dict(os.environ, TMPDIR=str(tmp), TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop(netns.ALLOW_OPEN_PORTS_ENV, None)
+    return subprocess.Popen([PYTHON, os.path.join(ROOT, "activate.py"), config], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_in_machine_namespace(), start_new_session=True), tmp
+
+
+def _sweep(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# ------------------------------------------------------------------------------------- port
+
+@pytest.mark.multiprocess
+def test_port_every_listener_of_an_activate_run_is_loopback_only(tmp_path):
+    """A real run with TF servers and Horovod ranks; every socket any of its processes listens on,
+    seen while it runs, accepts loopback connections only."""
+    proc, tmp = _start_activate(tmp_path, _activate_config(tmp_path, ["dp_even_allreduce", "horovod_even"], steps=4))
+    seen, beyond, kinds = set(), set(), set()
+    try:
+        while proc.poll() is None:
+            for pid in [proc.pid, *_descendants(proc.pid)]:
+                found = netns.listeners(pid)
+                if found:
+                    kinds.add("horovod" if "horovod_worker" in _cmdline(pid) else
+                              "tf" if "tfplace.runtime.worker" in _cmdline(pid) else "launcher")
+                for address, reachable in found:
+                    seen.add((pid, address))
+                    if reachable:
+                        beyond.add((pid, _cmdline(pid)[:80], address))
+            time.sleep(0.05)
+        out = proc.stdout.read()
+    finally:
+        _sweep(proc)
+    assert proc.returncode == 0, out
+    assert {"tf", "horovod"} <= kinds, f"the check saw listeners of {kinds} only: {seen}\n{out}"
+    assert not beyond, f"listening beyond loopback: {beyond}"
+    assert os.listdir(tmp) == [], f"temporary folders left: {os.listdir(tmp)}"
+
+
+@pytest.mark.multiprocess
+def test_port_the_check_sees_an_open_server():
+    """The control for the test above: a TF server allowed onto every interface of a namespace
+    with a non-loopback interface is reported (so an empty report means something)."""
+    fd = netns.original_namespace_fd()
+    if fd is None:
+        pytest.skip("this test process did not leave the machine's namespace (see conftest.py)")
+    probe = subprocess.run([PYTHON, "-c", "import socket; print(len(socket.if_nameindex()))"],
+                           preexec_fn=_in_machine_namespace(), capture_output=True, text=True)
+    if probe.stdout.strip() == "1":
+        pytest.skip("this machine has no interface besides loopback: nothing to expose a server on")
+    script = ("import sys, time; from tfplace.runtime.local_cluster import LocalCluster\n"
+              "with LocalCluster(1) as lc:\n    print(lc.pids[0], flush=True); sys.stdin.read()\n")
+    env = dict(os.environ, **{netns.ALLOW_OPEN_PORTS_ENV: "1"}, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.Popen([PYTHON, "-c", script], cwd=ROOT, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_in_machine_namespace(), start_new_session=True)
+    try:
+        worker = int(proc.stdout.readline())
+        assert netns.non_loopback_listeners(worker), netns.listeners(worker)
+        assert "every interface" in proc.stderr.readline()
+    finally:
+        proc.stdin.close()
+        proc.wait(60)
+        _sweep(proc)
+
+
+@pytest.mark.multiprocess
+def test_port_taken_between_choice_and_bind_is_retried(monkeypatch):
+    from tfplace.runtime import local_cluster
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    calls = []
+    choose = local_cluster._free_ports
+
+    def first_taken(host, n):
+        calls.append(n)
+        return [port] * n if len(calls) == 1 else choose(host, n)
+
+    monkeypatch.setattr(local_cluster, "_free_ports", first_taken)
+    try:
+        with local_cluster.LocalCluster(num_tasks=1) as lc:
+            assert len(calls) == 2, "the taken port was not retried"
+            assert lc.task_addresses[0] != f"127.0.0.1:{port}"
+            assert not lc.dead_tasks()
+    finally:
+        held.close()
+
+
+# ---------------------------------------------------------------------------------- process
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("sig, status, phase", [
+    (signal.SIGTERM, 143, "horovod"),                # while Horovod ranks run
+    (signal.SIGINT, 130, "horovod"),
+    (signal.SIGTERM, 143, "tfplace.runtime.worker"),  # while TF servers run
+], ids=["sigterm-horovod", "sigint-horovod", "sigterm-tf-servers"])
+def test_process_a_stopped_activate_leaves_nothing_behind(tmp_path, sig, status, phase):
+    baselines = ["dp_even_allreduce", "horovod_even"] if phase == "horovod" else ["dp_even_allreduce"]
+    steps = 400 if phase == "horovod" else 5000  # the signal comes long before the entry ends
+    proc, tmp = _start_activate(tmp_path, _activate_config(tmp_path, baselines, steps=steps))
+    try:
+        marker = "horovod_worker" if phase == "horovod" else phase
+        _wait_for(lambda: [p for p in _descendants(proc.pid) if marker in _cmdline(p)], 240, marker)
+        if phase == "horovod":
+            # the entry before it finished: its row must survive the interrupt
+            _wait_for(lambda: os.path.exists(tmp_path / "out" / "results.json"), 60, "results.json")
+        time.sleep(1.0)
+        family = [proc.pid, *_descendants(proc.pid)]
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == status, out
+        assert "stopped by" in out and "Traceback" not in out, out
+        deadline = time.monotonic() + 15  # SIGKILL grace of the servers and ranks, with margin
+        while [p for p in family if _alive(p)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in family if _alive(p)], [(p, _cmdline(p)) for p in family if _alive(p)]
+        assert os.listdir(tmp) == [], f"temporary folders left: {os.listdir(tmp)}"
+        if phase == "horovod":
+            with open(tmp_path / "out" / "results.json") as f:
+                results = json.load(f)
+            assert results["complete"] is False
+            assert [r["name"] for r in results["results"]] and results["results"][0]["error"] is None
+    finally:
+        _sweep(proc)
+
+
+@pytest.mark.multiprocess
+def test_process_a_dead_worker_is_replaced_for_the_next_entry(tmp_path, monkeypatch):
+    from tfplace.cli import activate
+    config = _activate_config(tmp_path, ["dp_even_allreduce", "dp_proportional_allreduce"], steps=2)
+    run_one, clusters = activate._run_one, []
+
+    def kill_in_first(job, cluster, lc, config, overheads=None):
+        clusters.append(lc)
+        if len(clusters) == 1:
+            lc.kill_task(1)
+        return run_one(job, cluster, lc, config, overheads)
+
+    monkeypatch.setattr(activate, "_run_one", kill_in_first)
+    rows = activate.run(config, out=open(os.devnull, "w"))
+    assert rows[0]["error"] and "worker task 1" in rows[0]["error"], rows[0]
+    assert rows[1]["error"] is None, rows[1]["error"]
+    assert clusters[1] is not clusters[0] and not clusters[0].running
+
+
+@pytest.mark.multiprocess
+def test_process_a_second_run_on_the_same_output_folder_stops(tmp_path):
+    from tfplace.cli import common
+    config = _activate_config(tmp_path, ["dp_even_allreduce"])
+    os.makedirs(tmp_path / "out")
+    holder = subprocess.Popen([PYTHON, "-c", "import sys; from tfplace.cli.common import OutputLock\n"
+                               f"with OutputLock({str(tmp_path / 'out')!r}, 'x'):\n"
+                               "    print('held', flush=True); sys.stdin.read()"],
+                              cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        proc = subprocess.run([PYTHON, os.path.join(ROOT, "activate.py"), config], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert f"in use by another run (pid {holder.pid})" in proc.stderr and "Fix:" in proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert not os.path.exists(tmp_path / "out" / "results.json")
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+    with common.OutputLock(str(tmp_path / "out"), "x"):  # released when its holder ended
+        pass
