@@ -10,6 +10,9 @@ Models: tfplace.testing's tiny MLP and single-head attention ("transformer"), th
 sum-reduced loss (weight-1 aggregation), and a small CNN built here *without* batch norm: batch-norm statistics are per replica in any data-parallel
 system, so a BN model's forward pass (not only its moving averages) differs by design.
 
+Models with random ops (dropout, drop-connect) are compared with their noise off: see
+"models with random ops" below (NOISE_OFF).
+
 CI runs TFPLACE_EQUIV_STRATEGIES random strategies per (model, optimizer) (default 2); set it
 higher for the full sweep (the count checked is printed).
 """
@@ -92,10 +95,13 @@ def rel_err(a, b):
     return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-8)) if np.size(b) else 0.0
 
 
-def check(lc, graph, strategy, cluster, grouping, model, seed=0, batch=BATCH):
-    """Worst relative error of loss and variables over STEPS steps (asserts mirrors agree)."""
+def check(lc, graph, strategy, cluster, grouping, model, seed=0, batch=BATCH, fixed=None):
+    """Worst relative error of loss and variables over STEPS steps (asserts mirrors agree).
+    `fixed`: placeholder name -> value fed to the reference and every replica (noise_feed)."""
     step = rewrite_step(graph, strategy, cluster, grouping=grouping)
     feeds = [random_feed(step.inputs, batch, seed + i) for i in range(STEPS)]
+    ref_feeds = [dict(f, **{name + ":0": v for name, v in (fixed or {}).items()}) for f in feeds]
+    feeds = [dict(f, **noise_feed(step.graph_def, fixed or {})) for f in feeds]
     losses, states = [], []
     with StepRunner(lc, step, timeout_s=120) as runner:
         runner.initialize()
@@ -106,7 +112,7 @@ def check(lc, graph, strategy, cluster, grouping, model, seed=0, batch=BATCH):
         for feed in feeds:
             losses.append(runner.step(feed))
             states.append(runner.variables())
-    ref_losses, ref_states = reference_run(graph, feeds, init)
+    ref_losses, ref_states = reference_run(graph, ref_feeds, init)
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
     for got, ref in zip(states, ref_states):
         for name, value in ref.items():
@@ -150,6 +156,74 @@ def test_rewritten_step_equals_single_device(local_cluster, model, optimizer):
         assert err <= TOL, f"strategy {i} ({s.to_json()}): relative error {err:.3g}"
     COUNT[(model, optimizer)] = len(strategies)
     print(f"equivalence: {model}/{optimizer}: {len(strategies)} strategies equal (<= {TOL})")
+
+
+# ---- models with random ops: the noise-off mode ----
+# Every replica of a random op draws with its own seeds (tfplace.rewrite.nodes.reseed_replica), so
+# with dropout on, a rewritten step equals neither the single-device step nor a per-replica run of
+# the original: by design, as in any data-parallel system. Such models are compared with their
+# noise off: the model draws its noise at the rate of the PlaceholderWithDefault `dropout_rate`
+# (tfplace.testing.dropout_graph_def), and the comparison feeds NOISE_OFF (rate 0) to the
+# reference and to every replica of that placeholder in the rewritten step (noise_feed). The random
+# ops still run on every replica, their outputs no longer change a value, so the usual tolerance
+# holds. At the default rate (0.5) the test checks the other half: the replicas' masks differ.
+NOISE_OFF = {"dropout_rate": 0.0}
+NOISES = ("dropout", "stateless", "drop_connect")
+
+
+def noise_feed(graph_def, values):
+    """Feeds of a rewritten step: every replica `<name>/replica_<k>:0` of each placeholder named in
+    `values` (or `<name>:0` itself where the rewrite kept it), with that value."""
+    out, found = {}, set()
+    for n in graph_def.node:
+        base = n.name.rpartition("/replica_")[0] if "/replica_" in n.name else n.name
+        if base in values and n.op.startswith("Placeholder"):
+            out[n.name + ":0"] = values[base]
+            found.add(base)
+    assert found == set(values), f"no placeholder {sorted(set(values) - found)} in the rewritten step"
+    return out
+
+
+# A weight-gradient partial (batch-dependent, no batch axis) that a mask op of another group
+# reads, as drop-connect's gradient does (MatMul grad -> SelectV2 grad -> update), is read from the
+# producer replica on the same device, which summed other samples when the two groups' shares
+# differ. The same happens with a deterministic tf.where mask, so it is the lowering's, not the
+# random ops': kept here as a strict xfail until partials crossing layouts are aggregated.
+_PARTIAL_ACROSS_LAYOUTS = pytest.mark.xfail(strict=True, reason="lowering: a partial read across groups of "
+                                            "different shares (drop-connect's SelectV2 gradient)")
+NOISE_CASES = [pytest.param(n, k, marks=_PARTIAL_ACROSS_LAYOUTS if (n, k) == ("drop_connect", "random") else ())
+               for n in NOISES for k in ("dp_even", "ps", "random")]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("noise,kind", NOISE_CASES)
+def test_dropout_model_equals_single_device_with_noise_off(local_cluster, noise, kind):
+    from tfplace.testing import DROPOUT_NOISES, dropout_graph
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    graph = dropout_graph(noise, BATCH, "momentum")
+    grouping = make_grouping(graph, GROUPS)
+    devs = list(cluster.device_names)
+    strategy = {"dp_even": lambda: even_strategy(devs, BATCH, GROUPS),
+                "ps": lambda: even_strategy(devs, BATCH, GROUPS, "ps", "cpu1"),
+                "random": lambda: random_strategy(np.random.default_rng(sum(map(ord, noise))), devs,
+                                                  grouping.group_names, BATCH)}[kind]()
+    err = check(local_cluster, graph, strategy, cluster, grouping, noise, fixed=NOISE_OFF)
+    assert err <= TOL, f"{strategy.to_json()}: relative error {err:.3g} with the noise off"
+    if kind != "dp_even":
+        return
+    # noise on (the default rate): each replica of the random op draws its own mask
+    step = rewrite_step(graph, strategy, cluster, grouping=grouping)
+    random_op = next(n.name for n in graph.graph_def.node if n.op == DROPOUT_NOISES[noise] and graph.has_op(n.name))
+    replicas = [n.name + ":0" for n in step.graph_def.node
+                if n.name.startswith(random_op + "/replica_") and n.op == DROPOUT_NOISES[noise]]
+    assert len(replicas) == len(devs)
+    with StepRunner(local_cluster, step, timeout_s=120) as runner:
+        runner.initialize()
+        draws = local_cluster.run(runner.session, replicas, feed_dict=random_feed(step.inputs, BATCH, 0),
+                                  timeout_s=120)
+    for i in range(len(draws)):
+        for j in range(i):
+            assert draws[i].shape == draws[j].shape and not np.array_equal(draws[i], draws[j]), (random_op, i, j)
 
 
 def _bucketed(graph, strategy, cluster, grouping) -> bool:

@@ -5,6 +5,7 @@ uniform profiles. Everything here is small, deterministic and documented; signat
   tiny_mlp_graph(batch_size, optimizer)           real TF training step, loaded by the loader
   tiny_graph(model, batch_size, optimizer)        same for "mlp", "cnn" (batch norm), "attention"
   tiny_graph_def(model, optimizer)                their GraphDefs (for rewrite/runtime tests)
+  dropout_graph(noise, batch_size, optimizer)     the MLP with a random mask (tests of replica seeds)
   two_device_cluster() / four_device_cluster()    V100 + P100 clusters (one / two hosts)
   uniform_profile(graph, kinds, seconds_per_op)   every op costs the same on every kind
 
@@ -192,6 +193,71 @@ def tiny_graph(model: str = "mlp", batch_size: int = 8, optimizer: str = "sgd") 
 def tiny_mlp_graph(batch_size: int = 8, optimizer: str = "sgd") -> OpGraph:
     """The tiny MLP training step (see tiny_graph_def) as an OpGraph (cached per process)."""
     return tiny_graph("mlp", batch_size, optimizer)
+
+
+#: dropout_graph_def's noises: the random op each one draws its mask with.
+DROPOUT_NOISES = {"dropout": "RandomUniform", "gaussian": "RandomStandardNormal", "truncated": "TruncatedNormal",
+                  "stateless": "StatelessRandomUniformV2", "stateless_v1": "StatelessRandomUniform",
+                  "drop_connect": "RandomUniform"}
+
+
+def dropout_graph_def(noise: str = "dropout", optimizer: str = "sgd"):
+    """The tiny MLP (see tiny_graph_def) with random noise on its hidden layer (imports TensorFlow).
+
+    features [None, 16] -> Dense 32 relu -> noise -> Dense 4; `dropout_rate` is a float32 scalar
+    PlaceholderWithDefault (default 0.5). Feeding it 0 makes every noise the identity (the random
+    op still runs), so the step equals the plain MLP's.
+      "dropout":      tf.nn.dropout (RandomUniform mask, seeds from the graph seed 0)
+      "gaussian":     h * (1 + rate * N(0, 1))     (RandomStandardNormal)
+      "truncated":    h * (1 + rate * truncated N(0, 1))   (TruncatedNormal)
+      "stateless":    tf.random.stateless_uniform(seed=[7, 11]) >= rate, scaled  (StatelessRandomUniformV2)
+      "stateless_v1": the same with the V1 op StatelessRandomUniform (int64 seed input)
+      "drop_connect": dropout on dense_1's kernel ([32, 4], no batch axis), not on activations
+    Op names: the noise's random op is the only op of its type in the step (DROPOUT_NOISES).
+    """
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    if noise not in DROPOUT_NOISES:
+        raise ValueError(f"noise must be one of {sorted(DROPOUT_NOISES)}, got {noise!r}")
+    with tf.Graph().as_default() as graph:
+        v1.set_random_seed(0)
+        labels = v1.placeholder(tf.int32, [None], name="labels")
+        x = v1.placeholder(tf.float32, [None, 16], name="features")
+        rate = v1.placeholder_with_default(0.5, [], name="dropout_rate")
+        h = tf.nn.relu(_dense(x, 32, "dense_0"))
+
+        def keep(u):  # a uniform draw in [0, 1) -> an inverted-dropout mask
+            return tf.cast(u >= rate, tf.float32) / (1.0 - rate)
+
+        if noise == "dropout":
+            h = tf.nn.dropout(h, rate=rate)
+        elif noise == "gaussian":
+            h = h * (1.0 + rate * v1.random_normal(tf.shape(h)))
+        elif noise == "truncated":
+            h = h * (1.0 + rate * v1.truncated_normal(tf.shape(h)))
+        elif noise == "stateless":
+            h = h * keep(tf.random.stateless_uniform(tf.shape(h), seed=[7, 11]))
+        elif noise == "stateless_v1":
+            seed = tf.constant([7, 11], tf.int64)
+            h = h * keep(tf.raw_ops.StatelessRandomUniform(shape=tf.shape(h), seed=seed, dtype=tf.float32))
+        if noise == "drop_connect":
+            with v1.variable_scope("dense_1"):
+                w = v1.get_variable("kernel", [32, 4], use_resource=True)
+                b = v1.get_variable("bias", [4], initializer=v1.zeros_initializer(), use_resource=True)
+            logits = tf.matmul(h, tf.nn.dropout(w, rate=rate)) + b
+        else:
+            logits = _dense(h, 4, "dense_1")
+        per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+        _train_step(tf.identity(tf.reduce_mean(per_example), name="loss"), optimizer)
+    return graph.as_graph_def()
+
+
+@functools.lru_cache(maxsize=None)
+def dropout_graph(noise: str = "dropout", batch_size: int = 8, optimizer: str = "sgd") -> OpGraph:
+    """`dropout_graph_def(noise, optimizer)` loaded at `batch_size` (cached per process)."""
+    from tfplace.ir.loader import load_op_graph
+    return load_op_graph(dropout_graph_def(noise, optimizer), sinks=["train_op"], batch_size=batch_size,
+                         loss="loss", source=f"dropout_{noise}_{optimizer}")
 
 
 # ---- clusters ------------------------------------------------------------------------------

@@ -395,9 +395,8 @@ def run(main: Callable[[List[str]], Optional[int]], define_flags: Callable[[], N
         if os.environ.get(netns.ALLOW_OPEN_PORTS_ENV) != "1":
             try:
                 netns.enter_private_network()
-            except netns.NetworkIsolationError as err:
-                print(f"error: {err}", file=sys.stderr)
-                sys.exit(FAILED_EXIT)
+            except netns.NetworkIsolationError:
+                pass  # --help and bad input still answer; the first server start says why (exit 1)
     app.run(guarded(main), flags_parser=parser)
 
 

@@ -9,7 +9,9 @@ Every decision comes from `tfplace.lowering.lower.lower`; this module only trans
              `tf_device`), a copy of the original NodeDef whose data inputs are the buffers the
              PlacedGraph lists in port order. Variable handles get `shared_name` = their new name,
              so mirrors are distinct resources. An update op reads the handle instance on its own
-             device (checked: every updater is pinned with its variable).
+             device (checked: every updater is pinned with its variable). A random op's instance
+             k > 0 gets its own seeds, derived from the original's and k
+             (`nodes.reseed_replica`): replicas never draw the same mask.
   inputs     the original placeholders stay, under their names, on the *feed device* (the device
              of the first input's first replica); the runtime feeds the global batch and replica
              k is a StridedSlice [lo, hi) of it on the feed device, so only the slice travels (the
@@ -52,7 +54,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from tfplace.rewrite import nodes as rn
-from tfplace.formats.cluster import Cluster, is_cpu_kind
+from tfplace.formats.cluster import Cluster, is_cpu_kind, tf_device_string
 from tfplace.formats.errors import InputError
 from tfplace.ir.graph_ir import OpGraph
 from tfplace.lowering.placed_graph import (TASK_COLLECTIVE, TASK_COMPUTE, TASK_RESPLIT, TASK_SUM, TASK_TRANSFER,
@@ -150,6 +152,9 @@ class _Emitter:
         self.g, self.p, self.key_base, self.init_override = graph, placed, key_base, init_op
         self.dev = [cluster.devices[cluster.device_index(n)].tf_device for n in placed.device_names]
         self.gpu = [not is_cpu_kind(cluster.devices[cluster.device_index(n)].kind) for n in placed.device_names]
+        # the host CPU of each device's task (seed arithmetic of random ops: host-memory inputs)
+        self.host = [tf_device_string(cluster.devices[cluster.device_index(n)].task, "CPU", 0)
+                     for n in placed.device_names]
         self.orig = {n.name: n for n in graph.graph_def.node}
         self.nodes: Dict[str, Any] = {}
         self.extra_ctrl: Dict[str, List[str]] = {}
@@ -298,6 +303,7 @@ class _Emitter:
         if node.op == "VarHandleOp":
             node.attr["shared_name"].s = name.encode()
         self._check_pinned(t, node, bufs)
+        self.add(*rn.reseed_replica(node, t - int(p.op_task_ptr[op]), self.host[d]))
         self.add(node)
 
     def _check_pinned(self, t: int, node, bufs) -> None:

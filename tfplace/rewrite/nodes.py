@@ -1,6 +1,7 @@
 """NodeDef builders for the rewrite pass (tfplace.rewrite.graph_rewrite): constants, slices, concatenation,
-weighted sums, collective all-reduce, variable reads and assignments. Each returns NodeDefs
-(protos) and never decides what a strategy means; that is the lowering's job.
+weighted sums, collective all-reduce, variable reads and assignments, and the per-replica seeds
+of random ops (`reseed_replica`, the one place that lists random ops and derives their seeds).
+Each returns NodeDefs (protos) and never decides what a strategy means; that is the lowering's job.
 
 All builders take the full TF device string of the device the node runs on.
 """
@@ -146,3 +147,74 @@ def assign_variable(name: str, device: str, handle: str, value: str, dtype_name:
 
 def no_op(name: str, device: str, control: Sequence[str]):
     return node(name, "NoOp", device, ["^" + c for c in dict.fromkeys(control)])
+
+
+# ---- per-replica seeds of random ops -----------------------------------------------------------
+# Replica k of a random op must draw its own numbers: copied with the original's
+# seeds, every replica would draw the same dropout mask for its share of the batch.
+#
+# Stateful ops, seeded by the int attrs `seed` (graph-level) and `seed2` (op-level): replica k
+# keeps `seed` and gets `seed2 = replica_seed2(seed2, k)`. TF reads seed == seed2 == 0 as "draw a
+# fresh random seed for this op instance", so such replicas already differ and keep 0.
+STATEFUL_RANDOM_OPS = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "ParameterizedTruncatedNormal", "RandomGamma", "RandomPoisson", "RandomPoissonV2", "RandomShuffle",
+    "Multinomial", "RandomCrop", "SampleDistortedBoundingBox", "SampleDistortedBoundingBoxV2",
+    "FractionalAvgPool", "FractionalMaxPool", "UniformCandidateSampler", "LogUniformCandidateSampler",
+    "LearnedUnigramCandidateSampler", "ThreadUnsafeUnigramCandidateSampler", "FixedUnigramCandidateSampler"})
+# Stateless ops, seeded by an input: op type -> index of that input. `seed` is int32/int64 [2]
+# (attr Tseed); replica k > 0 reads seed + [0, k]. `key` (the V2 ops, after
+# StatelessRandomGetKeyCounter) is uint64 [1]; replica k > 0 reads key + [k]. The sum is computed
+# on the host CPU of the replica's task: seed and key are host-memory inputs on every device.
+STATELESS_SEED_INPUT = {
+    "StatelessRandomUniform": 1, "StatelessRandomNormal": 1, "StatelessTruncatedNormal": 1,
+    "StatelessRandomUniformInt": 1, "StatelessRandomUniformFullInt": 1, "StatelessRandomBinomial": 1,
+    "StatelessRandomPoisson": 1, "StatelessRandomGammaV2": 1, "StatelessParameterizedTruncatedNormal": 1,
+    "StatelessMultinomial": 2, "StatelessSampleDistortedBoundingBox": 3}
+STATELESS_KEY_INPUT = {
+    "StatelessRandomUniformV2": 1, "StatelessRandomNormalV2": 1, "StatelessTruncatedNormalV2": 1,
+    "StatelessRandomUniformIntV2": 1, "StatelessRandomUniformFullIntV2": 1, "StatelessRandomGammaV3": 1,
+    "StatelessShuffle": 1, "StochasticCastToInt": 1}
+# Seeded by an input but not re-seeded: the key derivation (its V2 consumers are offset instead,
+# so a derivation shared by several replicas still gives each its own key) and index shuffles
+# (a data pipeline's permutation must agree across replicas).
+NOT_RESEEDED = frozenset({"StatelessRandomGetKeyCounter", "StatelessRandomGetKeyCounterAlg", "RandomIndexShuffle"})
+
+_SEED2_MODULUS = 2 ** 31 - 1   # a prime: seed2 stays a positive int32 and k -> seed2 is one-to-one
+_SEED2_STRIDE = 2654435761 % _SEED2_MODULUS  # Knuth's multiplicative-hash prime, ~2^32 / golden ratio
+
+
+def replica_seed2(seed2: int, k: int) -> int:
+    """`seed2` of replica k of a stateful random op: 1 + (seed2 - 1 + k * stride) mod (2^31 - 1).
+
+    Replica 0 keeps any seed2 in [1, 2^31 - 1] (a one-replica strategy is unchanged); for a fixed
+    seed2 the values of k < 2^31 - 1 are pairwise distinct (stride prime to the modulus) and never 0
+    (so seed == 0 never turns into TF's "random seed" pair)."""
+    return 1 + (int(seed2) - 1 + int(k) * _SEED2_STRIDE) % _SEED2_MODULUS
+
+
+def reseed_replica(replica, k: int, host_device: str) -> List:
+    """Gives `replica` (instance k of an op, already renamed and placed) its replica's seeds.
+
+    Stateful: sets attr seed2 (in place) unless k == 0 or seed == seed2 == 0. Stateless, k > 0:
+    re-points the seed/key input to `<replica>/tfplace_seed` = input + offset on `host_device` and
+    returns those two NodeDefs. Other ops and replica 0: unchanged, returns []."""
+    if k == 0:
+        return []
+    if replica.op in STATEFUL_RANDOM_OPS:
+        seed, seed2 = (replica.attr[a].i if a in replica.attr else 0 for a in ("seed", "seed2"))
+        if seed != 0 or seed2 != 0:
+            replica.attr["seed2"].i = replica_seed2(seed2, k)
+        return []
+    if replica.op in STATELESS_SEED_INPUT:
+        index, offset = STATELESS_SEED_INPUT[replica.op], [0, k]
+        dtype = _tf().as_dtype(replica.attr["Tseed"].type).name if "Tseed" in replica.attr else "int64"
+    elif replica.op in STATELESS_KEY_INPUT:
+        index, offset, dtype = STATELESS_KEY_INPUT[replica.op], [k], "uint64"
+    else:
+        return []
+    name = replica.name + "/tfplace_seed"
+    out = [const(name + "/offset", host_device, offset, dtype),
+           node(name, "AddV2", host_device, [replica.input[index], name + "/offset"], type_T=dtype_enum(dtype))]
+    replica.input[index] = name
+    return out
