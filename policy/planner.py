@@ -7,10 +7,10 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
+import sys
 import time
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -25,7 +25,7 @@ from tfplace.policy.environment import PlacementTask
 from tfplace.policy.network import PlacementNetwork
 from tfplace.policy.pool import PoolEntry
 from tfplace.policy.search import HillClimber
-from tfplace.policy import train_lib
+from tfplace.policy import train_lib, train_state
 
 
 @dataclasses.dataclass
@@ -41,17 +41,26 @@ class PlanResult:
     out: Optional[str] = None
 
 
-def load_policy(run_dir: str):
-    """(learner with restored weights, train config) from a training output_dir."""
-    cfg_path, state_path = os.path.join(run_dir, "config.json"), os.path.join(run_dir, train_lib.STATE_FILE)
-    for p in (cfg_path, state_path):
-        if not os.path.exists(p):
-            raise InputError(run_dir, os.path.basename(p), "missing", "give the output_dir of a training run")
-    config = load_train_config(cfg_path)
-    with open(state_path, encoding="utf-8") as f:
-        state = json.load(f)
+def _to_stderr(message: str) -> None:
+    sys.stderr.write(message + "\n")
+
+
+def load_policy(run_dir: str, log: Callable[[str], None] = _to_stderr):
+    """(learner, train config, prefix of the TF checkpoint to restore its weights from) of a
+    training output_dir. The checkpoint is the newest whose state file and TF checkpoint read back,
+    tried in resume's order (tfplace.policy.train_state; `log` says which it passed over and why);
+    none usable is one InputError naming the newest state file in run_dir and the fix."""
+    fix = "give the output_dir of a training run"
+    for name in ("config.json", train_state.STATE_FILE):
+        if not os.path.exists(os.path.join(run_dir, name)):
+            raise InputError(run_dir, name, "missing", fix)
+    config = load_train_config(os.path.join(run_dir, "config.json"))
+    saved, rejected = train_state.read_states(run_dir)  # not checked against a run: any graph may be planned
+    state = train_state.newest_usable(run_dir, saved, rejected, tf.train.load_checkpoint, log, "plan with",
+                                      f"{fix} whose checkpoints are intact, or train again with a new "
+                                      "output_dir (python -m tfplace.train) and plan with that")
     learner = ReinforceLearner(PlacementNetwork(config.network, A.ActionLayout()), config.rl)
-    return learner, config, os.path.join(run_dir, "checkpoints", state["tf_checkpoint"])
+    return learner, config, os.path.join(run_dir, train_state.CHECKPOINT_DIR, state.tf_checkpoint)
 
 
 def _entry(task: PlacementTask, source: str, act) -> PoolEntry:

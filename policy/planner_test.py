@@ -1,9 +1,12 @@
 import json
 import os
 
+import pytest
+
 from tfplace.baselines.testing import scaled_profile
 from tfplace.formats.cluster import Device, Host, build_cluster, save_cluster
 from tfplace.formats.config import load_train_config
+from tfplace.formats.errors import InputError
 from tfplace.formats.profile import save_profile
 from tfplace.formats.strategy import load_strategy, validate_strategy
 from tfplace.ir.loader import load_op_graph
@@ -28,12 +31,8 @@ def _remote_slow_device_case(tmp_path, bundle):
     return cluster, profile
 
 
-def test_plan_on_another_cluster_beats_every_baseline_and_credits_the_search(tmp_path, monkeypatch):
-    # the best-subset baselines hold this case's answer (DP over the fast pair); without them the
-    # plan must come from the policy or the search (baselines/data_parallel_test.py checks them)
-    from tfplace.baselines import registry
-    for name in ("dp_subset_even", "dp_subset_proportional"):
-        monkeypatch.delitem(registry.GENERATORS, name)
+def _trained_run(tmp_path):
+    """The train config of a 2-step run of the tiny MLP on 4 GPUs, trained into tmp_path/run."""
     cfg = {"format": "tfplace.train_config", "version": 1,
            "graphs": [{"graph": os.path.join(REPO, "graph_defs/zoo/tiny_mlp_b16_sgd.json"), "batch_size": 16}],
            "clusters": [os.path.join(REPO, "clusters/two_kind_4gpu.json")], "max_groups": 16,
@@ -43,6 +42,16 @@ def test_plan_on_another_cluster_beats_every_baseline_and_credits_the_search(tmp
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     config = load_train_config(tmp_path / "c.json")
     train_lib.train(config, log=lambda m: None, progress=False)
+    return config
+
+
+def test_plan_on_another_cluster_beats_every_baseline_and_credits_the_search(tmp_path, monkeypatch):
+    # the best-subset baselines hold this case's answer (DP over the fast pair); without them the
+    # plan must come from the policy or the search (baselines/data_parallel_test.py checks them)
+    from tfplace.baselines import registry
+    for name in ("dp_subset_even", "dp_subset_proportional"):
+        monkeypatch.delitem(registry.GENERATORS, name)
+    config = _trained_run(tmp_path)
     bundle = os.path.join(REPO, "graph_defs/zoo/tiny_cnn_b16_s16_sgd.json")
     cluster, profile = _remote_slow_device_case(tmp_path, bundle)
     out = str(tmp_path / "strategy.json")
@@ -60,3 +69,20 @@ def test_plan_on_another_cluster_beats_every_baseline_and_credits_the_search(tmp
     assert s.to_json() == r.best.strategy.to_json()
     task = train_lib.build_task("again", bundle, 16, cluster, profile, config)
     assert abs(task.evaluate_strategy(s).time_s - r.best.time_s) <= 1e-9 * r.best.time_s
+
+
+def test_load_policy_falls_back_past_a_damaged_state_or_stops_with_one_error(tmp_path):
+    run = _trained_run(tmp_path).output_dir  # checkpoints 1 and 2
+    with open(os.path.join(run, "state.json"), "w") as f:
+        f.write('{"format": "tfplace.tr')  # truncated
+    logged = []
+    assert planner.load_policy(run, logged.append)[2] == os.path.join(run, "checkpoints", "ckpt-2")
+    assert logged == ["passed over state.json: line 1 column 12: not valid JSON "
+                      "(Unterminated string starting at; truncated?)"]
+    for step in (1, 2):
+        with open(os.path.join(run, "checkpoints", f"ckpt-{step}.index"), "wb") as f:
+            f.write(b"\x17garbage" * 8)
+    with pytest.raises(InputError) as err:
+        planner.load_policy(run, logged.append)
+    assert str(err.value).startswith(f"{run}/state.json: line 1 column 12: no usable checkpoint to plan with (")
+    assert "ckpt-1 cannot be read" in str(err.value) and "Fix: give the output_dir of a training run" in str(err.value)

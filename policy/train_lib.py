@@ -25,14 +25,8 @@ logs and policy out of step with each other), then `TrainingInterrupted` is rais
 signal stops at once, keeping the last checkpoint. A restarted run continues from the newest
 usable checkpoint with the same step counter, pools and RNG.
 
-Checkpoint N, in order (each file atomic): checkpoints/ckpt-N.{index,data-*} (TensorFlow), then
-checkpoints/ckpt-N.state.json, then a copy of it as state.json (the newest; plan.py reads it);
-the last two checkpoints are kept with their state files. Resuming tries state.json, then the
-state files in checkpoints/, newest first, and logs why it passed over any (truncated, not JSON,
-a missing or mistyped field, a missing or damaged TensorFlow checkpoint); none usable is one
-InputError. Every state records the run's fingerprint (`run_fingerprint`: a hash per graph,
-cluster, profile and overheads file and per option that changes the problem or the learning);
-resuming with a different one is an InputError naming the first part that differs.
+The state files, the order they are written in, how a resume picks its checkpoint and what the
+run's fingerprint covers: tfplace.policy.train_state.
 
 Seeds: `seed_everything(config.seed)` runs before anything random is built, so two runs with the
 same config and seed take the same steps (policy sampling uses stateless seeds drawn from the
@@ -43,24 +37,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import importlib.util
 import json
 import math
 import os
-import re
-import shutil
 import signal
 import sys
 import threading
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from tfplace.formats.cluster import load_cluster
-from tfplace.formats.config import RESUMABLE_FIELDS, GraphEntry, TrainConfig, save_train_config
+from tfplace.formats.config import GraphEntry, TrainConfig, save_train_config
 from tfplace.formats.errors import InputError
 from tfplace.ir.loader import load_op_graph
 from tfplace.ir.grouping import make_grouping
@@ -76,12 +67,10 @@ from tfplace.policy.environment import PlacementEnvironment, PlacementTask, eval
 from tfplace.policy.fallbacks import baseline_strategies, default_profile
 from tfplace.policy.network import PlacementNetwork
 from tfplace.policy.pool import PoolEntry, StrategyPool
+from tfplace.policy import train_state
+from tfplace.policy.train_state import SavedState
 
-STATE_FILE = "state.json"
 LOCAL_SEARCH_PER_STEP = 4  # mutations of the pool's best action evaluated per task and step
-STATE_FORMAT = "tfplace.train_state"
-STATE_VERSION = 2  # 2: the run's fingerprint and a state file per checkpoint (1 had neither)
-CHECKPOINT_STATE = re.compile(r"ckpt-(\d+)\.state\.json")
 Log = Callable[[str], None]
 
 
@@ -206,195 +195,6 @@ def seed_everything(seed: int) -> None:
     tf.keras.utils.set_random_seed(seed)
 
 
-# ---- fingerprint -------------------------------------------------------------------------------
-def _file_digest(paths: Sequence[str], prefix: bytes = b"") -> str:
-    """sha256 over `prefix` and the bytes of `paths` (contents only: moving the files keeps a run
-    resumable, editing them does not)."""
-    h = hashlib.sha256(prefix)
-    for path in paths:
-        try:
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-        except OSError as e:
-            raise InputError(path, "", f"cannot be read ({e.strerror})", "check the path and its permissions") from None
-        h.update(b"\0")  # file boundary, so that two files never hash like their concatenation
-    return h.hexdigest()
-
-
-def _bundle_files(bundle: str) -> List[str]:
-    """The bundle file and, for a bundle .json, the GraphDef file it names (graph_file)."""
-    files = [bundle]
-    try:
-        with open(bundle, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return files  # a .pb, or a bad bundle: the loader reports it
-    graph_file = meta.get("graph_file") if isinstance(meta, dict) else None
-    if isinstance(graph_file, str) and os.path.isfile(os.path.join(os.path.dirname(bundle), graph_file)):
-        files.append(os.path.join(os.path.dirname(bundle), graph_file))
-    return files
-
-
-def run_fingerprint(config: TrainConfig, bundles: Sequence[str]) -> Dict[str, str]:
-    """What a run's results depend on, part by part, in config order: "graphs[i]" (the entry's
-    options, its bundle and GraphDef files), "clusters[j]", "profiles[i]", "overheads[j]" (file
-    contents; "derive" / "none" without a file), then every other TrainConfig field outside
-    RESUMABLE_FIELDS (max_groups, seed, network, rl, simulator, ...). Values: sha256 hex digests."""
-    parts: Dict[str, str] = {}
-    for i, (entry, bundle) in enumerate(zip(config.graphs, bundles)):
-        options = {k: v for k, v in dataclasses.asdict(entry).items() if k != "graph"}
-        parts[f"graphs[{i}]"] = _file_digest(_bundle_files(bundle), json.dumps(options, sort_keys=True).encode())
-    for j, path in enumerate(config.clusters):
-        parts[f"clusters[{j}]"] = _file_digest([path])
-    for i, path in enumerate(config.profiles):
-        parts[f"profiles[{i}]"] = "derive" if path is None else _file_digest([path])
-    for j in range(len(config.clusters)):
-        path = config.overheads[j] if j < len(config.overheads) else None
-        parts[f"overheads[{j}]"] = "none" if path is None else _file_digest([path])
-    plain = config.to_json()
-    skip = set(RESUMABLE_FIELDS) | {"graphs", "clusters", "profiles", "overheads"}
-    for f in dataclasses.fields(config):
-        if f.name not in skip:
-            parts[f.name] = hashlib.sha256(json.dumps(plain[f.name], sort_keys=True).encode()).hexdigest()
-    return parts
-
-
-def first_difference(saved: Dict[str, str], current: Dict[str, str]) -> Optional[str]:
-    """The first part (in the current config's order, then the saved run's) that differs."""
-    for part in list(current) + [p for p in saved if p not in current]:
-        if saved.get(part) != current.get(part):
-            return part
-    return None
-
-
-# ---- state files -------------------------------------------------------------------------------
-class _Rejected(Exception):
-    """A state file or TensorFlow checkpoint that cannot be used (damaged); `field` names where."""
-
-    def __init__(self, field: str, problem: str):
-        super().__init__(f"{field}: {problem}" if field else problem)
-        self.field, self.problem = field, problem
-
-
-@dataclasses.dataclass
-class SavedState:
-    """One state file, read and checked against the run (nothing applied yet)."""
-    path: str
-    step: int
-    elapsed_s: float
-    tf_checkpoint: str
-    rng: Dict[str, object]
-    reward_baselines: Dict[str, float]
-    pools: Dict[str, StrategyPool]
-    logs: Dict[str, List[List[float]]]
-
-
-_KINDS = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object"}
-
-
-def _get(obj: Dict, key: str, kind: type, where: str = ""):
-    """obj[key] if it is of `kind` (a float field takes any finite JSON number; bool is no number)."""
-    field = f"{where}.{key}" if where else key
-    if key not in obj:
-        raise _Rejected(field, "is missing")
-    value = obj[key]
-    ok = isinstance(value, (int, float)) and math.isfinite(value) if kind is float else isinstance(value, kind)
-    if isinstance(value, bool) or not ok:
-        raise _Rejected(field, f"must be {_KINDS[kind]}, got {json.dumps(value)[:40]}")
-    return value
-
-
-def _refuse(out: str) -> str:
-    return f"use a new output_dir, or delete {out} to start over"
-
-
-def _parse_state_text(path: str) -> Dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise _Rejected("", f"cannot be read ({getattr(e, 'strerror', None) or e})") from None
-    if not text.strip():
-        raise _Rejected("", "the file is empty")
-    try:
-        state = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise _Rejected(f"line {e.lineno} column {e.colno}", f"not valid JSON ({e.msg}; truncated?)") from None
-    if not isinstance(state, dict):
-        raise _Rejected("", f"must be a JSON object, got {type(state).__name__}")
-    if state.get("format") != STATE_FORMAT:
-        raise _Rejected("format", f"is {json.dumps(state.get('format'))[:40]}, not {STATE_FORMAT!r}")
-    return state
-
-
-def _check_run(state: Dict, path: str, out: str, labels: Sequence[str], fingerprint: Dict[str, str],
-               config_source: str) -> None:
-    """Raises InputError when the state belongs to another run than this config's (not damage)."""
-    if state.get("version") == 1:
-        raise InputError(path, "version", f"{out} holds a run from before runs recorded their config's "
-                         "fingerprint, so whether this config describes the same problem cannot be checked",
-                         _refuse(out))
-    if state.get("version") != STATE_VERSION:
-        raise _Rejected("version", f"is {json.dumps(state.get('version'))[:40]}, expected {STATE_VERSION}")
-    saved = _get(state, "fingerprint", dict)
-    if not all(isinstance(v, str) for v in saved.values()):
-        raise _Rejected("fingerprint", "must map each part to a digest string")
-    part = first_difference(saved, fingerprint)
-    if part is not None:
-        what = ("changed since" if part in saved and part in fingerprint else
-                "is new since" if part in fingerprint else "is gone since")
-        raise InputError(config_source, part, f"{what} the run in {out} was checkpointed (at step "
-                         f"{state.get('step')}); resuming would mix the results of two problems", _refuse(out))
-    saved_labels = _get(state, "labels", list)
-    if saved_labels != list(labels):
-        if all(isinstance(x, str) for x in saved_labels):  # same contents, renamed files
-            raise InputError(path, "labels", f"{out} holds a run of the tasks {saved_labels}, not {list(labels)}",
-                             _refuse(out))
-        raise _Rejected("labels", "must be a list of task names")
-
-
-def read_state(path: str, out: str, labels: Sequence[str], fingerprint: Dict[str, str],
-               config_source: str) -> SavedState:
-    """Reads and checks one state file. Raises _Rejected when it is damaged, InputError when it
-    is sound but belongs to another run (config changed, an old run without a fingerprint)."""
-    state = _parse_state_text(path)
-    _check_run(state, path, out, labels, fingerprint, config_source)
-    step = _get(state, "step", int)
-    name = _get(state, "tf_checkpoint", str)
-    if step < 0 or name != f"ckpt-{step}":
-        raise _Rejected("tf_checkpoint", f"{name!r} is not the checkpoint of step {step}")
-    own = CHECKPOINT_STATE.fullmatch(os.path.basename(path))
-    if own and int(own.group(1)) != step:
-        raise _Rejected("step", f"is {step} in the state file of step {own.group(1)}")
-    rng = _get(state, "rng", dict)
-    try:  # numpy checks the generator state it is given
-        np.random.default_rng().bit_generator.state = rng
-    except (TypeError, ValueError, KeyError) as e:
-        raise _Rejected("rng", f"is not a numpy generator state ({e})") from None
-    baselines = _get(state, "reward_baselines", dict)
-    for label in baselines:
-        _get(baselines, label, float, "reward_baselines")
-    tasks = _get(state, "tasks", dict)
-    pools, logs = {}, {}
-    for label in labels:
-        task = _get(tasks, label, dict, "tasks")
-        where = f"tasks.{label}"
-        try:
-            pools[label] = StrategyPool.from_json(_get(task, "pool", dict, where))
-            if not pools[label].entries or not pools[label].baselines:
-                raise ValueError("no entries or no baselines")
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:  # InputError is a ValueError
-            raise _Rejected(f"{where}.pool", f"is not a strategy pool ({e})") from None
-        rows = _get(task, "log", list, where)
-        if not all(isinstance(r, list) and len(r) == 4 and all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) for x in r) for r in rows):
-            raise _Rejected(f"{where}.log", "must be rows of 4 numbers (step, mean, min, best)")
-        logs[label] = [list(r) for r in rows]
-    return SavedState(path, step, float(_get(state, "elapsed_s", float)), name, rng,
-                      {k: float(v) for k, v in baselines.items()}, pools, logs)
-
-
 @contextlib.contextmanager
 def _stop_after_step(trainer: "Trainer") -> Iterator[None]:
     """While training: the first SIGTERM or SIGINT sets `trainer.stop_signal`, so that the loop
@@ -427,12 +227,12 @@ class Trainer:
         self.config, self.log, self.show_progress = config, log, progress
         self.out = config.output_dir
         os.makedirs(self.out, exist_ok=True)
-        self.ckpt_dir = os.path.join(self.out, "checkpoints")
         seed_everything(config.seed)  # before anything random (the network's weights) is built
         bundles = [graph_bundle(entry, resolve_bundle) for entry in config.graphs]
-        self.fingerprint = run_fingerprint(config, bundles)
+        self.fingerprint = train_state.run_fingerprint(config, bundles)
         # state files are read before the tasks are built: a changed config stops before any work
-        saved, rejected = self._read_states(task_labels(config))
+        saved, rejected = train_state.read_states(self.out, task_labels(config), self.fingerprint,
+                                                  config.source or "config")
         self.runs = build_runs(config, log, bundles=bundles)
         self.network = PlacementNetwork(config.network, A.ActionLayout())
         self.learner = ReinforceLearner(self.network, config.rl)
@@ -443,7 +243,7 @@ class Trainer:
         self.last_saved_step: Optional[int] = None
         self.stop_signal: Optional[int] = None
         if saved or rejected:
-            self._restore(saved, rejected)
+            self._apply(train_state.resume(self.out, saved, rejected, self._read_checkpoint, log))
         else:
             for run in self.runs:
                 run.pool = seed_pool(run.task, config.rl.pool_size)
@@ -455,74 +255,6 @@ class Trainer:
                              "training finds a strategy that fits (or the config sets accept_infeasible)")
         save_train_config(config, os.path.join(self.out, "config.json"))
 
-    def _state_files(self) -> List[str]:
-        """state.json, then the state file of every checkpoint, newest first."""
-        files = [os.path.join(self.out, STATE_FILE)] if os.path.lexists(os.path.join(self.out, STATE_FILE)) else []
-        if os.path.isdir(self.ckpt_dir):
-            found = [(int(m.group(1)), f) for f in os.listdir(self.ckpt_dir) if (m := CHECKPOINT_STATE.fullmatch(f))]
-            files += [os.path.join(self.ckpt_dir, f) for _, f in sorted(found, reverse=True)]
-        return files
-
-    def _read_states(self, labels: List[str]) -> Tuple[List[SavedState], List[Tuple[str, str, str]]]:
-        """(usable state files, [(file, field, why) of the damaged ones]), newest first; ([], []) for
-        a fresh run. Raises InputError when a state belongs to another config."""
-        saved, rejected = [], []
-        for path in self._state_files():
-            try:
-                saved.append(read_state(path, self.out, labels, self.fingerprint, self.config.source or "config"))
-            except _Rejected as e:
-                rejected.append((path, e.field, e.problem))
-        if not saved and not rejected and os.path.isdir(self.ckpt_dir) and \
-                any(f.startswith("ckpt-") for f in os.listdir(self.ckpt_dir)):
-            raise InputError(self.ckpt_dir, "", "holds checkpoints but no state file to resume them with "
-                             f"({STATE_FILE} and checkpoints/ckpt-<step>.state.json are missing)", _refuse(self.out))
-        return saved, rejected
-
-    def _read_tf_checkpoint(self, name: str) -> None:
-        prefix = os.path.join(self.ckpt_dir, name)
-        if not os.path.isfile(prefix + ".index"):
-            raise _Rejected("tf_checkpoint", f"its TensorFlow checkpoint {prefix}.index is missing")
-        try:  # a failed read may have restored some variables: the next candidate restores all
-            self.checkpoint.read(prefix).assert_consumed()
-        except (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError) as e:
-            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-            raise _Rejected("tf_checkpoint", f"its TensorFlow checkpoint {name} cannot be read ({reason})") from None
-
-    def _restore(self, saved: List[SavedState], rejected: List[Tuple[str, str, str]]) -> None:
-        """Resumes from the newest state whose TensorFlow checkpoint reads back; logs what it
-        passed over and why. None usable: InputError naming the newest state file."""
-        damaged: Dict[str, str] = {}  # TF checkpoint -> why it failed
-        for s in saved:
-            if s.tf_checkpoint in damaged:
-                continue  # state.json and checkpoints/ckpt-N.state.json name the same checkpoint
-            try:
-                self._read_tf_checkpoint(s.tf_checkpoint)
-            except _Rejected as e:
-                damaged[s.tf_checkpoint] = e.problem
-                rejected.append((s.path, e.field, e.problem))
-                continue
-            self._apply(s)
-            newest = os.path.join(self.out, STATE_FILE)
-            if s.path != newest:  # state.json names the checkpoint in use again (plan.py reads it)
-                shutil.copyfile(s.path, newest + ".tmp")
-                os.replace(newest + ".tmp", newest)
-            for line in self._reasons(rejected):
-                self.log(f"passed over {line}")
-            self.log(f"resumed from step {s.step} ({os.path.relpath(s.path, self.out)}, {s.tf_checkpoint})")
-            return
-        path, field = min(rejected, key=self._file_order)[:2]
-        raise InputError(path, field, f"no usable checkpoint to resume from ({'; '.join(self._reasons(rejected))})",
-                         _refuse(self.out))
-
-    def _file_order(self, rejection: Tuple[str, str, str]) -> int:
-        files = self._state_files()
-        return files.index(rejection[0]) if rejection[0] in files else len(files)
-
-    def _reasons(self, rejected: List[Tuple[str, str, str]]) -> List[str]:
-        """"<file>: <field>: <why>" per rejected state file, newest file first."""
-        return [f"{os.path.relpath(p, self.out)}: {f + ': ' if f else ''}{why}"
-                for p, f, why in sorted(rejected, key=self._file_order)]
-
     def _apply(self, s: SavedState) -> None:
         self.step, self.elapsed_s = s.step, s.elapsed_s
         self.rng.bit_generator.state = s.rng
@@ -532,21 +264,17 @@ class Trainer:
             run.task.reference_time_s = run.pool.best_baseline().effective_time_s
         self.last_saved_step = s.step  # kept with the next checkpoint; newer damaged ones are removed
 
+    def _read_checkpoint(self, prefix: str) -> None:
+        """Restores the network and optimizer from the TF checkpoint `prefix`, every variable."""
+        self.checkpoint.read(prefix).assert_consumed()
+
     def save(self) -> None:
-        """TF checkpoint, then its state file, then state.json (each atomic); keeps the last two."""
-        os.makedirs(self.ckpt_dir, exist_ok=True)
-        name = f"ckpt-{self.step}"
-        self.checkpoint.write(os.path.join(self.ckpt_dir, name))
-        state = {"format": STATE_FORMAT, "version": STATE_VERSION, "step": self.step, "elapsed_s": self.elapsed_s,
-                 "tf_checkpoint": name, "labels": [r.label for r in self.runs], "fingerprint": self.fingerprint,
-                 "rng": self.rng.bit_generator.state, "reward_baselines": self.learner.baselines,
-                 "tasks": {r.label: {"pool": r.pool.to_json(), "log": r.log_rows} for r in self.runs}}
-        write_json(os.path.join(self.ckpt_dir, f"{name}.state.json"), state)
-        write_json(os.path.join(self.out, STATE_FILE), state)
-        keep = {name} if self.last_saved_step is None else {name, f"ckpt-{self.last_saved_step}"}
-        for f in os.listdir(self.ckpt_dir):
-            if f.startswith("ckpt-") and f.split(".")[0] not in keep:
-                os.remove(os.path.join(self.ckpt_dir, f))
+        """Checkpoints this step (tfplace.policy.train_state.write_checkpoint: the last two are
+        kept), then writes every task's outputs."""
+        state = SavedState(self.step, self.elapsed_s, f"ckpt-{self.step}", self.rng.bit_generator.state,
+                           self.learner.baselines, {r.label: r.pool for r in self.runs},
+                           {r.label: r.log_rows for r in self.runs})
+        train_state.write_checkpoint(self.out, self.checkpoint, state, self.fingerprint, self.last_saved_step)
         self.last_saved_step = self.step
         for run in self.runs:
             write_outputs(run, os.path.join(self.out, run.label))
@@ -603,7 +331,7 @@ class Trainer:
                     self.log(f"\nstopped by {name} at step {self.step}: checkpoint saved; "
                              "run the same command again to resume")
                     raise TrainingInterrupted(self.stop_signal, self.step, saved=True)
-            if self.step % every != 0 or not os.path.exists(os.path.join(self.out, STATE_FILE)):
+            if self.step % every != 0 or not os.path.exists(os.path.join(self.out, train_state.STATE_FILE)):
                 self.save()
         if self.show_progress and sys.stderr.isatty():
             sys.stderr.write("\n")

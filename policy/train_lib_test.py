@@ -158,14 +158,14 @@ def test_every_config_field_is_in_the_fingerprint_or_declared_resumable():
 
 @pytest.mark.parametrize("field", sorted(FIELD_CHANGES))
 def test_a_changed_field_changes_its_fingerprint_part_only(field, tmp_path):
-    from tfplace.policy import train_lib
+    from tfplace.policy import train_state
     config = _fingerprint_case(tmp_path)
     change, part = FIELD_CHANGES[field]
     changed = dataclasses.replace(config, **{field: change(config, tmp_path)})
-    before = train_lib.run_fingerprint(config, [config.graphs[0].graph])
-    after = train_lib.run_fingerprint(changed, [changed.graphs[0].graph])
+    before = train_state.run_fingerprint(config, [config.graphs[0].graph])
+    after = train_state.run_fingerprint(changed, [changed.graphs[0].graph])
     assert [p for p in after if after[p] != before[p]] == ([part] if part else [])
-    assert train_lib.first_difference(before, after) == part
+    assert train_state.first_difference(before, after) == part
 
 
 @pytest.mark.parametrize("edit,part", [
@@ -176,9 +176,9 @@ def test_a_changed_field_changes_its_fingerprint_part_only(field, tmp_path):
 def test_the_fingerprint_follows_file_contents_not_paths(edit, part, tmp_path):
     import shutil
 
-    from tfplace.policy import train_lib
+    from tfplace.policy import train_state
     config = _fingerprint_case(tmp_path)
-    before = train_lib.run_fingerprint(config, [config.graphs[0].graph])
+    before = train_state.run_fingerprint(config, [config.graphs[0].graph])
     bundle = config.graphs[0].graph
     if edit == "graph file bytes":
         with open(bundle[:-len(".json")] + ".pb", "ab") as f:
@@ -191,5 +191,5 @@ def test_the_fingerprint_follows_file_contents_not_paths(edit, part, tmp_path):
         shutil.copytree(tmp_path, moved, ignore=lambda d, names: ["moved"])
         entry = dataclasses.replace(config.graphs[0], graph=str(moved / os.path.basename(bundle)))
         config = dataclasses.replace(config, graphs=(entry,), clusters=(str(moved / "cluster.json"),))
-    after = train_lib.run_fingerprint(config, [config.graphs[0].graph])
-    assert train_lib.first_difference(before, after) == part
+    after = train_state.run_fingerprint(config, [config.graphs[0].graph])
+    assert train_state.first_difference(before, after) == part

@@ -2,12 +2,13 @@
 
   resume  a damaged state or checkpoint falls back to the newest usable one and logs why, or stops
           with one error; a config that changed since the run was checkpointed is refused (exit 2)
-          before any training; SIGTERM checkpoints, exits 143, and the run resumes from there;
+          before any training; SIGTERM checkpoints, exits 143, and the run resumes from there; a
+          second run on an output folder in use stops (exit 2);
   value   a run whose best strategy runs out of memory fails (exit 1) unless the config accepts it,
           and the summary says INFEASIBLE either way.
 
 Runs go through the command line in-process (tfplace.cli.common.call), except the SIGTERM case,
-which needs a process to signal. The runs are tiny: the tiny MLP on a 4-GPU cluster, 2 steps.
+which needs a process to signal, and the lock's holder. The runs are tiny: the tiny MLP on a 4-GPU cluster, 2 steps.
 """
 
 import contextlib
@@ -273,7 +274,7 @@ def test_resume_refuses_a_changed_config_before_any_training(case, base, tmp_pat
     config = make_config(tmp_path)
     if damage:
         damage(out)
-    before = {n: os.path.getmtime(os.path.join(out, n)) for n in os.listdir(out)}
+    before = _mtimes(out)
     status, stderr = _train(config, out)
     assert "Traceback" not in stderr
     if expected[0] == "resumed":
@@ -287,7 +288,34 @@ def test_resume_refuses_a_changed_config_before_any_training(case, base, tmp_pat
     assert errors[0].startswith(f"error: {named}: {field}: "), errors[0]
     assert errors[0].endswith(f"Fix: use a new output_dir, or delete {out} to start over"), errors[0]
     assert " ops, " not in stderr  # refused before the tasks were built
-    assert {n: os.path.getmtime(os.path.join(out, n)) for n in os.listdir(out)} == before
+    assert _mtimes(out) == before
+
+
+def _mtimes(out):
+    """Modification time of each file in a run dir but the lock (every run rewrites its pid)."""
+    return {n: os.path.getmtime(os.path.join(out, n)) for n in os.listdir(out) if n != ".tfplace.lock"}
+
+
+# ---- resume: one run per output folder ---------------------------------------------------------
+def test_a_second_run_on_an_output_folder_in_use_stops_before_any_work(tmp_path):
+    _cluster(tmp_path)
+    _bundle(tmp_path)
+    config, out = _config(tmp_path), str(tmp_path / "run")
+    os.makedirs(out)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from tfplace.cli.common import OutputLock\n"
+                               f"with OutputLock({out!r}, 'x'):\n"
+                               "    print('held', flush=True); sys.stdin.read()"],
+                              cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        status, stderr = _train(config, out)
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+    errors = _errors(stderr)
+    assert status == 2 and len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert errors[0].startswith(f"error: {config}: output_dir: {out} is in use by another run (pid {holder.pid})")
+    assert os.listdir(out) == [".tfplace.lock"]  # nothing trained, nothing logged
 
 
 # ---- resume: SIGTERM ---------------------------------------------------------------------------

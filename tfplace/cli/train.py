@@ -2,11 +2,13 @@
 
 Thin binary over tfplace.policy.train_lib (flags live only here). Re-running with the same
 output_dir resumes from its last usable checkpoint (the budget and checkpoint period may change;
-anything else that changes the problem is refused).
+anything else that changes the problem is refused). The run holds output_dir's lock
+(tfplace.cli.common.OutputLock) throughout, so a second run on the same folder stops at once.
 
 Exit status: 0 done; 1 the run failed: some task's best strategy runs out of memory (unless the
 config sets "accept_infeasible": true; the summary says INFEASIBLE either way); 2 bad input,
-including a config that differs from the run output_dir holds, or no usable checkpoint in it;
+including a config that differs from the run output_dir holds, no usable checkpoint in it, or
+an output_dir in use by another run;
 128 + the signal number (143 SIGTERM, 130 Ctrl-C) when stopped by a signal, after checkpointing
 the last whole step (a second signal stops at once, keeping the checkpoint before).
 """
@@ -23,7 +25,6 @@ from absl import flags  # noqa: E402
 from tfplace.cli import common  # noqa: E402
 
 FLAGS = flags.FLAGS
-FAILED_RUN_EXIT = 1  # tfplace.cli.common's contract: a failed run exits 1 (bad input exits 2)
 
 
 def define_flags() -> None:
@@ -41,13 +42,20 @@ def main(argv) -> int:
     import dataclasses
 
     from tfplace.formats.config import load_train_config
-    from tfplace.graph_defs.export import bundle_for_entry
-    from tfplace.policy import train_lib
     config = load_train_config(FLAGS.config)
     if FLAGS.output_dir:
         config = dataclasses.replace(config, output_dir=os.path.abspath(FLAGS.output_dir))
     else:
         common.check_output_dir(config.output_dir, FLAGS.config, "output_dir")
+    os.makedirs(config.output_dir, exist_ok=True)
+    with common.OutputLock(config.output_dir, FLAGS.config, "output_dir"):  # one run per folder
+        return _train(config)
+
+
+def _train(config) -> int:
+    """Trains (or resumes) `config` while its output_dir is locked; returns the exit status."""
+    from tfplace.graph_defs.export import bundle_for_entry
+    from tfplace.policy import train_lib
     log = train_lib.file_logger(config.output_dir)
     try:
         summary = train_lib.train(config, log, FLAGS.progress, resolve_bundle=bundle_for_entry)
@@ -68,7 +76,7 @@ def main(argv) -> int:
         log(f"error: the run failed: no strategy found for {', '.join(failed)} fits in device memory. Fix: use a "
             "cluster with more device memory or a smaller batch_size, or set \"accept_infeasible\": true in "
             f"{config.source or FLAGS.config} to keep an out-of-memory result")
-        return FAILED_RUN_EXIT
+        return common.FAILED_EXIT
     return 0
 
 
