@@ -184,15 +184,10 @@ def noise_feed(graph_def, values):
     return out
 
 
-# A weight-gradient partial (batch-dependent, no batch axis) that a mask op of another group
-# reads, as drop-connect's gradient does (MatMul grad -> SelectV2 grad -> update), is read from the
-# producer replica on the same device, which summed other samples when the two groups' shares
-# differ. The same happens with a deterministic tf.where mask, so it is the lowering's, not the
-# random ops': kept here as a strict xfail until partials crossing layouts are aggregated.
-_PARTIAL_ACROSS_LAYOUTS = pytest.mark.xfail(strict=True, reason="lowering: a partial read across groups of "
-                                            "different shares (drop-connect's SelectV2 gradient)")
-NOISE_CASES = [pytest.param(n, k, marks=_PARTIAL_ACROSS_LAYOUTS if (n, k) == ("drop_connect", "random") else ())
-               for n in NOISES for k in ("dp_even", "ps", "random")]
+# drop_connect under "random" covers a weight-gradient partial (batch-dependent, no batch axis)
+# read by ops of another group with other shares (MatMul grad -> SelectV2 grad -> update): the
+# lowering runs such readers in their producer's group (GraphIndex._pin_partial_readers).
+NOISE_CASES = [(n, k) for n in NOISES for k in ("dp_even", "ps", "random")]
 
 
 @pytest.mark.multiprocess

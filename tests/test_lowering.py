@@ -438,6 +438,21 @@ def test_gradient_weights_follow_the_loss_reduction_in_a_tf_graph(reduction):
     assert not (ix.tensor_mean_scaled & (g.tensor_batch_axis < 0)).any()
 
 
+def test_readers_of_a_partial_run_in_its_producers_group():
+    # Drop-connect's kernel gradient (MatMul grad -> SelectV2 grad -> ... -> update) passes
+    # replica-locally through ops without a batch axis: they must split as the MatMul does, or a
+    # replica reads a partial summed over other samples (GraphIndex._pin_partial_readers).
+    g = testing.dropout_graph("drop_connect", 12, "sgd")
+    gr = _grouping4(g)
+    ix = GraphIndex(g, gr)
+    at = {n: i for i, n in enumerate(g.names)}
+    head = ix.op_group[at["gradients/MatMul_1_grad/MatMul_1"]]
+    readers = ["gradients/dropout/SelectV2_grad/SelectV2", "gradients/dropout/SelectV2_grad/tuple/control_dependency"]
+    assert any(gr.op_group[at[r]] != head for r in readers)  # the grouping splits the chain
+    assert [int(ix.op_group[at[r]]) for r in readers] == [int(head)] * len(readers)
+    assert (ix.role[[at[r] for r in readers]] == ROLE_REPLICA).all()
+
+
 def _grouping4(g, groups=4):
     from tfplace.ir.grouping import make_grouping
     return make_grouping(g, groups)

@@ -18,6 +18,9 @@ Layout kinds (lkind[N] int8) pick which of the group's four instance layouts an 
 
 Variables are pinned: a weight's readers and updaters take the weight's group, an
 optimizer slot (handle and readers) takes its updater's group, whatever the grouping says.
+So are readers of partials: a REPLICA op without batched inputs or outputs that reads a
+(non-metadata) partial takes its producer's group, so it reads it replica-locally in the same
+layout (GraphIndex._pin_partial_readers).
 
 Tensor classes (tensor_cls[T] int8):
   BATCHED  has a batch axis: replicas hold slices; consumers get re-split slices.
@@ -219,7 +222,7 @@ class GraphIndex:
         role[graph.op_batch_dependent | is_input] = ROLE_REPLICA
         role[upd_side] = ROLE_UPDATE
         self.role = role
-        g = self.op_group
+        self.op_group = g = self._pin_partial_readers(graph, role, batched_in | batched_out | is_input, self.op_group)
         feeds_upd = np.zeros(n, dtype=bool)
         feeds_other = np.zeros(n, dtype=bool)
         same = g[prod] == g[dst]
@@ -232,6 +235,44 @@ class GraphIndex:
         lkind[role == ROLE_REPLICA] = LK_REP
         lkind[role == ROLE_UPDATE] = LK_UPD
         self.lkind = lkind
+
+    @staticmethod
+    def _pin_partial_readers(graph: OpGraph, role: np.ndarray, batched: np.ndarray,
+                             op_group: np.ndarray) -> np.ndarray:
+        """op_group with each *partial reader* moved into the group of its partial input's producer.
+
+        A partial reader is a REPLICA op without batched inputs or outputs that reads a partial
+        (a per-replica value of a REPLICA op, not metadata): e.g. the gradient of a masked weight
+        (drop-connect: MatMul grad -> SelectV2 grad -> ... -> update). Its replica k reads producer
+        replica k replica-locally, and its own partials are aggregated with ITS replicas' weights
+        (samples_k / B). That is right only when both run in the same layout: in another group
+        with other shares, replica k would read a partial summed over other samples, and the
+        aggregated gradient is wrong (tests/test_equivalence.py, drop_connect under a random
+        strategy, kernel error 0.69). Such an op computes nothing per sample of its own, so it
+        follows its producer's split, as variable readers follow their variable. Pinned in
+        topological order, so a chain of readers follows its head. Left as is: readers with
+        batched inputs (a batch statistic normalising activations, an approximation per replica
+        anyway) and metadata (recomputed in each consumer's group, tfplace.lowering.meta).
+        A reader of partials from two groups keeps the first producer's group (no such graph yet).
+        """
+        from tfplace.lowering.meta import metadata_ops, topological_order
+        meta = metadata_ops(graph)
+        reader = (role == ROLE_REPLICA) & ~batched & ~meta
+        if not reader.any():
+            return op_group
+        partial_src = (role == ROLE_REPLICA) & ~meta  # producers of (non-metadata) partials
+        ins: List[List[int]] = [[] for _ in range(graph.num_ops)]
+        batched_t = (graph.tensor_batch_axis >= 0).tolist()
+        for t, c in zip(graph.edge_tensor.tolist(), graph.edge_dst.tolist()):
+            if not batched_t[t]:
+                ins[c].append(int(graph.tensor_op[t]))
+        out = op_group.copy()
+        for i in topological_order(graph).tolist():
+            if reader[i]:
+                src = [p for p in ins[i] if partial_src[p]]
+                if src:
+                    out[i] = out[src[0]]
+        return out
 
     # ---- tensors -------------------------------------------------------------------------------
     def _tensors(self, graph: OpGraph) -> None:
