@@ -25,7 +25,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 GRAPH = os.path.join(REPO, "graph_defs", "zoo", "tiny_mlp_b16_sgd.json")
-OTHER_GRAPH = os.path.join(REPO, "graph_defs", "zoo", "tiny_mlp_b24_sgd.json")
+OTHER_GRAPH = os.path.join(REPO, "graph_defs", "zoo", "tiny_cnn_b16_s16_sgd.json")  # committed, as GRAPH
 CLUSTER = os.path.join(REPO, "clusters", "two_kind_4gpu.json")
 LABEL = "tiny_mlp_b16_sgd_b16"
 STEPS = 2  # the base runs checkpoint every step: checkpoints 1 and 2 are on disk
