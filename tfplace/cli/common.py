@@ -40,7 +40,7 @@ from absl import app, flags
 
 from tfplace.formats.errors import InputError, TfplaceError
 from tfplace.runtime.signals import Terminated, stop_on_sigterm
-from tfplace.formats.files import file_kind, input_problem
+from tfplace.formats.files import file_kind, require_regular_file
 
 FLAGS = flags.FLAGS
 USAGE_EXIT = 2  # usage errors and bad input
@@ -187,10 +187,7 @@ def flag_check(name: str, check: Callable[[object], None]) -> None:
 def check_input_file(path: str, source: Optional[str] = None, field: str = "") -> None:
     """Raises InputError (naming `source`, default the path, and `field`) unless `path` is a
     regular file this process may read (tfplace.formats.files; the path is never opened)."""
-    problem = input_problem(path)
-    if problem:
-        raise InputError(path if source is None else source, field,
-                         problem[0] if source is None else f"{path}: {problem[0]}", problem[1])
+    require_regular_file(path, source, field)
 
 
 def input_file_flag(name: str) -> None:

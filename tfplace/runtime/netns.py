@@ -96,9 +96,10 @@ def _write(path: str, text: str) -> None:
         f.write(text)
 
 
-def _unshare(flags: int) -> None:
+def _libc(call: str, *args: int) -> None:
+    """Calls libc's `call(*args)`; raises OSError with its errno when it returns non-zero."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(flags) != 0:
+    if getattr(libc, call)(*args) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
@@ -116,10 +117,10 @@ def enter_private_network() -> None:
     original = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
         if os.geteuid() == 0:
-            _unshare(_CLONE_NEWNET)
+            _libc("unshare", _CLONE_NEWNET)
         else:  # an unprivileged user namespace that maps this user to itself
             uid, gid = os.geteuid(), os.getegid()
-            _unshare(_CLONE_NEWUSER | _CLONE_NEWNET)
+            _libc("unshare", _CLONE_NEWUSER | _CLONE_NEWNET)
             _write("/proc/self/setgroups", "deny")
             _write("/proc/self/uid_map", f"{uid} {uid} 1")
             _write("/proc/self/gid_map", f"{gid} {gid} 1")
@@ -168,10 +169,7 @@ def original_namespace_fd() -> Optional[int]:
 
 def join_namespace(fd: int) -> None:
     """Moves the calling thread into the network namespace `fd` (setns; needs privilege)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(fd, _CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+    _libc("setns", fd, _CLONE_NEWNET)
 
 
 # ------------------------------------------------------------------------------- inspection
