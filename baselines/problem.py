@@ -115,9 +115,11 @@ class Problem:
         return str(self.graph.meta.get("model", self.graph.source))
 
     def placed(self, strategy: Strategy) -> PlacedGraph:
-        """What the simulator runs for `strategy`: the lowering's PlacedGraph, with the runtime
-        overheads when the problem has them."""
-        return with_overheads(self.lowerer.lower(strategy), self.cluster, self.overheads)
+        """What the simulator runs for `strategy`: the lowering's PlacedGraph of the strategy as
+        the planners keep it (batch-statistics replicas raised to the minimum batch,
+        `Lowerer.legalize`, as `registry.generate` returns it), with the runtime overheads when
+        the problem has them."""
+        return with_overheads(self.lowerer.lower(self.lowerer.legalize(strategy)), self.cluster, self.overheads)
 
     def evaluate(self, strategy: Strategy) -> SimReport:
         """Simulated iteration of `strategy` (lowering, overheads, simulator; OOM is in the report)."""

@@ -96,7 +96,8 @@ def _check(name: str) -> None:
 def generate(name: str, problem: Problem) -> Strategy:
     """The strategy of baseline `name` (a runtime baseline gives the strategy it implements)."""
     _check(name)
-    return GENERATORS[SIMULATED_AS.get(name, name)](problem)
+    # every planner keeps batch norm's minimum per-replica batch (what Problem.evaluate scored)
+    return problem.lowerer.legalize(GENERATORS[SIMULATED_AS.get(name, name)](problem))
 
 
 def is_runtime(name: str) -> bool:

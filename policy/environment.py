@@ -77,8 +77,9 @@ class PlacementTask:
         return self.cluster.num_devices
 
     def decode(self, action: Dict[str, np.ndarray]) -> Strategy:
-        return A.decode(action, self.grouping.group_names, self.cluster.device_names, self.speeds,
-                        self.batch_size, self.max_groups, self.label)
+        """The action's strategy, batch-statistics replicas raised to the minimum batch (Lowerer.legalize)."""
+        return self.lowerer.legalize(A.decode(action, self.grouping.group_names, self.cluster.device_names,
+                                              self.speeds, self.batch_size, self.max_groups, self.label))
 
     def simulate(self, strategy: Strategy, trace: bool = False) -> SimReport:
         self.num_simulations += 1

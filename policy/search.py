@@ -350,6 +350,7 @@ class HillClimber:
     def _add(self, source: str, cand: Strategy) -> Optional[bool]:
         """Evaluates and offers `cand` to the pool; True if it became the best, None if refused."""
         from tfplace.policy.pool import PoolEntry
+        cand = self.task.lowerer.legalize(cand)  # a move may leave batch norm too few samples per replica
         key = strategy_key(cand)
         self.seen.add(key)
         try:
@@ -381,6 +382,8 @@ class HillClimber:
                     cand = memory_neighbour(self.rng, cur, self.groups, self.devices, fill)
                 else:
                     cand = neighbour(self.rng, cur, self.groups, self.devices)
+                if cand is not None:  # the move as it would run: batch norm keeps its least batch
+                    cand = self.task.lowerer.legalize(cand)
                 if cand is not None and strategy_key(cand) not in self.seen:
                     break
                 cand = None

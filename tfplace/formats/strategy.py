@@ -5,6 +5,7 @@ File format `strategy.json` (a person can read and edit it):
 
     {"format": "tfplace.strategy", "version": 1,
      "graph": "vgg19", "global_batch_size": 64, "max_groups": 200, "bucket_bytes": 4194304,
+     "min_batch_per_replica": 2,
      "default": {"shares": {"v100_0": 24, "p100_0": 20, "k80_0": [10, 10]}, "sync": "allreduce"},
      "groups": {
         "block5_conv4/kernel": {"shares": {"v100_0": 64}, "sync": "ps", "ps_device": "v100_0",
@@ -20,6 +21,11 @@ first) orders the group's ops on each device. Groups not listed take `default`.
 `bucket_bytes` (optional, > 0): all-reduced gradients with the same devices are packed into
 buckets of at most this many bytes, one collective each, in the order the backward pass makes
 them (tfplace.lowering.buckets); absent: DEFAULT_BUCKET_BYTES. 1 gives one collective per gradient.
+`min_batch_per_replica` (optional, >= 1): every micro-batch of a group that computes batch
+statistics (training-mode batch norm) holds at least this many samples (or the whole global
+batch, when that is smaller): batch norm over one sample normalises every activation to its
+beta. Absent: DEFAULT_MIN_BATCH_PER_REPLICA. The lowering refuses a strategy below it, naming the
+group and the device; planners, the policy and the search keep to it (`with_min_batch`).
 
 Groups are named by the grouping (`tfplace.ir.grouping`) of the graph at `max_groups`.
 
@@ -45,6 +51,10 @@ SYNC_METHODS = ("allreduce", "ps")
 #: one all-reduce per gradient, 700 ms with 1 MiB buckets, 604 ms with 4 MiB, 621 ms with 32 MiB;
 #: the tiny transformer: 99.8 -> 17.4 ms (4 MiB, every gradient in one bucket).
 DEFAULT_BUCKET_BYTES = 4 << 20
+#: Samples a replica of a batch-statistics group needs at least when a strategy gives no
+#: `min_batch_per_replica`: 2 is the least for which a batch variance exists (one sample makes
+#: every normalised activation 0); 1 turns the check off.
+DEFAULT_MIN_BATCH_PER_REPLICA = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +114,8 @@ class Strategy:
       graph: model/graph name it was made for (informational).
       source: file it came from (for messages).
       bucket_bytes: gradient bucket size in bytes (> 0), or None for DEFAULT_BUCKET_BYTES.
+      min_batch_per_replica: least samples per micro-batch of a batch-statistics group (>= 1), or
+        None for DEFAULT_MIN_BATCH_PER_REPLICA.
     """
     global_batch_size: int
     max_groups: int
@@ -112,6 +124,7 @@ class Strategy:
     graph: str = ""
     source: str = ""
     bucket_bytes: Optional[int] = None
+    min_batch_per_replica: Optional[int] = None
 
     def __post_init__(self):
         src = self.source or "strategy"
@@ -125,6 +138,11 @@ class Strategy:
                                                   and not isinstance(self.bucket_bytes, bool) and self.bucket_bytes > 0):
             raise InputError(src, "bucket_bytes", f"must be an integer > 0, got {self.bucket_bytes!r}",
                              "give the gradient bucket size in bytes (1: one all-reduce per gradient)")
+        if self.min_batch_per_replica is not None and not (
+                isinstance(self.min_batch_per_replica, numbers.Integral)
+                and not isinstance(self.min_batch_per_replica, bool) and self.min_batch_per_replica >= 1):
+            raise InputError(src, "min_batch_per_replica", f"must be an integer >= 1, got {self.min_batch_per_replica!r}",
+                             "give the least samples a batch-norm replica may normalise over (1: no limit)")
         if self.default is None and not self.groups:
             raise InputError(src, "groups", "no decisions at all", 'add a "default" decision or per-group decisions')
         for field, d in self.decisions():
@@ -134,6 +152,12 @@ class Strategy:
     def effective_bucket_bytes(self) -> int:
         """The bucket size the lowering uses: bucket_bytes, or DEFAULT_BUCKET_BYTES."""
         return DEFAULT_BUCKET_BYTES if self.bucket_bytes is None else int(self.bucket_bytes)
+
+    @property
+    def effective_min_batch_per_replica(self) -> int:
+        """The least micro-batch of a batch-statistics group, capped at the global batch."""
+        least = DEFAULT_MIN_BATCH_PER_REPLICA if self.min_batch_per_replica is None else int(self.min_batch_per_replica)
+        return min(least, int(self.global_batch_size))
 
     def decisions(self) -> List[Tuple[str, GroupDecision]]:
         """(field path, decision) for the default and every listed group, in file order."""
@@ -161,6 +185,8 @@ class Strategy:
                                "global_batch_size": self.global_batch_size, "max_groups": self.max_groups}
         if self.bucket_bytes is not None:
             out["bucket_bytes"] = int(self.bucket_bytes)
+        if self.min_batch_per_replica is not None:
+            out["min_batch_per_replica"] = int(self.min_batch_per_replica)
         if self.default is not None:
             out["default"] = self.default.to_json()
         out["groups"] = {name: d.to_json() for name, d in self.groups.items()}
@@ -213,15 +239,18 @@ def _decision_from_reader(r: FieldReader) -> GroupDecision:
 
 
 def strategy_from_reader(r: FieldReader) -> Strategy:
-    r.expect_keys(("graph", "global_batch_size", "max_groups", "default", "groups", "bucket_bytes"))
+    r.expect_keys(("graph", "global_batch_size", "max_groups", "default", "groups", "bucket_bytes",
+                   "min_batch_per_replica"))
     batch = r.get("global_batch_size", int, check=lambda v: v > 0, must="be > 0")
     bucket = r.get("bucket_bytes", int, default=None, check=lambda v: v > 0, must="be > 0",
                    fix="give the gradient bucket size in bytes (1: one all-reduce per gradient)")
+    least = r.get("min_batch_per_replica", int, default=None, check=lambda v: v >= 1, must="be >= 1",
+                  fix="give the least samples a batch-norm replica may normalise over (1: no limit)")
     max_groups = r.get("max_groups", int, check=lambda v: v > 0, must="be > 0")
     graph = r.get("graph", str, default="")
     default = _decision_from_reader(r.child("default")) if r.has("default") else None
     groups = {name: _decision_from_reader(g) for name, g in r.child("groups", default_empty=True).entries()}
-    return Strategy(batch, max_groups, default, groups, graph, r.source, bucket)
+    return Strategy(batch, max_groups, default, groups, graph, r.source, bucket, least)
 
 
 def load_strategy(path: Union[str, os.PathLike]) -> Strategy:
@@ -265,6 +294,68 @@ def validate_strategy(strategy: Strategy, group_names: Optional[Sequence[str]], 
         if missing:
             raise InputError(src, "groups", f"{len(missing)} groups have no decision, e.g. {missing[0]!r}",
                              'add a "default" decision')
+
+
+def micro_batch_shortfall(d: GroupDecision, least: int) -> Optional[Tuple[str, int]]:
+    """(device, samples) of the first micro-batch of `d` below `least` samples, or None."""
+    for device, sizes in d.shares:
+        for size in sizes:
+            if size < least:
+                return device, size
+    return None
+
+
+def _take(sizes: List[int], n: int) -> List[int]:
+    """Micro-batch sizes with n samples taken from the last ones (emptied ones removed)."""
+    out = list(sizes)
+    while n:
+        k = min(n, out[-1])
+        out[-1] -= k
+        n -= k
+        if not out[-1]:
+            out.pop()
+    return out
+
+
+def with_min_batch(d: GroupDecision, least: int) -> GroupDecision:
+    """`d` with every micro-batch of at least `least` samples (`least` <= the decision's samples).
+
+    A device whose samples fall short is raised to `least` with samples of the device holding the
+    most (ties: the first), when that one keeps `least` itself; otherwise it gives its samples to
+    that device (every device short: the one with the most takes the whole batch). Then, on each
+    device, consecutive micro-batches are joined until each holds `least` (a short tail joins the
+    one before it). Raising rather than dropping keeps the devices a move gave samples to. `d`
+    itself when nothing falls short; sync, PS and priority are kept."""
+    if micro_batch_shortfall(d, least) is None:
+        return d
+    order = [device for device, _ in d.shares]
+    keep = {device: list(sizes) for device, sizes in d.shares}
+    for device in order:
+        short = least - sum(keep[device])
+        if short <= 0:
+            continue
+        top = max(keep, key=lambda dev: (sum(keep[dev]), -order.index(dev)))
+        if top == device:  # every device falls short
+            keep = {top: [d.total_samples]}
+            break
+        if sum(keep[top]) - short >= least:
+            keep[top] = _take(keep[top], short)
+            keep[device] = [least]
+        else:
+            keep[top].append(sum(keep.pop(device)))
+    shares = []
+    for device, sizes in keep.items():
+        merged: List[int] = []
+        pending = 0
+        for size in sizes:
+            pending += size
+            if pending >= least:
+                merged.append(pending)
+                pending = 0
+        if pending:  # the short tail joins the micro-batch before it
+            merged[-1] += pending
+        shares.append((device, tuple(merged)))
+    return dataclasses.replace(d, shares=tuple(shares))
 
 
 # ---- data-parallel helpers (the baselines build on these) ----------------------------------

@@ -54,7 +54,25 @@ from tfplace.lowering.meta import split_metadata
 from tfplace.lowering.patterns import PatternStore
 from tfplace.lowering.placed_graph import PlacedGraph
 from tfplace.formats.profile import Profile
-from tfplace.formats.strategy import Strategy
+from tfplace.formats.strategy import Strategy, micro_batch_shortfall, with_min_batch
+
+# Ops that normalise with the statistics of their own batch when training (attr is_training).
+BATCH_STATISTICS_OPS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+
+
+def batch_statistics_groups(graph: OpGraph, op_group) -> Dict[int, str]:
+    """Group index -> name of its first op that normalises with batch statistics (training-mode
+    FusedBatchNorm*: `is_training` true in the GraphDef; without a GraphDef every one counts).
+    Such a group's replicas each normalise their own micro-batch (Strategy.min_batch_per_replica)."""
+    training = None
+    if graph.graph_def is not None:
+        training = {n.name for n in graph.graph_def.node if n.op in BATCH_STATISTICS_OPS
+                    and ("is_training" not in n.attr or n.attr["is_training"].b)}
+    out: Dict[int, str] = {}
+    for op, op_type in enumerate(graph.op_types):
+        if op_type in BATCH_STATISTICS_OPS and (training is None or graph.names[op] in training):
+            out.setdefault(int(op_group[op]), graph.names[op])
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +113,7 @@ class Lowerer:
         # Metadata (shapes and what derives from them) runs in each consumer's group: the
         # lowered graph may carry clones of metadata ops after the original ops (tfplace.lowering.meta).
         self.original_graph = graph
+        self.batch_stat_groups = batch_statistics_groups(graph, grouping.op_group)
         graph, op_group = split_metadata(graph, grouping.op_group)
         grouping = _RegroupedGrouping(op_group, tuple(grouping.group_names))
         self.graph, self.cluster, self.profile = graph, cluster, profile
@@ -181,6 +200,7 @@ class Lowerer:
         if batch in self._tables and (self.patterns(batch).num_rows > self.max_cache_rows
                                       or len(self.layouts(batch).entries) > self.max_cache_rows // 16):
             self.reset()  # bound the caches in long searches; the next lowering is a full one
+        self.check_min_batch(strategy)
         lay_of, sync, prio = self._decisions(strategy, batch)
         sig_pat = self._resolve(batch, lay_of, sync)
         placed = assemble(self.index, self, lay_of, sync, prio, sig_pat, batch)
@@ -213,6 +233,37 @@ class Lowerer:
                         stack.append(v)
             self._update_cache = (update_op, after)
         return self._update_cache
+
+    def check_min_batch(self, strategy: Strategy) -> None:
+        """Raises InputError naming the group and the device when a replica of a batch-statistics
+        group gets fewer samples than `strategy.effective_min_batch_per_replica`."""
+        least = strategy.effective_min_batch_per_replica
+        if least <= 1:
+            return
+        for g, op_name in self.batch_stat_groups.items():
+            name = self.index.group_names[g]
+            d = strategy.groups.get(name, strategy.default)
+            short = None if d is None else micro_batch_shortfall(d, least)
+            if short is not None:
+                field = f"groups.{name}" if name in strategy.groups else "default"
+                raise InputError(strategy.source or "strategy", f"{field}.shares.{short[0]}",
+                                 f"gives a replica of group {name!r} {short[1]} sample(s), but it normalises with batch "
+                                 f"statistics ({op_name}), which needs at least {least}",
+                                 f"give each micro-batch of this group at least {least} samples, or set "
+                                 f"min_batch_per_replica lower (1 turns the check off)")
+
+    def legalize(self, strategy: Strategy) -> Strategy:
+        """`strategy` with every batch-statistics group's micro-batches raised to the minimum
+        (`formats.strategy.with_min_batch`); the same object when nothing falls short. How the
+        planners, the policy and the search keep to the minimum."""
+        least = strategy.effective_min_batch_per_replica
+        raised = {}
+        for g in self.batch_stat_groups:
+            name = self.index.group_names[g]
+            d = strategy.groups.get(name, strategy.default)
+            if d is not None and micro_batch_shortfall(d, least) is not None:
+                raised[name] = with_min_batch(d, least)
+        return dataclasses.replace(strategy, groups={**strategy.groups, **raised}) if raised else strategy
 
     def _decisions(self, strategy: Strategy, batch: int):
         src = strategy.source or "strategy"
