@@ -13,8 +13,10 @@ def pytest_tests(srcs, deps):
             deps = deps,
         )
 
-def tfplace_package(name, deps = [], extra_srcs = [], test_deps = [], recursive = False):
+def tfplace_package(name, deps = [], extra_srcs = [], test_deps = [], recursive = False, data = []):
     """A package's py_library (every non-test .py file) plus a py_test per test file.
+
+    data: files the library reads at run time besides //:repo_data (e.g. a C++ source it compiles).
 
     recursive: the library takes the .py files of its sub-folders too (tfplace/'s ir/, formats/,
     lowering/, ... are one library: they import each other one way, checked by tests/test_layout.py).
@@ -24,7 +26,7 @@ def tfplace_package(name, deps = [], extra_srcs = [], test_deps = [], recursive 
     native.py_library(
         name = name,
         srcs = native.glob([pattern + "*.py"], exclude = tests) + extra_srcs,
-        data = ["//:repo_data"],
+        data = ["//:repo_data"] + data,
         deps = deps,
     )
     pytest_tests(tests, [":" + name] + test_deps)

@@ -34,6 +34,7 @@ setup(
     packages=list(PACKAGE_DIR),
     package_dir=PACKAGE_DIR,
     package_data={
+        "tfplace": ["rewrite/grappler_plugin.cc"],  # built at set-up / first use (tfplace.rewrite.grappler)
         "tfplace.graph_defs": ["manifest.json", "zoo/*.json", "zoo/*.pb", "profiles/*.json",
                                "profiles/*/*.json"],
     },

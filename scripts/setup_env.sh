@@ -64,3 +64,15 @@ fi
   | grep -v "is ignored" >&2 || true
 ln -sfn "$venv" .venv
 log "ready: .venv -> $venv"
+
+# The Grappler plugin (tfplace.rewrite.grappler): C++ built against this TensorFlow's headers into
+# $cache/grappler/<TF, Python, source key>/ (~5 s). Optional: without it only the plugin is missing
+# (its tests skip with the reason), so a failed build does not fail the set-up.
+if plugin=$(TF_CPP_MIN_LOG_LEVEL=3 TFPLACE_CACHE="$cache" .venv/bin/python -c \
+    "from tfplace.rewrite.grappler import build_plugin; print(build_plugin())" 2>/tmp/tfplace-plugin-build.$$); then
+  log "Grappler plugin: $plugin"
+else
+  log "warning: the Grappler plugin was not built (tfplace.rewrite.grappler); continuing without it:"
+  grep -v "^20[0-9][0-9]-" /tmp/tfplace-plugin-build.$$ | tail -n 12 >&2 || true
+fi
+rm -f /tmp/tfplace-plugin-build.$$

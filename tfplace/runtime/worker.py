@@ -14,6 +14,11 @@ the launcher answers by starting the cluster again on new ports.
 Thread limits (`--intra-threads`, `--inter-threads`) apply to every op this task runs; they are
 how a local cluster emulates devices of different speeds on one machine. Its malloc keeps freed
 memory, as the profiler's does (tfplace.emulation.allocator).
+
+`TFPLACE_WORKER_LIBRARIES` (environment; paths joined by os.pathsep, e.g. through LocalCluster's
+`env_per_task`): TensorFlow plugin libraries loaded with `tf.load_library` before the server
+starts. The master (task 0) runs the session's Grappler optimizers, so a custom optimizer such as
+tfplace's (tfplace.rewrite.grappler) must be registered in the workers, not only in the client.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import time
 PARENT_POLL_S = 0.5
 READY_PREFIX = "tfplace-worker-ready"
 PORT_IN_USE_EXIT = 75  # the server could not bind: its port was taken (EX_TEMPFAIL: try again)
+LIBRARIES_ENV = "TFPLACE_WORKER_LIBRARIES"
 
 
 def _parse(argv):
@@ -86,6 +92,8 @@ def main(argv=None) -> int:
     from tfplace.emulation.allocator import steady_allocator
     steady_allocator()  # as the profiler measures: freed tensors stay in the heap (tfplace.emulation.allocator)
     import tensorflow as tf  # deferred: argument errors come back without loading TF
+    for path in filter(None, os.environ.get(LIBRARIES_ENV, "").split(os.pathsep)):
+        tf.load_library(path)  # registers its ops / Grappler optimizers in this task
 
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=args.intra_threads,
                                       inter_op_parallelism_threads=args.inter_threads)

@@ -1,0 +1,195 @@
+"""The Grappler plugin (tfplace.rewrite.grappler): the same rewrite as the session hook, applied by
+TensorFlow's meta optimizer to an unchanged tf.compat.v1 graph.
+
+Unit: grappler_entry.optimize returns exactly rewrite_step's GraphDef for the graph Grappler hands
+it, aliases fetched variable reads, refuses renamed fetches, and leaves function bodies alone.
+Plugin: a failed rewrite fails the session's run (fail closed); on a 3-task LocalCluster the plugin
+session trains like the hooked session (losses and variables to 1e-6 relative after N steps), and
+its partition graphs hold the replicas on every task (the rewrite ran, in the master).
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STRATEGY = os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json")
+CLUSTER = os.path.join(ROOT, "clusters", "local_cpu.json")
+STEPS, BATCH = 3, 16
+
+
+def _build():
+    """The script's graph: a 2-layer MLP, Momentum, seeded; returns (x, y, loss, train_op, init)."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    v1.set_random_seed(0)
+    x = v1.placeholder(tf.float32, [None, 16], name="features")
+    y = v1.placeholder(tf.int32, [None], name="labels")
+    # seeded initializers: the plugin's and the hook's runs build the graph separately
+    h = v1.layers.dense(x, 32, activation=tf.nn.relu, name="dense_0",
+                        kernel_initializer=v1.glorot_uniform_initializer(seed=1))
+    logits = v1.layers.dense(h, 4, name="dense_1", kernel_initializer=v1.glorot_uniform_initializer(seed=2))
+    loss = tf.identity(tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)),
+                       name="loss")
+    train_op = tf.group(v1.train.MomentumOptimizer(0.1, 0.9).minimize(loss), name="train_op")
+    return x, y, loss, train_op, v1.global_variables_initializer()
+
+
+def _graph_def():
+    import tensorflow as tf
+    with tf.Graph().as_default() as g:
+        _build()
+    return g.as_graph_def()
+
+
+def _params(**overrides):
+    params = {"strategy": STRATEGY, "cluster": CLUSTER, "train_op": "train_op", "loss": "loss"}
+    params.update(overrides)
+    return params
+
+
+def _feeds():
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((BATCH, 16)).astype(np.float32), rng.integers(0, 4, BATCH).astype(np.int32))
+            for _ in range(STEPS)]
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-8))
+
+
+@pytest.fixture(scope="module")
+def plugin():
+    from tfplace.rewrite import grappler
+    try:
+        return grappler.load_plugin()
+    except grappler.PluginBuildError as err:
+        pytest.skip(str(err))
+
+
+@pytest.mark.parametrize("params,field", [
+    (_params(strategy=""), "parameter_map.strategy"),
+    ({"strategy": "s", "cluster": "c"}, "parameter_map.train_op"),
+    (_params(loss_reduction="max"), "parameter_map.loss_reduction"),
+    (_params(strategy_path="s"), "parameter_map"),
+], ids=["empty_strategy", "no_train_op", "bad_reduction", "unknown_key"])
+def test_params_are_validated(params, field):
+    from tfplace.formats.errors import InputError
+    from tfplace.rewrite.grappler_entry import PluginParams
+    with pytest.raises(InputError) as err:
+        PluginParams.from_map(params)
+    assert err.value.field == field
+
+
+def test_entry_returns_the_rewritten_step():
+    from tensorflow.core.framework import graph_pb2
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.formats.strategy import load_strategy
+    from tfplace.ir.loader import load_op_graph
+    from tfplace.rewrite.graph_rewrite import rewrite
+    from tfplace.rewrite.grappler_entry import optimize
+    gd = _graph_def()
+    strategy = load_strategy(STRATEGY)
+    expected = rewrite(load_op_graph(gd, sinks=["train_op"], batch_size=strategy.global_batch_size, loss="loss"),
+                       strategy, load_cluster(CLUSTER), init_op="init")
+    out = graph_pb2.GraphDef.FromString(optimize(gd.SerializeToString(), ["train_op", "loss:0"], _params()))
+    assert out == expected
+    names = {n.name for n in out.node}
+    assert {"train_op", "init", "loss", "features", "labels"} <= names  # what the script fetches / feeds
+    assert any(n.name.endswith("/replica_1") for n in out.node)
+
+
+def test_entry_aliases_variable_reads_and_refuses_renamed_fetches():
+    from tensorflow.core.framework import graph_pb2
+    from tfplace.formats.errors import InputError
+    from tfplace.rewrite.grappler_entry import optimize
+    gd = _graph_def().SerializeToString()
+    read = "dense_0/kernel/Read/ReadVariableOp"
+    out = graph_pb2.GraphDef.FromString(optimize(gd, ["train_op", read + ":0"], _params()))
+    alias = next(n for n in out.node if n.name == read)
+    assert alias.op == "Identity" and list(alias.input) == ["tfplace/read/dense_0/kernel/replica_0:0"]
+    with pytest.raises(InputError, match="dense_0/MatMul:0"):
+        optimize(gd, ["train_op", "dense_0/MatMul:0"], _params())
+
+
+def test_entry_keeps_function_bodies_and_rewritten_graphs():
+    from tfplace.formats.errors import InputError
+    from tfplace.rewrite.grappler_entry import optimize
+    gd = _graph_def().SerializeToString()
+    assert optimize(gd, [], _params(train_op="not_here"), item_id="some_function") is None
+    rewritten = optimize(gd, ["train_op"], _params())
+    assert optimize(rewritten, ["train_op"], _params()) is None
+    with pytest.raises(InputError, match="not_here"):
+        optimize(gd, ["train_op"], _params(train_op="not_here"))
+
+
+def test_a_failed_rewrite_fails_the_run(plugin):
+    """TensorFlow would run the original graph after an optimizer error; the plugin makes it fail."""
+    import tensorflow as tf
+    from tfplace.rewrite.grappler import session_config
+    with tf.Graph().as_default() as g:
+        x, y, loss, train_op, init = _build()
+        config = session_config(STRATEGY, CLUSTER, train_op="no_such_op", loss=loss)
+        with tf.compat.v1.Session(graph=g, config=config) as sess:
+            with pytest.raises(tf.errors.InvalidArgumentError, match="no_such_op"):
+                sess.run(init)
+
+
+@pytest.fixture(scope="module")
+def local_cluster(plugin):
+    from tfplace.rewrite.grappler import worker_env
+    from tfplace.runtime.local_cluster import LocalCluster
+    env = worker_env(plugin)
+    with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1], env_per_task=[env] * 3) as lc:
+        yield lc
+
+
+def _plugin_run(lc, feeds):
+    """The script, unchanged, on a session configured with the plugin: losses, variables before and
+    after, and the partition graphs of one step."""
+    import tensorflow as tf
+    from tfplace.rewrite.grappler import session_config
+    with tf.Graph().as_default() as g:
+        x, y, loss, train_op, init = _build()
+        variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+        config = session_config(STRATEGY, CLUSTER, lc.session_config(), train_op=train_op, loss=loss)
+        with lc.session(graph=g, config=config) as sess:
+            sess.run(init)
+            before = sess.run(variables)
+            meta = tf.compat.v1.RunMetadata()
+            losses = [sess.run([train_op, loss], feed_dict={x: fx, y: fy},
+                               options=tf.compat.v1.RunOptions(output_partition_graphs=True),
+                               run_metadata=meta)[1] for fx, fy in feeds]
+            after = sess.run(variables)
+    return losses, before, after, meta.partition_graphs
+
+
+def _hook_run(lc, feeds):
+    import tensorflow as tf
+    from tfplace.rewrite.hook import PlacementHook
+    with tf.Graph().as_default():
+        x, y, loss, train_op, _ = _build()
+        hook = PlacementHook(STRATEGY, CLUSTER, train_op, loss)
+        with tf.compat.v1.train.MonitoredTrainingSession(master=lc.target, hooks=[hook],
+                                                         config=hook.session_config(lc.session_config())) as sess:
+            before = sess.run(hook.variables)
+            losses = [sess.run([train_op, hook.loss], feed_dict={x: fx, y: fy})[1] for fx, fy in feeds]
+            after = sess.run(hook.variables)
+    return losses, before, after
+
+
+@pytest.mark.multiprocess
+def test_plugin_session_trains_like_the_hook(local_cluster):
+    feeds = _feeds()
+    losses, before, after, partitions = _plugin_run(local_cluster, feeds)
+    hook_losses, hook_before, hook_after = _hook_run(local_cluster, feeds)
+    tasks = {n.device.split("/task:")[1].split("/")[0] for p in partitions for n in p.node
+             if "/replica_" in n.name and "/task:" in n.device}
+    assert tasks == {"0", "1", "2"}, "the step that ran is not the rewritten one"
+    assert set(after) == set(hook_after) and len(after) == 2 * 4  # kernels, biases, momentum slots
+    for name in before:
+        assert _rel(before[name], hook_before[name]) == 0.0, f"{name}: initialised differently"
+        assert not np.array_equal(after[name], before[name]) or "bias" in name, f"{name} did not train"
+        assert _rel(after[name], hook_after[name]) <= 1e-6, f"{name}: plugin and hook runs differ"
+    assert np.allclose(losses, hook_losses, rtol=1e-6, atol=0)

@@ -1,0 +1,154 @@
+"""tfplace's rewrite as a custom Grappler optimizer: build, load, enable.
+
+    from tfplace.rewrite import grappler
+    grappler.load_plugin()                     # builds it first if needed (g++, ~5 s)
+    config = grappler.session_config("strategy.json", "clusters/local_cpu.json",
+                                     train_op=train_op, loss=loss, base_config=lc.session_config())
+    with tf.compat.v1.Session(target, config=config) as sess:   # the script's unchanged graph
+        sess.run(init)                                          # rewritten init: every mirror
+        sess.run([train_op, loss], feed_dict={x: ..., y: ...})  # the rewritten step
+
+The optimizer (grappler_plugin.cc, registered as "tfplace") calls tfplace.rewrite.grappler_entry,
+which calls tfplace.rewrite.graph_rewrite: the same rewrite as the session hook. It needs:
+  * the library loaded (`load_plugin`) in the process that runs Grappler: the client for a local
+    session; for a session on a cluster, the master (task 0): start workers with `worker_env()`
+    (tfplace.runtime.worker loads `TFPLACE_WORKER_LIBRARIES`);
+  * `train_op` named (a NoOp: `tf.group(...)` or `minimize` without global_step), and the script
+    fetching the train op (plus, as it likes, the init op, the loss, placeholders' feeds and
+    variable values); other step tensors are renamed by the rewrite and fail the run;
+  * the session's config from `session_config`: the plugin as the *only* Grappler optimizer
+    (Grappler's other passes stay off, as for every rewritten step: runtime.step_session_config),
+    so Grappler hands it the whole graph (training step and initializers), once per fetch set.
+A failed rewrite fails the session's run with the reason (grappler_plugin.cc: fail closed).
+
+The library is built against the installed TensorFlow (`tf.sysconfig` flags) into
+${TFPLACE_CACHE:-~/.cache/tfplace}/grappler/<key>/, keyed by TensorFlow, Python and source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from typing import Dict, List, Optional
+
+from tfplace.formats.errors import TfplaceError
+from tfplace.runtime.worker import LIBRARIES_ENV
+
+OPTIMIZER_NAME = "tfplace"  # REGISTER_GRAPH_OPTIMIZER_AS in grappler_plugin.cc
+LIBRARY_NAME = "libtfplace_grappler.so"
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "grappler_plugin.cc")
+BUILD_TIMEOUT_S = 300.0
+
+_loaded: List[str] = []  # a second, different library would register "tfplace" twice (TF aborts)
+
+
+class PluginBuildError(TfplaceError, RuntimeError):
+    """The plugin could not be built (no compiler, compile error) or loaded."""
+
+
+def _flags():
+    import tensorflow as tf
+    return list(tf.sysconfig.get_compile_flags()), list(tf.sysconfig.get_link_flags()), tf.__version__
+
+
+def plugin_path(cache_dir: Optional[str] = None) -> str:
+    """Where the plugin for this TensorFlow, Python and source lives (built or not)."""
+    compile_flags, link_flags, version = _flags()
+    with open(SOURCE, "rb") as f:
+        digest = hashlib.sha256(f.read() + repr((compile_flags, link_flags, sys.version)).encode()).hexdigest()
+    cache = cache_dir or os.environ.get("TFPLACE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tfplace")
+    return os.path.join(cache, "grappler", f"tf{version}-py{sys.version_info[0]}{sys.version_info[1]}-{digest[:12]}",
+                        LIBRARY_NAME)
+
+
+def compile_command(output: str) -> List[str]:
+    """The compiler call that builds the plugin into `output`."""
+    compile_flags, link_flags, _ = _flags()
+    cxx = os.environ.get("CXX", "g++")
+    return [cxx, "-shared", "-fPIC", "-O2", *compile_flags, "-I" + sysconfig.get_paths()["include"], SOURCE,
+            "-o", output, *link_flags]
+
+
+def build_plugin(cache_dir: Optional[str] = None, force: bool = False) -> str:
+    """Builds the plugin unless it is there; returns its path. Raises PluginBuildError with the
+    reason (missing compiler, the compiler's last lines)."""
+    path = plugin_path(cache_dir)
+    if os.path.exists(path) and not force:
+        return path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
+    os.close(fd)
+    cmd = compile_command(tmp)
+    if shutil.which(cmd[0]) is None:
+        os.unlink(tmp)
+        raise PluginBuildError(f"cannot build the tfplace Grappler plugin: no C++ compiler {cmd[0]!r} on PATH. "
+                               "Fix: install g++ (or set CXX) and run scripts/setup_env.sh again")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.unlink(tmp)
+        raise PluginBuildError(f"building the tfplace Grappler plugin took over {BUILD_TIMEOUT_S:.0f} s") from None
+    if proc.returncode != 0:
+        os.unlink(tmp)
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-20:])
+        raise PluginBuildError(f"building the tfplace Grappler plugin failed:\n  {' '.join(cmd)}\n{tail}")
+    os.replace(tmp, path)
+    return path
+
+
+def load_plugin(path: Optional[str] = None, build: bool = True) -> str:
+    """Loads the plugin into this process (once; building it first unless `build` is False) and
+    returns its path."""
+    import tensorflow as tf
+    path = os.path.abspath(path) if path else (build_plugin() if build else plugin_path())
+    if path in _loaded:
+        return path
+    if _loaded:
+        raise PluginBuildError(f"another tfplace Grappler plugin ({_loaded[0]}) is loaded in this process; "
+                               "TensorFlow cannot register the optimizer name twice. Fix: load one library")
+    if not os.path.exists(path):
+        raise PluginBuildError(f"no tfplace Grappler plugin at {path}. Fix: run scripts/setup_env.sh "
+                               "or tfplace.rewrite.grappler.build_plugin()")
+    tf.load_library(path)
+    _loaded.append(path)
+    return path
+
+
+def worker_env(path: Optional[str] = None) -> Dict[str, str]:
+    """Environment for worker tasks (LocalCluster's env_per_task) that loads the plugin in each."""
+    return {LIBRARIES_ENV: os.path.abspath(path) if path else build_plugin()}
+
+
+def _name(x) -> str:
+    return str(getattr(x, "name", x) or "")
+
+
+def session_config(strategy_path, cluster_path, base_config=None, *, train_op, init_op="init", loss=None,
+                   loss_reduction: Optional[str] = None):
+    """A copy of `base_config` (a ConfigProto) whose Grappler runs only the "tfplace" optimizer, with
+    the parameters grappler_entry reads. `train_op`, `init_op`, `loss`: ops, tensors or names."""
+    import tensorflow as tf
+    from tensorflow.core.protobuf import rewriter_config_pb2
+    from tfplace.rewrite.grappler_entry import PluginParams
+    params = PluginParams(strategy=os.path.abspath(strategy_path), cluster=os.path.abspath(cluster_path),
+                          train_op=_name(train_op), init_op=_name(init_op), loss=_name(loss),
+                          loss_reduction=loss_reduction or "")
+    out = tf.compat.v1.ConfigProto()
+    if base_config is not None:
+        out.CopyFrom(base_config)
+    ro = out.graph_options.rewrite_options
+    ro.disable_meta_optimizer = False
+    ro.meta_optimizer_iterations = rewriter_config_pb2.RewriterConfig.ONE
+    del ro.optimizers[:]
+    ro.optimizers.append(OPTIMIZER_NAME)  # by name: only this optimizer runs, on the unpruned graph
+    del ro.custom_optimizers[:]
+    custom = ro.custom_optimizers.add(name=OPTIMIZER_NAME)
+    for key, value in vars(params).items():
+        if value:
+            custom.parameter_map[key].s = value.encode()
+    return out
