@@ -1,9 +1,11 @@
 """A tf.compat.v1 training script made distributed by one hook (tfplace.rewrite.hook.PlacementHook).
 
-    python examples/hook_example.py [strategy.json] [steps]
+    python examples/hook_example.py [strategy.json] [steps] [checkpoint_dir]
 
 Starts a local 3-task cluster (clusters/local_cpu.json), builds a small MLP, and trains it with
-MonitoredTrainingSession; the only tfplace line is the hook.
+MonitoredTrainingSession; the only tfplace line is the hook. With a checkpoint_dir, a second run
+continues from the first one's last checkpoint (global step included), and the checkpoints are
+the plain script's: its own tf.compat.v1.train.Saver restores the trained values.
 """
 import os
 import sys
@@ -22,11 +24,12 @@ def build(batch_features=16):
     logits = v1.layers.dense(h, 4, name="dense_1")
     loss = tf.identity(tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)),
                        name="loss")
-    train_op = tf.group(v1.train.GradientDescentOptimizer(0.1).minimize(loss), name="train_op")
+    step = v1.train.get_or_create_global_step()
+    train_op = tf.group(v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step), name="train_op")
     return x, y, loss, train_op
 
 
-def main(strategy_path, steps=5):
+def main(strategy_path, steps=5, checkpoint_dir=None):
     from tfplace.rewrite.hook import PlacementHook
     from tfplace.runtime.local_cluster import LocalCluster
     tf.compat.v1.disable_eager_execution()
@@ -34,14 +37,16 @@ def main(strategy_path, steps=5):
     with LocalCluster(num_tasks=3) as lc, tf.Graph().as_default():
         x, y, loss, train_op = build()
         hook = PlacementHook(strategy_path, os.path.join(ROOT, "clusters", "local_cpu.json"), train_op, loss)
-        with tf.compat.v1.train.MonitoredTrainingSession(master=lc.target, config=hook.session_config(lc.session_config()),
+        config = hook.session_config(lc.session_config())
+        with tf.compat.v1.train.MonitoredTrainingSession(master=lc.target, config=config, checkpoint_dir=checkpoint_dir,
                                                          hooks=[hook]) as sess:
-            for i in range(steps):
+            first = sess.run(tf.compat.v1.train.get_global_step())   # > 0 when a checkpoint was restored
+            for i in range(first, first + steps):
                 feed = {x: rng.standard_normal((16, 16)).astype(np.float32), y: rng.integers(0, 4, 16)}
-                sess.run(train_op, feed_dict=feed)              # unchanged training loop
-                print(f"step {i}: loss {sess.run(hook.loss, feed_dict=feed):.4f}")
+                _, value = sess.run([train_op, hook.loss], feed_dict=feed)  # unchanged training loop
+                print(f"step {i}: loss {value:.4f}")
 
 
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json"),
-         int(sys.argv[2]) if len(sys.argv) > 2 else 5)
+         int(sys.argv[2]) if len(sys.argv) > 2 else 5, sys.argv[3] if len(sys.argv) > 3 else None)

@@ -2,17 +2,34 @@
 
     hook = PlacementHook("strategy.json", "clusters/local_cpu.json", train_op=train_op, loss=loss)
     with tf.compat.v1.train.MonitoredTrainingSession(master=target, config=hook.session_config(base),
-                                                     hooks=[hook]) as sess:
+                                                     checkpoint_dir=ckpt, hooks=[hook]) as sess:
         sess.run(train_op, feed_dict={x: ..., y: ...})      # runs the rewritten step
 
 `begin()` (called before the session exists) rewrites the default graph's training step with
 tfplace.rewrite.graph_rewrite, imports the result under the scope `tfplace_step/` with the script's
 placeholders mapped onto the rewritten graph's inputs (so the script's feeds feed it), and
-re-points the script's train op: it must be a NoOp (`tf.group`, `minimize` without
-global_step); its control inputs are replaced by the rewritten step's train op, so the
-original single-device update no longer runs. `after_create_session` runs the rewritten
-init once (initialise, then copy to mirrors). `hook.loss` is the global loss tensor of the
-rewritten step; `hook.variables` maps variable names to their mirror-0 read tensors.
+re-points the script's train op: it must be a NoOp (`tf.group(...)`); its control inputs are
+replaced by the rewritten step's train op (and the global step's copy, below), so the original
+single-device update no longer runs.
+
+State. The script's own variables stay the state the session creates, restores and saves;
+the rewritten step trains its replicas (`<var>/replica_<k>`, every optimizer slot and the
+global step included):
+  - after the session is created (the Scaffold initialised or restored the script's
+    variables), `after_create_session` copies every script variable into all its replicas
+    (`copy_op`), so a restart continues from the checkpoint;
+  - before a save, replica 0 of every variable is copied back into the script's variable
+    (`sync_op`). `begin()` puts a Saver that does so into the graph's SAVERS collection
+    (`hook.saver`, built like the Scaffold's default), which MonitoredTrainingSession's
+    Scaffold and CheckpointSaverHook then use; a script that saves with a Saver of its own
+    (or passes one in its Scaffold) must run `hook.sync_op` first. The checkpoint holds the
+    trained values under the script's names, readable by the plain single-device script;
+    between saves the script's variables (the global step aside) hold the last saved values;
+  - the global step is copied back after every step (one scalar), as part of the re-pointed
+    train op: StopAtStepHook, CheckpointSaverHook and the script read it every step.
+
+`hook.loss` is the global loss tensor of the rewritten step; `hook.variables` maps variable
+names to their mirror-0 read tensors.
 """
 
 from __future__ import annotations
@@ -35,6 +52,8 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         self.step = None
         self.loss = None
         self.variables = {}
+        self.copy_op = self.sync_op = self.saver = None
+        self._live_session = None  # the session whose replicas hold the trained state
 
     def session_config(self, base=None):
         """The ConfigProto to create the session with: a copy of `base` (e.g. the cluster's) with
@@ -46,12 +65,16 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         from tfplace.ir.loader import load_op_graph
         from tfplace.rewrite.graph_rewrite import rewrite_step
         g = tf.compat.v1.get_default_graph()
+        if tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS):
+            raise ValueError("PlacementHook: the graph's SAVERS collection already holds a Saver, which would save "
+                             "the script's untrained variables; leave it out (the hook provides one, hook.saver)")
         train_op = self._train_op if self._train_op is not None else tf.compat.v1.get_collection(
             tf.compat.v1.GraphKeys.TRAIN_OP)[0]
         train_op = getattr(train_op, "op", train_op)
         if train_op.type != "NoOp":
             raise ValueError(f"PlacementHook: train op {train_op.name!r} is a {train_op.type}; group it "
                              "with tf.group(...) so that the hook can re-point it")
+        # the rewrite needs an init op; the hook itself initialises replicas with copy_op
         init = tf.compat.v1.variables_initializer(tf.compat.v1.global_variables(), name="tfplace_hook_init")
         loss = getattr(self._loss, "name", self._loss)
         graph = load_op_graph(g.as_graph_def(), sinks=[train_op.name], batch_size=self.strategy.global_batch_size,
@@ -60,12 +83,80 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         self.step = rewrite_step(graph, self.strategy, self.cluster, init_op=init.name)
         input_map = {spec.tensor: g.get_tensor_by_name(spec.tensor) for spec in self.step.inputs}
         tf.graph_util.import_graph_def(self.step.graph_def, input_map=input_map, name=SCOPE)
-        new_train = g.get_operation_by_name(f"{SCOPE}/{self.step.train_op}")
-        train_op._remove_all_control_inputs()
-        train_op._add_control_input(new_train)
-        self.init_op = g.get_operation_by_name(f"{SCOPE}/{self.step.init_op}")
         self.loss = g.get_tensor_by_name(f"{SCOPE}/{self.step.loss}") if self.step.loss else None
         self.variables = {k: g.get_tensor_by_name(f"{SCOPE}/{v[0]}") for k, v in self.step.variables.items()}
+        self._state_ops(g)
+        self._repoint(g, train_op)
+        self.saver = _SyncingSaver(self._sync_before_save, sharded=True, allow_empty=True)  # as the Scaffold's
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, self.saver)
+
+    def _state_ops(self, g) -> None:
+        """copy_op: every script variable into all its replicas; sync_op: replica 0 into the script's
+        variable. Un-deviced ops that take a handle run on the handle's device (TF's placer)."""
+        copies, syncs = [], []
+        for name, reads in self.step.variables.items():
+            original = _handle(g, name)
+            dtype = original.op.get_attr("dtype")
+            value = tf.raw_ops.ReadVariableOp(resource=original, dtype=dtype, name=f"tfplace_copy/{name}/read")
+            for k, read in enumerate(reads):
+                replica = g.get_tensor_by_name(f"{SCOPE}/{read}").op.inputs[0]
+                copies.append(tf.raw_ops.AssignVariableOp(resource=replica, value=value,
+                                                          name=f"tfplace_copy/{name}/replica_{k}"))
+            syncs.append(tf.raw_ops.AssignVariableOp(resource=original, value=self.variables[name],
+                                                     name=f"tfplace_sync/{name}"))
+        self.copy_op = tf.group(*copies, name="tfplace_copy")
+        self.sync_op = tf.group(*syncs, name="tfplace_sync")
+
+    def _repoint(self, g, train_op) -> None:
+        """The script's train op runs the rewritten step, then copies its global step back."""
+        new_train = g.get_operation_by_name(f"{SCOPE}/{self.step.train_op}")
+        # No public TF API edits an existing op's control inputs (tf.contrib.graph_editor is gone;
+        # tf.Operation is read-only in TF 2.15) and the script runs its own train op object, so the
+        # hook re-points it in place with these two private Operation methods.
+        train_op._remove_all_control_inputs()
+        train_op._add_control_inputs([new_train] + self._global_step_sync(g, new_train))
+
+    def _global_step_sync(self, g, new_train) -> list:
+        """[an op that assigns replica 0 of the global step to the script's global step after
+        `new_train`], or [] when the step does not update a global step."""
+        step_var = tf.compat.v1.train.get_global_step(g)
+        name = step_var.op.name if step_var is not None else None
+        if name not in self.step.variables:
+            return []
+        replica = self.variables[name].op.inputs[0]
+        with g.control_dependencies([new_train]):
+            value = tf.raw_ops.ReadVariableOp(resource=replica, dtype=replica.op.get_attr("dtype"),
+                                              name="tfplace_sync_global_step/read")
+        return [tf.raw_ops.AssignVariableOp(resource=_handle(g, name), value=value, name="tfplace_sync_global_step")]
 
     def after_create_session(self, session, coord):
-        session.run(self.init_op)
+        session.run(self.copy_op)
+        self._live_session = session
+
+    def _sync_before_save(self, session) -> None:
+        """Until the hook has copied a session's state into the replicas (MonitoredTrainingSession's
+        CheckpointSaverHook saves before that, on every session it creates), the script's
+        variables are the state and are saved as they are."""
+        if session is self._live_session:
+            session.run(self.sync_op)
+
+
+def _handle(g, name: str):
+    op = g.get_operation_by_name(name)
+    if op.type != "VarHandleOp":
+        raise ValueError(f"PlacementHook: variable {name!r} is a {op.type}; the hook needs resource variables "
+                         "(tf.compat.v1.enable_resource_variables())")
+    return op.outputs[0]
+
+
+class _SyncingSaver(tf.compat.v1.train.Saver):
+    """A Saver over the script's variables that runs `before_save(sess)` first (the hook's copy of
+    the trained replicas into them)."""
+
+    def __init__(self, before_save, **kwargs):
+        super().__init__(**kwargs)
+        self._before_save = before_save
+
+    def save(self, sess, *args, **kwargs):
+        self._before_save(sess)
+        return super().save(sess, *args, **kwargs)

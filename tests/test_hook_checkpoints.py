@@ -1,0 +1,152 @@
+"""Checkpoints of a hooked run: N steps, a restart (a new graph, hook and
+MonitoredTrainingSession on a cluster that forgot every variable, same checkpoint_dir) and N
+more steps train exactly like 2N uninterrupted steps on the same batches: every mirror of every
+variable, optimizer slot (Momentum, Adam m/v and beta powers) and the global step agree to 1e-5
+relative, and so do the losses of the last N steps. The final checkpoint holds the trained
+values under the script's names: the plain single-device script restores them with its own
+tf.compat.v1.train.Saver.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLUSTER = os.path.join(ROOT, "clusters", "local_cpu.json")
+N, BATCH, RTOL = 3, 16, 1e-5
+
+
+def _optimizer(name):
+    import tensorflow as tf
+    v1 = tf.compat.v1.train
+    return {"sgd": lambda: v1.GradientDescentOptimizer(0.1), "momentum": lambda: v1.MomentumOptimizer(0.1, 0.9),
+            "adam": lambda: v1.AdamOptimizer(0.01)}[name]()
+
+
+def _strategy_path(name, tmp_dir):
+    if name == "uneven":  # 8 / 4 / 2+2 micro-batches, all-reduce
+        return os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json")
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.formats.strategy import even_strategy, save_strategy
+    path = os.path.join(tmp_dir, "data_parallel.json")
+    save_strategy(even_strategy(list(load_cluster(CLUSTER).device_names), BATCH, 64), path)
+    return path
+
+
+def _build(optimizer):
+    """The user's script: a tiny MLP with a global step."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    x = v1.placeholder(tf.float32, [None, 16], name="features")
+    y = v1.placeholder(tf.int32, [None], name="labels")
+    # seeded initializers: with seed=None, Keras draws an initializer's seed from Python's
+    # `random` each time the graph is built, and every run must start from the same values
+    h = v1.layers.dense(x, 8, activation=tf.nn.relu, name="dense_0",
+                        kernel_initializer=v1.glorot_uniform_initializer(seed=1))
+    logits = v1.layers.dense(h, 4, name="dense_1", kernel_initializer=v1.glorot_uniform_initializer(seed=2))
+    loss = tf.identity(tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)),
+                       name="loss")
+    step = v1.train.get_or_create_global_step()
+    train_op = tf.group(_optimizer(optimizer).minimize(loss, global_step=step), name="train_op")
+    return x, y, loss, train_op, step
+
+
+def _batches():
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((BATCH, 16)).astype(np.float32), rng.integers(0, 4, BATCH).astype(np.int32))
+            for _ in range(2 * N)]
+
+
+def _train(lc, strategy_path, optimizer, batches, checkpoint_dir):
+    """One lifetime of the script: trains on `batches`, saving to checkpoint_dir (every 2 steps
+    and at the end). Returns (losses, global step, {variable: [mirror values]}); then the
+    servers forget every variable, as a restarted cluster would."""
+    import tensorflow as tf
+    from tfplace.rewrite.hook import SCOPE, PlacementHook
+    losses = []
+    with tf.Graph().as_default() as g:
+        x, y, loss, train_op, step = _build(optimizer)
+        hook = PlacementHook(strategy_path, CLUSTER, train_op, loss)
+        with tf.compat.v1.train.MonitoredTrainingSession(
+                master=lc.target, config=hook.session_config(lc.session_config()), hooks=[hook],
+                checkpoint_dir=checkpoint_dir, save_checkpoint_steps=2, save_checkpoint_secs=None,
+                save_summaries_steps=None, save_summaries_secs=None, log_step_count_steps=None) as sess:
+            for fx, fy in batches:
+                losses.append(sess.run([train_op, hook.loss], feed_dict={x: fx, y: fy})[1])
+            mirrors = sess.run({name: [g.get_tensor_by_name(f"{SCOPE}/{r}") for r in reads]
+                                for name, reads in hook.step.variables.items()})
+            global_step = sess.run(step)
+    tf.compat.v1.Session.reset(lc.target)
+    return losses, global_step, mirrors
+
+
+def _plain_restore(optimizer, checkpoint):
+    """The single-device script restoring a checkpoint with its own Saver."""
+    import tensorflow as tf
+    with tf.Graph().as_default():
+        _build(optimizer)
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            saver.restore(sess, checkpoint)
+            return {v.op.name: sess.run(v) for v in tf.compat.v1.global_variables()}
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / (np.max(np.abs(b)) + 1e-8))
+
+
+@pytest.fixture(scope="module")
+def local_cluster():
+    from tfplace.runtime.local_cluster import LocalCluster
+    with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1]) as lc:
+        yield lc
+
+
+@pytest.fixture(scope="module")
+def runs(local_cluster, tmp_path_factory):
+    """(optimizer, strategy) -> the uninterrupted and the resumed run (computed once per case)."""
+    done = {}
+
+    def get(optimizer, strategy):
+        if (optimizer, strategy) not in done:
+            tmp = str(tmp_path_factory.mktemp(f"{optimizer}_{strategy}"))
+            path, batches = _strategy_path(strategy, tmp), _batches()
+            whole = _train(local_cluster, path, optimizer, batches, os.path.join(tmp, "whole"))
+            resumed_dir = os.path.join(tmp, "resumed")
+            first = _train(local_cluster, path, optimizer, batches[:N], resumed_dir)
+            second = _train(local_cluster, path, optimizer, batches[N:], resumed_dir)
+            done[(optimizer, strategy)] = whole, first, second, resumed_dir
+        return done[(optimizer, strategy)]
+    return get
+
+
+CASES = [(o, s) for s in ("data_parallel", "uneven") for o in ("sgd", "momentum", "adam")]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("optimizer,strategy", CASES)
+def test_resumed_run_continues_like_an_uninterrupted_one(runs, optimizer, strategy):
+    (losses, whole_step, whole), first, (resumed_losses, resumed_step, resumed), _ = runs(optimizer, strategy)
+    assert first[1] == N and whole_step == resumed_step == 2 * N
+    assert _rel(resumed_losses, np.asarray(losses[N:])) <= RTOL, "the resumed steps' losses differ"
+    expected = {"sgd": 4 + 1, "momentum": 2 * 4 + 1, "adam": 3 * 4 + 3}[optimizer]  # + step, beta powers
+    assert len(whole) == expected, sorted(whole)
+    for name, mirrors in resumed.items():
+        if name != "global_step" and "bias" not in name:
+            assert not np.array_equal(whole[name][0], first[2][name][0]), f"{name} did not train after step {N}"
+        for k, m in enumerate(mirrors):
+            assert _rel(m, whole[name][0]) <= RTOL, f"{name} mirror {k}: resumed run differs"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("optimizer,strategy", CASES)
+def test_plain_script_restores_the_trained_values(runs, optimizer, strategy):
+    import tensorflow as tf
+    (_, _, whole), _, _, resumed_dir = runs(optimizer, strategy)
+    checkpoint = tf.train.latest_checkpoint(resumed_dir)
+    assert checkpoint.endswith(f"-{2 * N}"), checkpoint
+    restored = _plain_restore(optimizer, checkpoint)
+    assert set(restored) == set(whole)
+    for name, value in restored.items():
+        assert _rel(value, whole[name][0]) <= RTOL, f"{name}: the checkpoint does not hold the trained value"
