@@ -7,6 +7,10 @@ Public API:
   read_bundle(meta_path) -> (GraphDef, meta dict);  write_bundle(out_dir, stem, graph_def, meta)
   with_batch_size(graph_def, meta['inputs'], batch) -> GraphDef re-shaped to another batch
   model_names(tiny_only=False), MODELS (name -> ModelSpec), ZOO_DIR, MANIFEST_PATH
+  export_keras(model_fn, loss, optimizer, *, batch_size, input_shapes, out_dir, name) -> .json path
+    of your own Keras model's training step (keras_export.py; docs/your_own_model.md)
+  import_step(path, *, train_ops, loss, loss_reduction, inputs, batch_size) -> .json path of a
+    bare training step (.pb/.pbtxt/.meta), roles inferred (user_step.py)
 Importing this package does not import TensorFlow; exporting and read_bundle do.
 """
 
@@ -22,8 +26,14 @@ def __getattr__(name):
     if name in _EXPORT_NAMES:
         from . import export
         return getattr(export, name)
+    if name == "export_keras":
+        from .keras_export import export_keras
+        return export_keras
+    if name == "import_step":
+        from .user_step import import_step
+        return import_step
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["read_bundle", "read_meta", "with_batch_size", "write_bundle", "MODELS", "get_spec",
-           "model_names", *_EXPORT_NAMES]
+           "model_names", "export_keras", "import_step", *_EXPORT_NAMES]

@@ -293,7 +293,8 @@ BAD_INPUTS = {
     "truncated_pb": (lambda d: (_truncated(d), dict(sinks=["train_op"], batch_size=8)), "cut.pb", "", InputError),
     "garbage_pbtxt": (lambda d: (str(d / "g.pbtxt"), dict(sinks=["t"])), "g.pbtxt", "", InputError),
     "truncated_bundle": (lambda d: (_write_bundle(d, graph_bytes=123), {}), "mlp.json", "graph_bytes", InputError),
-    "missing_sink": (lambda d: (_pb(d, tiny_graph_def("mlp", "sgd")), dict(batch_size=8)), "step.pb", "sinks", InputError),
+    # no sink given and none to infer (no update depends on an input): step_roles names --train_op
+    "missing_sink": (lambda d: (_pb(d, _graph_without_inputs()), dict(batch_size=8)), "step.pb", "train_op", InputError),
     "unknown_sink": (lambda d: (_pb(d, tiny_graph_def("mlp", "sgd")), dict(sinks=["trian_op"], batch_size=8)),
                      "step.pb", "sinks", InputError),
     "unknown_sink_in_bundle": (lambda d: (_write_bundle(d, sink="nope"), {}), "mlp.json", "sink", InputError),
@@ -313,8 +314,7 @@ BAD_INPUTS = {
                       "step.pb", "batch_size", InputError),
     "bad_batch_size": (lambda d: (_pb(d, tiny_graph_def("mlp", "sgd")), dict(sinks=["train_op"], batch_size=0)),
                        "step.pb", "batch_size", InputError),
-    "reduction_without_loss": (lambda d: (_pb(d, tiny_graph_def("mlp", "sgd")), dict(sinks=["train_op"], batch_size=8)),
-                               "step.pb", "loss_reduction", InputError),
+    # (a sink without a loss now gets the loss inferred from the gradient seed: tests/test_your_own_model.py)
     "undecidable_reduction": (lambda d: (_pb(d, _graph_max_loss()), dict(sinks=["train_op"], batch_size=8, loss="loss")),
                               "step.pb", "loss_reduction", InputError),
     "bad_loss_name": (lambda d: (_write_bundle(d, loss="los"), {}), "mlp.json", "loss", InputError),

@@ -224,10 +224,10 @@ def check_graph_arg(spec: str, flag: str, zoo: bool = True) -> None:
     if not zoo:
         if spec in MODELS:
             raise InputError(flag, "", f"{spec!r} is a zoo model name, not a file", f"give --model {spec}")
-        raise InputError(flag, "", f"{spec!r}: file not found", "give the path of a bundle .json")
+        raise InputError(flag, "", f"{spec!r}: file not found", "give the path of a bundle .json or a .pb/.pbtxt/.meta step")
     if spec not in MODELS:
         raise InputError(flag, "", f"{spec!r} is neither a file nor a zoo model: {unknown_model(spec)}",
-                         "give a bundle .json path or a zoo model name")
+                         "give a bundle .json, a .pb/.pbtxt/.meta training step or a zoo model name")
 
 
 def graph_flag(name: str, zoo: bool = True) -> None:
@@ -236,18 +236,61 @@ def graph_flag(name: str, zoo: bool = True) -> None:
                                 for p in ([v] if isinstance(v, str) else v)])
 
 
-def resolve_graph(spec: str, flag: str, batch_size: Optional[int] = None) -> str:
-    """The graph file of a --graph value: the path itself, or the bundle of a zoo model name,
-    exported on demand at `batch_size` (default: the model's) into the zoo cache
-    (tfplace.graph_defs.export.ensure_bundle). Raises InputError naming `flag` for anything else."""
+STEP_FLAGS = ("train_op", "loss", "loss_reduction", "inputs")
+
+
+def define_step_flags(skip: Sequence[str] = ()) -> None:
+    """`--train_op`, `--loss`, `--loss_reduction`, `--inputs`: the roles of a bare training step
+    (a .pb/.pbtxt GraphDef or .meta MetaGraphDef given as --graph) when inference cannot tell
+    them (tfplace.ir.step_roles says which one to give). `skip`: names the command defines itself."""
+    defs = {"train_op": lambda: flags.DEFINE_list("train_op", None, "train op name(s) of a bare GraphDef "
+                                                   "(default: inferred: the op that runs the variable updates)"),
+            "loss": lambda: flags.DEFINE_string("loss", None, "loss op name of a bare GraphDef (default: inferred "
+                                                "from the gradient seed)"),
+            "loss_reduction": lambda: flags.DEFINE_enum("loss_reduction", None, ["mean", "sum"],
+                                                        "how the loss reduces over the batch (default: detected)"),
+            "inputs": lambda: flags.DEFINE_list("inputs", None, "batched input placeholders of a bare GraphDef, "
+                                                "NAME[:BATCH_AXIS],... (default: every placeholder of rank >= 1)")}
+    for name in STEP_FLAGS:
+        if name not in skip:
+            defs[name]()
+
+
+def step_options(values) -> dict:
+    """The step-role flags of parsed `values` (common.args()) as keyword options of resolve_graph."""
+    get = lambda name: getattr(values, name, None)
+    return {"train_ops": get("train_op"), "loss": get("loss"), "loss_reduction": get("loss_reduction"),
+            "inputs": get("inputs")}
+
+
+def resolve_graph(spec: str, flag: str, batch_size: Optional[int] = None, bundle: bool = False, **step) -> str:
+    """The graph file of a --graph value: the path itself (a bundle .json, or a bare training step
+    .pb/.pbtxt/.meta, which tfplace.ir.loader reads with its roles inferred), or the bundle of a zoo
+    model name, exported on demand at `batch_size` (default: the model's) into the zoo cache
+    (tfplace.graph_defs.export.ensure_bundle). With `bundle`, a bare step becomes a cached bundle
+    at `batch_size` with the roles `step` names (train_ops, loss, loss_reduction, inputs;
+    tfplace.graph_defs.user_step.import_step), for commands that need an init op and input specs
+    (profile, plan, the runtime). Raises InputError naming `flag` (or the file) for anything else."""
     check_graph_arg(spec, flag)
     if os.path.lexists(spec) or not _bare_name(spec):
+        from tfplace.graph_defs.user_step import import_step, is_step_file
+        if bundle and is_step_file(spec):
+            return import_step(spec, batch_size=batch_size, **{k: v for k, v in step.items() if v is not None})
         return spec
     from tfplace.graph_defs.export import ensure_bundle
     try:
         return ensure_bundle(spec, batch_size=batch_size) if batch_size else ensure_bundle(spec)
     except ValueError as err:  # an option the model does not take, e.g. its batch size
         raise InputError(flag, "", f"zoo model {spec!r}: {err}", "give options the model takes") from None
+
+
+def load_graph_arg(spec: str, flag: str, values, batch_size: Optional[int] = None):
+    """The OpGraph of a --graph value (resolve_graph) at `batch_size`, with the step-role flags of
+    parsed `values` (define_step_flags; a bundle's own roles give way to the flags given)."""
+    from tfplace.ir.loader import load_op_graph
+    step = step_options(values)
+    return load_op_graph(resolve_graph(spec, flag, batch_size), sinks=step["train_ops"], loss=step["loss"],
+                         loss_reduction=step["loss_reduction"], inputs=step["inputs"], batch_size=batch_size)
 
 
 def device_kinds_flag(name: str) -> None:

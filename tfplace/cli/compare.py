@@ -4,8 +4,9 @@
     python -m tfplace.compare --graph graph_defs/zoo/resnet50_b64_s224_sgd.json \
         --cluster clusters/two_kind_4gpu.json --profile resnet50.profile.json --max-groups 64
 
---graph is a bundle .json or a zoo model name (exported on demand at --batch-size, or at the
-model's default batch). Without --profile the device model's default profile is used
+--graph is a bundle .json, a zoo model name (exported on demand at --batch-size, or at the
+model's default batch), or your own training step (.pb/.pbtxt/.meta; train op, loss and inputs
+inferred, or named with --train_op, --loss, --loss_reduction, --inputs). Without --profile the device model's default profile is used
 (tfplace.profiling.device_model.default_profile: a bundled measured profile scaled to each device kind
 when one exists, else the roofline model); `--profile roofline` forces the roofline model.
 While tfplace.profiling.device_model is missing, a uniform profile (every op equally fast on every kind)
@@ -37,7 +38,8 @@ from tfplace.formats.errors import InputError
 
 def define_flags() -> None:
     """The command's flags (called when it runs; see tfplace.cli.common)."""
-    flags.DEFINE_string("graph", None, "bundle .json or zoo model name (e.g. vgg19)", required=True)
+    flags.DEFINE_string("graph", None, "bundle .json, zoo model name (e.g. vgg19) or a training step "
+                        ".pb/.pbtxt/.meta", required=True)
     flags.DEFINE_string("cluster", None, "cluster.json", required=True)
     flags.DEFINE_string("profile", None,
                         "profile.json, or 'roofline' for the pure roofline model (default: the device "
@@ -49,6 +51,7 @@ def define_flags() -> None:
     flags.DEFINE_string("out", None, "output folder (default ./compare_<graph>_<cluster>)")
     flags.DEFINE_boolean("no-plot", False, "skip the PNG")
     common.define_overheads_flag()
+    common.define_step_flags()
     common.output_dir_flag("out")
     common.graph_flag("graph")
     common.input_file_flag("cluster")
@@ -62,9 +65,8 @@ def _baseline_names():
     return registry.names()
 
 
-def _load_graph(spec: str, batch_size: Optional[int]):
-    from tfplace.ir.loader import load_op_graph
-    return load_op_graph(common.resolve_graph(spec, "argument --graph", batch_size), batch_size=batch_size)
+def _load_graph(spec: str, batch_size: Optional[int], values=None):
+    return common.load_graph_arg(spec, "argument --graph", values, batch_size)
 
 
 def _row(name: str, problem, generate) -> Dict[str, Any]:
@@ -164,7 +166,7 @@ def execute(args) -> int:
     names = tuple(n for n in names if not registry.is_runtime(n))  # Horovod rows equal their DP strategies
     _check_outputs(args.out, args.no_plot, names)
     cluster = load_cluster(args.cluster)
-    graph = _load_graph(args.graph, args.batch_size)
+    graph = _load_graph(args.graph, args.batch_size, args)
     if args.profile == "roofline":
         from tfplace.profiling.device_model import roofline_profile
         profile, profile_label = roofline_profile(graph, cluster.kinds), "roofline device model"

@@ -1,8 +1,9 @@
 """Prints (or writes) the op groups a strategy's `max_groups` refers to.
 
     python -m tfplace.cli.groups --graph graph_defs/zoo/resnet50_b64_s224_sgd.json --max-groups 50
-    python -m tfplace.cli.groups --graph step.pb --sinks train_op --batch-size 64 --loss-reduction mean \\
-        --max-groups 20 --json groups.json
+    python -m tfplace.cli.groups --graph step.pb --batch-size 64 --max-groups 20 --json groups.json
+    (a bare step's train op, loss and inputs are inferred; --train_op, --loss, --loss_reduction,
+    --inputs name them when inference cannot tell)
 
 Output: one line per group (index, op count, batch-splittable, anchor name). `--json PATH` writes
 {"format": "tfplace.groups", "version": 1, "graph": ..., "max_groups": K, "num_ops": N,
@@ -26,10 +27,10 @@ def define_flags() -> None:
     flags.DEFINE_string("graph", None, "bundle metadata .json, a zoo model name, or a .pb/.pbtxt GraphDef",
                         required=True)
     flags.DEFINE_integer("max-groups", None, "K: at most this many groups", lower_bound=1, required=True)
-    flags.DEFINE_list("sinks", None, "train op name(s), comma-separated (needed for a bare GraphDef)")
     flags.DEFINE_integer("batch-size", None, "global batch size", lower_bound=1)
-    flags.DEFINE_string("loss", None, "loss op name")
-    flags.DEFINE_enum("loss-reduction", None, ["mean", "sum"], "how the loss reduces over the batch")
+    common.define_step_flags()
+    flags.DEFINE_alias("sinks", "train_op")
+    flags.DEFINE_alias("loss-reduction", "loss_reduction")
     flags.DEFINE_string("json", None, "also write the groups as JSON to this file")
     common.output_file_flag("json")
     common.graph_flag("graph")
@@ -51,13 +52,10 @@ def main(argv) -> int:
     """Prints (and writes) the groups of the parsed flags (absl main: argv holds the program name only)."""
     del argv
     args = common.args()
-    from tfplace.ir.loader import load_op_graph
     from tfplace.ir.grouping import make_grouping
     from tfplace.formats.jsonio import write_json
 
-    path = common.resolve_graph(args.graph, "argument --graph", args.batch_size)
-    graph = load_op_graph(path, sinks=args.sinks, batch_size=args.batch_size, loss=args.loss,
-                          loss_reduction=args.loss_reduction)
+    graph = common.load_graph_arg(args.graph, "argument --graph", args, args.batch_size)
     grouping = make_grouping(graph, args.max_groups)
     width = max(len(str(grouping.num_groups)), 5)
     print(f"{'group':>{width}}  {'ops':>6}  split  name")

@@ -1,5 +1,5 @@
 """One strategy for a graph and cluster from a trained policy, zero-shot, optionally improved by
-search: `python -m tfplace.plan --checkpoint RUN_DIR --graph bundle.json|--model NAME
+search: `python -m tfplace.plan --checkpoint RUN_DIR --graph bundle.json|step.pb|--model NAME
 --batch_size B --cluster cluster.json [--profile profile.json] [--search_seconds N] --out strategy.json`.
 Every flag (numbers, the zoo model name, input files and --out) is checked before anything loads.
 
@@ -26,7 +26,8 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     """The command's flags (called when it runs; see tfplace.cli.common)."""
     flags.DEFINE_string("checkpoint", None, "output_dir of a training run", required=True)
-    flags.DEFINE_string("graph", None, "graph bundle .json (or use --model)")
+    flags.DEFINE_string("graph", None, "graph bundle .json or a training step .pb/.pbtxt/.meta (or use --model)")
+    common.define_step_flags()
     flags.DEFINE_string("model", None, "zoo model name (exported on demand)")
     flags.DEFINE_integer("batch_size", None, "global batch size (default: the bundle's)", lower_bound=1)
     flags.DEFINE_string("cluster", None, "cluster .json", required=True)
@@ -65,7 +66,9 @@ def main(argv) -> int:
     del argv
     from tfplace.graph_defs.export import bundle_for_entry
     from tfplace.policy import planner
-    result = planner.plan(FLAGS.checkpoint, graph=FLAGS.graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
+    graph = FLAGS.graph and common.resolve_graph(FLAGS.graph, "argument --graph", FLAGS.batch_size, bundle=True,
+                                                 **common.step_options(common.args()))
+    result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
                           cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
                           samples=FLAGS.samples, seed=FLAGS.seed, out=FLAGS.out,
                           resolve_bundle=bundle_for_entry, overheads=FLAGS.overheads)

@@ -33,7 +33,9 @@ def _kinds(text: str) -> List[str]:
 
 def define_flags() -> None:
     """The command's flags (called when it runs; see tfplace.cli.common)."""
-    flags.DEFINE_string("graph", None, "bundle metadata JSON (<stem>.json beside <stem>.pb) or a zoo model name")
+    flags.DEFINE_string("graph", None, "bundle metadata JSON (<stem>.json beside <stem>.pb), a zoo model name, "
+                        "or a training step .pb/.pbtxt/.meta (imported into a cached bundle)")
+    common.define_step_flags()
     flags.DEFINE_string("device", "CPU", "CPU, GPU or GPU:<k>")
     flags.DEFINE_string("kind", "", "device kind that keys the profile (default CPU for CPUs)")
     flags.DEFINE_list("batch-sizes", ["8", "16", "32"], "per-device batch sizes, comma-separated")
@@ -132,7 +134,8 @@ def _run(args) -> int:
     else:
         if not args.graph:
             raise InputError("arguments", "--graph", "is required", "give the bundle JSON, e.g. graph_defs/zoo/tiny_mlp_b16_sgd.json")
-        args.graph = common.resolve_graph(args.graph, "argument --graph")  # a zoo name: its bundle
+        # a zoo name or a bare step (.pb/.pbtxt/.meta): its bundle
+        args.graph = common.resolve_graph(args.graph, "argument --graph", bundle=True, **common.step_options(args))
         batches = [int(b) for b in args.batch_sizes]
         if args.roofline:  # (never with --derive: refused at parse time)
             result = _roofline_only(args, batches)

@@ -4,7 +4,9 @@
         --cluster clusters/two_kind_4gpu.json --profile resnet50.profile.json \
         --strategy strategy.json --trace trace.json
 
-Prints the iteration time, per-device peak memory against capacity, OOM and utilisation; with
+--graph may be your own training step (.pb/.pbtxt GraphDef, .meta MetaGraphDef): its train op, loss,
+loss reduction and inputs are inferred; `--train_op`, `--loss`, `--loss_reduction`, `--inputs` name
+them when the error says inference cannot tell. Prints the iteration time, per-device peak memory against capacity, OOM and utilisation; with
 `--trace PATH` writes the Chrome trace (open in chrome://tracing or https://ui.perfetto.dev).
 Without `--profile` the device model supplies one (`tfplace.profiling.device_model.default_profile`: the
 graph's bundled measured profile, derived to the cluster's kinds, else the pure roofline model);
@@ -33,11 +35,12 @@ from tfplace.formats.errors import InputError
 def define_flags() -> None:
     """The command's flags (called when it runs; see tfplace.cli.common)."""
     flags.DEFINE_string("graph", None, "bundle metadata .json, a zoo model name (exported at the strategy's "
-                        "batch), or a GraphDef with --sinks", required=True)
+                        "batch), or a training step .pb/.pbtxt/.meta (roles inferred)", required=True)
     flags.DEFINE_string("cluster", None, "cluster.json", required=True)
     flags.DEFINE_string("strategy", None, "strategy.json", required=True)
     flags.DEFINE_string("profile", None, "profile.json (default: the roofline device model)")
-    flags.DEFINE_list("sinks", None, "train op name(s), comma-separated, for a bare GraphDef")
+    common.define_step_flags()
+    flags.DEFINE_alias("sinks", "train_op")
     flags.DEFINE_string("trace", None, "write the Chrome trace to this file")
     flags.DEFINE_string("json", None, "write the report as JSON to this file")
     flags.DEFINE_integer("seed", 0, "straggler noise seed", lower_bound=0)
@@ -66,7 +69,6 @@ def _device_model_profile(graph, cluster):
 def execute(args) -> int:
     from tfplace.baselines.problem import with_overheads
     from tfplace.formats.cluster import load_cluster
-    from tfplace.ir.loader import load_op_graph
     from tfplace.ir.grouping import make_grouping
     from tfplace.lowering.lower import lower
     from tfplace.formats.profile import load_profile
@@ -80,8 +82,7 @@ def execute(args) -> int:
         # Checked before loading the graph, so the message comes without a TensorFlow import.
         if importlib.util.find_spec("tfplace.profiling.device_model") is None:
             _device_model_profile(None, cluster)
-    path = common.resolve_graph(args.graph, "argument --graph", strategy.global_batch_size)
-    graph = load_op_graph(path, sinks=args.sinks, batch_size=strategy.global_batch_size)
+    graph = common.load_graph_arg(args.graph, "argument --graph", args, strategy.global_batch_size)
     profile = load_profile(args.profile) if args.profile else _device_model_profile(graph, cluster)
     grouping = make_grouping(graph, strategy.max_groups)
     validate_strategy(strategy, grouping.group_names, cluster.device_names)

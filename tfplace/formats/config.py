@@ -43,7 +43,8 @@ _non_neg = dict(check=lambda v: v >= 0, must="be >= 0")
 # ---- train config ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class GraphEntry:
-    """One training graph: a zoo `model` (exported on demand) or a bundle .json `graph` path.
+    """One training graph: a zoo `model` (exported on demand) or a `graph` path: a bundle .json or a
+    bare training step .pb/.pbtxt/.meta (train op, loss and inputs inferred: tfplace.ir.step_roles).
     Sizes in samples (batch_size: global batch), pixels (image_size), tokens (seq_len)."""
     batch_size: int
     model: Optional[str] = None

@@ -3,11 +3,14 @@
     load_op_graph("graph_defs/zoo/vgg19_b64_s224_sgd.json")       # a bundle (metadata JSON)
     load_op_graph("step.pb", sinks=["train_op"], batch_size=64)   # a bare GraphDef file
     load_op_graph(graph_def, sinks=["train_op"], batch_size=64)   # a GraphDef proto
+    load_op_graph("step.pbtxt") / load_op_graph("step.meta")     # roles inferred (step_roles)
 
 What it does, in order:
   1. reads the source; every bad input (a path that is not a regular file, truncated file,
      missing or unknown sink, no inputs, unknown metadata key, ...) becomes one `InputError`
      naming the file, the field and the fix;
+  1b. a bare step (no bundle, no sinks) gets its train op, loss, inputs with batch axes and init
+     op inferred by tfplace.ir.step_roles (a MetaGraphDef's collections help);
   2. keeps the step: the sinks (and the loss op) and their ancestors over data + control edges,
      in a deterministic topological order; TF1 control flow and loops in the step are rejected
      with `UnsupportedGraphError` (functional `If`/`StatelessIf` are single ops and fine);
@@ -38,12 +41,15 @@ import numpy as np
 
 from tfplace.formats.errors import InputError, UnsupportedGraphError
 from tfplace.formats.files import require_regular_file
-from tfplace.ir import roles as graph_roles, shapes as graph_shapes
+from tfplace.ir import roles as graph_roles, shapes as graph_shapes, step_roles
 from tfplace.ir.graph_ir import OpGraph
 from tfplace.ir.shapes import shape_attr_dims
 from tfplace.formats.jsonio import FieldReader
 
 META_FORMAT = "tfplace.graph"
+# Global batch of an inferred step whose placeholders leave the batch unknown (None) and whose
+# caller gives none: shapes and bytes are then per this many samples (reports print the batch).
+DEFAULT_BATCH_SIZE = 32
 # TF1 (v1 control flow) loop and cond primitives, and functional loops. A loop's trip count and
 # its per-iteration accumulators are invisible to placement; v1 Switch/Merge cannot be split.
 _CONTROL_FLOW_OPS = frozenset({
@@ -55,18 +61,24 @@ GraphSource = Union[str, os.PathLike, "object"]
 
 def load_op_graph(path_or_graph_def: GraphSource, *, sinks: Optional[Sequence[str]] = None,
                   batch_size: Optional[int] = None, loss: Optional[str] = None,
-                  loss_reduction: Optional[str] = None, source: Optional[str] = None) -> OpGraph:
+                  loss_reduction: Optional[str] = None, source: Optional[str] = None,
+                  inputs: Optional[Sequence[str]] = None) -> OpGraph:
     """Builds the OpGraph of one training step.
 
     Args:
       path_or_graph_def: bundle metadata `.json`, `.pb` (binary) / `.pbtxt` (text) GraphDef
-        file, or a `GraphDef` proto.
-      sinks: train op name(s); required without a bundle, else overrides its `sink`. The first
-        one is `OpGraph.sink`; all are kept in the step.
+        file, `.meta` MetaGraphDef file, or a `GraphDef` proto.
+      sinks: train op name(s); overrides a bundle's `sink`. Without a bundle and without sinks,
+        the train op, loss, inputs and init op are inferred (tfplace.ir.step_roles; an
+        ambiguous role is one InputError naming the argument to give). The first sink is
+        `OpGraph.sink`; all are kept in the step.
       batch_size: global batch size the shapes and bytes refer to; default: the bundle's
-        `global_batch_size`, else the placeholders' concrete batch dimension.
-      loss: loss op name (or "op:port"); default: the bundle's `loss`. Without one the graph's
-        `loss_tensor` is -1 and `loss_reduction` must be given.
+        `global_batch_size`, else the placeholders' concrete batch dimension, else
+        DEFAULT_BATCH_SIZE for an inferred step.
+      loss: loss op name (or "op:port"); default: the bundle's `loss`, or the inferred one. With
+        sinks and loss_reduction given and no loss, the graph's `loss_tensor` is -1.
+      inputs: batched input placeholders, "name" or "name:batch_axis" each (a bare step only;
+        default: every placeholder of rank >= 1, batch axis = its one None dimension, else 0).
       loss_reduction: "mean" or "sum"; default: the bundle's, else detected from the op that
         reduces the loss over the batch (Mean -> mean, Sum -> sum, Sum / batch size -> mean).
       source: name for error messages when a proto is passed (default "GraphDef").
@@ -74,6 +86,19 @@ def load_op_graph(path_or_graph_def: GraphSource, *, sinks: Optional[Sequence[st
       InputError (UnsupportedGraphError for control flow / cycles).
     """
     graph_def, meta, src = read_graph_source(path_or_graph_def, source)
+    if loss_reduction is not None and loss_reduction not in ("mean", "sum"):
+        raise InputError(src, "loss_reduction", f"is {loss_reduction!r}", 'use "mean" or "sum"')
+    hints = meta.pop("hints", None)
+    if "sink" not in meta and (sinks is None or inputs is not None or (loss is None and loss_reduction is None)):
+        # a bare step: infer the roles not given
+        for name in ([sinks] if isinstance(sinks, str) else sinks or []):
+            _NodeTable(graph_def, src).lookup(name, "sinks")
+        roles = step_roles.infer_step(graph_def, train_ops=_sink_names(sinks, {"sink": ""}, src) if sinks else None,
+                                      loss=loss, inputs=inputs, loss_reduction=loss_reduction, hints=hints, src=src)
+        graph_def, inferred = step_roles.step_meta(graph_def, roles)
+        meta.update(inferred)
+        if isinstance(path_or_graph_def, (str, os.PathLike)):
+            meta.setdefault("model", os.path.basename(src).rsplit(".", 1)[0])
     sink_names = _sink_names(sinks, meta, src)
     loss_name = loss if loss is not None else meta.get("loss")
     reduction = loss_reduction if loss_reduction is not None else meta.get("loss_reduction")
@@ -87,7 +112,7 @@ def load_op_graph(path_or_graph_def: GraphSource, *, sinks: Optional[Sequence[st
         roots.append(loss_op)
     order = nodes.step_order(roots)
     inputs = _find_inputs(nodes, order, meta, src)
-    batch = _batch_size(nodes, inputs, batch_size, meta, src)
+    batch = _batch_size(nodes, inputs, batch_size, meta if sinks is None else dict(meta, sink=None), src)
     import_b = graph_shapes.import_at(nodes, order, inputs, batch, src)
     import_2b = graph_shapes.import_at(nodes, order, inputs, 2 * batch, src, doubled=True)
     arrays = graph_shapes.build_arrays(nodes, order, inputs, import_b, import_2b, batch)
@@ -139,7 +164,41 @@ def read_graph_source(obj, source):
     path = os.fspath(obj)
     if path.endswith(".json"):
         return _read_bundle(path)
+    if path.endswith(".meta"):
+        return _read_meta_graph(path)
     return _read_graph_def(path, path), {}, path
+
+
+def _read_meta_graph(path):
+    """(graph_def, {"hints": train_op collection and variable initializers}, path) of a MetaGraphDef."""
+    require_regular_file(path, field="")
+    from google.protobuf import message, text_format
+    from tensorflow.core.framework import variable_pb2
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    meta_graph = meta_graph_pb2.MetaGraphDef()
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        meta_graph.ParseFromString(data)
+    except (message.DecodeError, RuntimeError):
+        try:
+            text_format.Parse(data.decode("utf-8"), meta_graph)
+        except (text_format.ParseError, UnicodeDecodeError) as e:
+            raise InputError(path, "", f"not a valid MetaGraphDef ({str(e).splitlines()[0][:120]})",
+                             "write it with tf.compat.v1.train.export_meta_graph") from None
+    if not meta_graph.graph_def.node:
+        raise InputError(path, "graph_def", "the MetaGraphDef has no graph nodes", "export a non-empty training step")
+    collections = meta_graph.collection_def
+    hints = {"train_op": list(collections["train_op"].node_list.value) if "train_op" in collections else []}
+    inits = []
+    for key in ("variables", "local_variables"):
+        for raw in (collections[key].bytes_list.value if key in collections else []):
+            var = variable_pb2.VariableDef()
+            var.ParseFromString(raw)
+            inits.append(var.initializer_name.split(":")[0])
+    hints["initializers"] = inits
+    return meta_graph.graph_def, {"hints": hints}, path
 
 
 def _read_bundle(path):
@@ -338,7 +397,9 @@ def _batch_size(nodes, inputs, batch_size, meta, src) -> int:
     if "global_batch_size" in meta:
         return int(meta["global_batch_size"])
     sizes = {shape_attr_dims(nodes.nodes[i])[axis] for i, axis in inputs}
+    if sizes == {-1} and meta.get("sink"):  # an inferred train op and a None batch
+        return DEFAULT_BATCH_SIZE
     if len(sizes) != 1 or min(sizes) <= 0:
         raise InputError(src, "batch_size", f"cannot tell the batch size from the placeholders (batch dims {sorted(sizes)})",
-                         "pass batch_size=... (the global batch size)")
+                         "pass batch_size=... (the global batch size; --batch-size or the strategy's on the command line)")
     return sizes.pop()

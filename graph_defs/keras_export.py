@@ -1,0 +1,144 @@
+"""Exports your own Keras model's training step as a tfplace bundle, in one call.
+
+    import tensorflow as tf
+    from tfplace.graph_defs import export_keras
+
+    path = export_keras(
+        lambda: tf.keras.applications.DenseNet121(weights=None, input_shape=(32, 32, 3), classes=10,
+                                                  classifier_activation=None),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        optimizer="momentum", batch_size=32, input_shapes=[(32, 32, 3)], out_dir="out", name="densenet121")
+
+The model is one more zoo family: `build()` below wraps it, and the zoo's own path
+(models/_train.build_train_graph: placeholders, mean loss, optimizer, `train_op`, `init`, `loss`;
+then bundle.with_batch_size and bundle.write_bundle) makes the step. So the bundle has exactly the
+zoo's layout and every command reads it like a zoo bundle.
+
+Inputs: `input_0`, `input_1`, ... float32 [N, *shape] (one per entry of `input_shapes`, in the
+model's input order) and `labels` [N, *label_shape] of `label_dtype`; integer labels get
+`max_value` = the model output's last dimension (class ids the runtime feeds at random).
+Loss: `loss(labels, outputs)` per example (a Keras loss object's unreduced `call`, a name such as
+"sparse_categorical_crossentropy", or a function), averaged over any axes after the batch and
+then over the batch (reduction "mean").
+
+Batch-norm moving averages: `model_fn()` builds the model on Keras's own Input, and Keras records
+the moving-average updates of that construction too (`model.updates`); those read Keras's input
+placeholder, so a step that ran them would need a feed for it. Only the updates built by the call
+on our placeholders (those whose inputs reach them) join `train_op`.
+"""
+
+import os
+import time
+
+from tfplace.formats.errors import InputError
+
+from . import bundle
+
+LABELS = "labels"
+
+
+def _descendants(ops):
+    """Names of the ops computed from `ops` (over data and control edges), `ops` included."""
+    seen, stack = {op.name for op in ops}, list(ops)
+    while stack:
+        op = stack.pop()
+        for nxt in [c for t in op.outputs for c in t.consumers()] + list(op._control_outputs):
+            if nxt.name not in seen:
+                seen.add(nxt.name)
+                stack.append(nxt)
+    return seen
+
+
+def own_updates(candidates, placeholders):
+    """The update ops of `candidates` (ops or tensors) computed from `placeholders` and from no
+    other placeholder (Keras's own Input of a functional model)."""
+    ours = [p.op for p in placeholders]
+    others = [op for op in placeholders[0].graph.get_operations()
+              if op.type in ("Placeholder", "PlaceholderV2") and op not in ours]
+    from_ours, from_others = _descendants(ours), _descendants(others)
+    return [u for u in dict.fromkeys(candidates)
+            if getattr(u, "op", u).name in from_ours and getattr(u, "op", u).name not in from_others]
+
+
+def _per_example(loss, labels, outputs):
+    import tensorflow as tf
+
+    if isinstance(loss, str):
+        loss = tf.keras.losses.get(loss)
+    fn = loss.call if isinstance(loss, tf.keras.losses.Loss) else loss  # unreduced: [N, ...]
+    value = tf.convert_to_tensor(fn(labels, outputs))
+    if value.shape.rank is None or value.shape.rank < 1:
+        raise ValueError(f"loss must return one value per example, got shape {value.shape}")
+    return tf.reduce_mean(value, axis=list(range(1, value.shape.rank))) if value.shape.rank > 1 else value
+
+
+def make_build(model_fn, loss, input_shapes, label_shape=(), label_dtype="int32"):
+    """A zoo family `build(cfg, inputs) -> Built` that wraps `model_fn()` (see the module docstring)."""
+    import tensorflow as tf
+
+    from .models._train import Built, keras_updates
+
+    def build(cfg, inputs):
+        del cfg
+        placeholders = [inputs.add(f"input_{i}", tf.float32, [None, *shape]) for i, shape in enumerate(input_shapes)]
+        model = model_fn()
+        outputs = model(placeholders if len(placeholders) > 1 else placeholders[0], training=True)
+        if isinstance(outputs, (list, tuple)):
+            raise ValueError("the model has several outputs; wrap it so that it returns one tensor")
+        max_value = int(outputs.shape[-1]) if tf.as_dtype(label_dtype).is_integer and outputs.shape[-1] else None
+        labels = inputs.add(LABELS, label_dtype, [None, *label_shape], max_value=max_value)
+        per_example = _per_example(loss, labels, outputs)
+        return Built(per_example, own_updates(keras_updates(model), placeholders))
+
+    return build
+
+
+def export_keras(model_fn, loss, optimizer="sgd", *, batch_size, input_shapes, out_dir, name,
+                 learning_rate=0.01, label_shape=(), label_dtype="int32", seed=0):
+    """Builds the training step of the Keras model `model_fn()` and writes its bundle.
+
+    Args:
+      model_fn: () -> tf.keras.Model, called once inside the export graph (build the model there,
+        e.g. `lambda: tf.keras.applications.DenseNet121(weights=None, ...)`).
+      loss: a Keras loss object, a Keras loss name, or `fn(labels, outputs) -> [N, ...]`.
+      optimizer: "sgd", "momentum" (0.9) or "adam" (tf.compat.v1.train optimizers).
+      batch_size: global batch size the bundle is shaped at (> 0; re-shaped on demand later).
+      input_shapes: one shape per model input, without the batch axis, e.g. [(32, 32, 3)].
+      out_dir: folder of the bundle (created); name: its stem prefix and `model`.
+      label_shape, label_dtype: the labels without the batch axis (default: class ids, int32).
+    Returns:
+      The path of `<out_dir>/<name>_b<batch>_<optimizer>.json`.
+    Raises:
+      InputError for bad arguments; ValueError from the build (e.g. a variable without gradient).
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise InputError("export_keras", "batch_size", f"must be a positive integer, got {batch_size!r}", "pass e.g. 32")
+    if optimizer not in bundle.OPTIMIZERS:
+        raise InputError("export_keras", "optimizer", f"is {optimizer!r}", f"use one of {list(bundle.OPTIMIZERS)}")
+    shapes = [tuple(int(d) for d in s) for s in input_shapes]
+    if not shapes or any(not s for s in shapes):
+        raise InputError("export_keras", "input_shapes", f"is {input_shapes!r}",
+                         "give one shape per model input without the batch axis, e.g. [(32, 32, 3)]")
+    if not name or os.sep in name:
+        raise InputError("export_keras", "name", f"is {name!r}", "give a file stem such as 'densenet121'")
+    start = time.time()
+    import tensorflow as tf
+
+    from . import models
+    from .models import _train
+
+    image = shapes[0][0] if len(shapes) == 1 and len(shapes[0]) == 3 and shapes[0][0] == shapes[0][1] else None
+    cfg = models.ModelConfig(name, image, None, None, None, None)
+    build = make_build(model_fn, loss, shapes, tuple(label_shape), label_dtype)
+    graph_def, info = _train.build_train_graph(build, cfg, optimizer, float(learning_rate), seed)
+    graph_def = bundle.with_batch_size(graph_def, info["inputs"], batch_size)
+    meta = {
+        "format": bundle.FORMAT_NAME, "version": bundle.FORMAT_VERSION, "model": name,
+        "global_batch_size": batch_size, "image_size": image, "seq_len": None, "num_layers": None,
+        "optimizer": optimizer, "learning_rate": float(learning_rate), "inputs": info["inputs"],
+        "sink": _train.SINK, "init_op": _train.INIT_OP, "loss": _train.LOSS, "loss_reduction": "mean",
+        "variable_count": info["variable_count"], "param_count": info["param_count"],
+        "param_bytes": info["param_bytes"], "tf_version": tf.__version__, "seed": seed,
+        "trainable_param_count": info["trainable_param_count"], "export_seconds": round(time.time() - start, 2),
+    }
+    return bundle.write_bundle(out_dir, f"{name}_b{batch_size}_{optimizer}", graph_def, meta)

@@ -1,0 +1,122 @@
+"""Turns a user's bare training step (GraphDef .pb/.pbtxt or MetaGraphDef .meta) into a bundle.
+
+    import_step("step.pb")                                  # every role inferred
+    import_step("gan.meta", train_ops=["d_train"], loss="d_loss", batch_size=64)
+
+The roles the graph does not name are inferred by tfplace.ir.step_roles (train op, loss, inputs
+with batch axes, init op); the step is then loaded once by tfplace.ir.loader (which checks it and
+finds the loss reduction and the variables), pruned to the train op, loss and init op, shaped at
+the batch size, and written with `bundle.write_bundle`. Every command that takes a graph reads
+the result like a zoo bundle (the profiler, the runtime and Horovod need its init op and inputs).
+
+Bundles are cached in `cache_dir()` under `<file stem>_<hash>`, the hash covering the file's bytes
+and the options, so a second command on the same file reuses the bundle. Metadata: `model` is the
+file stem; `optimizer` is sgd/momentum/adam when the update ops say so, else "sgd" with `variant`
+naming the update op type (e.g. ResourceApplyRMSProp); `learning_rate` is the constant rate, 0.0
+when the rate is not a constant.
+"""
+
+import hashlib
+import json
+import os
+import time
+
+from tfplace.formats.errors import InputError
+
+from . import bundle
+
+CACHE_ENV = "TFPLACE_CACHE_DIR"
+STEP_SUFFIXES = (".pb", ".pbtxt", ".meta")
+
+
+def cache_dir():
+    """Folder of imported bundles: $TFPLACE_CACHE_DIR, else ~/.cache/tfplace/steps."""
+    return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "tfplace", "steps")
+
+
+def is_step_file(path):
+    """True for a path that names a bare step by its suffix (.pb, .pbtxt, .meta)."""
+    return str(path).endswith(STEP_SUFFIXES)
+
+
+def _stem(path, options):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read())
+    h.update(json.dumps(options, sort_keys=True).encode())
+    base = os.path.basename(path).rsplit(".", 1)[0] or "step"
+    return f"{base}_{h.hexdigest()[:12]}"
+
+
+def import_step(path, *, train_ops=None, loss=None, loss_reduction=None, inputs=None, batch_size=None,
+                out_dir=None):
+    """Bundle .json path of the step in `path`, written into `out_dir` (default cache_dir()) unless
+    a bundle of the same file and options is there. Options as in tfplace.ir.loader.load_op_graph
+    (`train_ops` is its `sinks`; `inputs`: "name" or "name:batch_axis" each). Raises InputError
+    naming `path`, the role and the flag to pass when a role is missing or ambiguous."""
+    from tfplace.formats.files import require_regular_file
+
+    path = os.fspath(path)
+    require_regular_file(path, field="")
+    options = {"train_ops": list(train_ops or []), "loss": loss, "loss_reduction": loss_reduction,
+               "inputs": list(inputs or []), "batch_size": batch_size, "format": bundle.FORMAT_VERSION}
+    out_dir = out_dir or cache_dir()
+    meta_path = bundle.bundle_paths(out_dir, _stem(path, options))[1]
+    if os.path.exists(meta_path):
+        try:
+            bundle.read_meta(meta_path)
+            return meta_path
+        except ValueError:
+            pass  # a damaged cache entry is rewritten
+    return _write(path, options, out_dir, meta_path)
+
+
+def _write(path, options, out_dir, meta_path):
+    start = time.time()
+    import tensorflow as tf
+
+    from tfplace.ir import loader, step_roles
+
+    graph_def, meta, src = loader.read_graph_source(path, None)
+    roles = step_roles.infer_step(graph_def, train_ops=options["train_ops"] or None, loss=options["loss"],
+                                  inputs=options["inputs"] or None, loss_reduction=options["loss_reduction"],
+                                  hints=meta.get("hints"), src=src)
+    if roles.loss is None:
+        raise InputError(src, "loss", "a bundle needs the loss, and none was found",
+                         "name the scalar loss with --loss NAME (Python: loss=)")
+    if roles.init_op is None:
+        raise InputError(src, "init_op", "some variable of the step has no initializer in the graph",
+                         "export the graph after tf.compat.v1.global_variables_initializer(), or as a "
+                         ".meta (tf.compat.v1.train.export_meta_graph)")
+    graph_def, sink = step_roles.add_role_ops(graph_def, roles)
+    specs = [f"{s['name']}:{s['batch_axis']}" for s in roles.inputs]
+    graph = loader.load_op_graph(graph_def, sinks=[sink], loss=roles.loss, loss_reduction=options["loss_reduction"],
+                                 inputs=specs, batch_size=options["batch_size"], source=src)
+    keep = [sink, roles.init_op, roles.loss.split(":")[0]]
+    graph_def = tf.compat.v1.graph_util.extract_sub_graph(graph_def, keep)
+    graph_def = bundle.with_batch_size(graph_def, list(roles.inputs), graph.reference_batch_size)
+    model_vars = [v for v in graph.variables if not v.is_slot]
+    known = roles.optimizer in bundle.OPTIMIZERS
+    meta = {
+        "format": bundle.FORMAT_NAME, "version": bundle.FORMAT_VERSION,
+        "model": os.path.basename(path).rsplit(".", 1)[0] or "step",
+        "global_batch_size": graph.reference_batch_size, "image_size": None, "seq_len": None, "num_layers": None,
+        "optimizer": roles.optimizer if known else "sgd", "learning_rate": roles.learning_rate or 0.0,
+        "inputs": [dict(s) for s in roles.inputs], "sink": sink, "init_op": roles.init_op, "loss": roles.loss,
+        "loss_reduction": graph.loss_reduction, "variable_count": len(model_vars),
+        "param_count": sum(_elements(v.shape) for v in model_vars),
+        "param_bytes": sum(int(v.num_bytes) for v in model_vars), "tf_version": tf.__version__, "seed": 0,
+        "trainable_param_count": sum(_elements(v.shape) for v in model_vars if v.trainable),
+        "export_seconds": round(time.time() - start, 2),
+    }
+    if not known:
+        meta["variant"] = roles.optimizer
+    stem = os.path.basename(meta_path)[:-len(".json")]
+    return bundle.write_bundle(out_dir, stem, graph_def, meta)
+
+
+def _elements(shape):
+    n = 1
+    for d in shape:
+        n *= max(int(d), 1)
+    return n

@@ -1,0 +1,295 @@
+"""Finds the roles of a bare training step: train op, loss, inputs and their batch axes, init op.
+
+A bundle's metadata names these (graph_defs/bundle.py); a bare GraphDef or MetaGraphDef does not,
+so `infer_step` reads them off the graph's structure (no op-name lists):
+
+  * **train op(s)**: ops nothing consumes (no data or control edge out) that run, directly or
+    through control edges, an *update*: an op that writes a variable (tfplace.ir.roles._WRITER:
+    every optimizer's Apply*, assigns, scatters) from a value that depends on an input
+    placeholder. Initializers and restore ops write values that depend on no input, so the
+    `init` and `save/restore_all` ops are never candidates. A MetaGraphDef's `train_op`
+    collection, when present, wins.
+  * **loss**: the scalar the gradients flow from. `tf.gradients` seeds the backward pass with
+    ones (a `Fill` of 1, or `OnesLike`) shaped like the loss: `Fill(Shape(loss), 1)` names the
+    loss directly; when the shape was folded to a constant, the seed's consumers are the loss
+    producer's gradient (TensorFlow names it `<scope>gradients/<loss op>_grad/...`).
+  * **inputs**: the placeholders of rank >= 1 the step reads; the batch axis is the one unknown
+    (None) dimension, else axis 0. The loader confirms batch axes by shape inference at two
+    batch sizes (tfplace.ir.shapes).
+  * **initializers**: per variable of the step, the write that needs no input and is not part
+    of the step (a MetaGraphDef's `variables` collection names them); grouped under an existing
+    NoOp that runs them all (e.g. `init`) or a new `tfplace_init`.
+
+When a role has several candidates, `infer_step` raises one InputError that lists them and names
+the flag to pass (`--train_op`, `--loss`, `--inputs`; Python: `train_ops=`, `loss=`, `inputs=`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from tfplace.formats.errors import InputError
+from tfplace.ir.roles import _WRITER
+from tfplace.ir.shapes import shape_attr_dims
+
+INIT_OP = "tfplace_init"
+TRAIN_OP = "tfplace_train_op"
+_PLACEHOLDERS = ("Placeholder", "PlaceholderV2")
+_VARIABLES = ("VarHandleOp", "VariableV2", "Variable")
+_GRAD_SCOPE = re.compile(r"(?:^|/)gradients(?:_\d+)?/(.+?)_grad/")
+# Update op type -> bundle optimizer name (graph_defs/bundle.OPTIMIZERS); others keep their type.
+_OPTIMIZER_OF = (("GradientDescent", "sgd"), ("Momentum", "momentum"), ("Adam", "adam"))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRoles:
+    """What `infer_step` found. Names are op names ("op:port" for the loss tensor).
+
+    inputs: one dict per batched input {name, dtype, shape (-1 where unknown), batch_axis}.
+    initializers: the ops that initialize the step's variables (empty when some variable has
+      none: the graph then has no init op). optimizer: "sgd", "momentum", "adam", or the update
+      op type (e.g. "ResourceApplyRMSProp"); learning_rate: the constant rate, or None.
+    """
+
+    train_ops: Tuple[str, ...]
+    loss: Optional[str]
+    inputs: Tuple[dict, ...]
+    initializers: Tuple[str, ...]
+    init_op: Optional[str]
+    optimizer: str
+    learning_rate: Optional[float]
+
+
+class _Graph:
+    """Node table with data/control inputs and consumers by name."""
+
+    def __init__(self, graph_def):
+        self.node = {n.name: n for n in graph_def.node}
+        self.data: Dict[str, List[str]] = {}
+        self.control: Dict[str, List[str]] = {}
+        self.consumers: Dict[str, Set[str]] = {name: set() for name in self.node}
+        for n in graph_def.node:
+            self.data[n.name] = [x.split(":")[0] for x in n.input if not x.startswith("^")]
+            self.control[n.name] = [x[1:] for x in n.input if x.startswith("^")]
+            for src in self.data[n.name] + self.control[n.name]:
+                if src in self.consumers:
+                    self.consumers[src].add(n.name)
+
+    def ancestors(self, roots: Sequence[str], control: bool = True) -> Set[str]:
+        seen, stack = set(roots), list(roots)
+        while stack:
+            n = stack.pop()
+            for src in self.data.get(n, []) + (self.control.get(n, []) if control else []):
+                if src in self.node and src not in seen:
+                    seen.add(src)
+                    stack.append(src)
+        return seen
+
+    def descendants(self, roots: Sequence[str], control: bool = True) -> Set[str]:
+        seen, stack = set(roots), list(roots)
+        while stack:
+            n = stack.pop()
+            for dst in self.consumers.get(n, ()):
+                if dst not in seen and (control or n in self.data[dst]):
+                    seen.add(dst)
+                    stack.append(dst)
+        return seen
+
+
+def infer_step(graph_def, *, train_ops: Optional[Sequence[str]] = None, loss: Optional[str] = None,
+               inputs: Optional[Sequence[str]] = None, loss_reduction: Optional[str] = None,
+               hints: Optional[dict] = None, src: str = "GraphDef") -> StepRoles:
+    """Infers the roles `train_ops`, `loss` and `inputs` do not name (see the module docstring).
+
+    Args:
+      inputs: "name" or "name:batch_axis" per batched input placeholder.
+      loss_reduction: when given, a step whose loss cannot be found is accepted (loss None).
+      hints: from a MetaGraphDef: {"train_op": [names], "initializers": [names]}.
+    Raises:
+      InputError naming the flag to pass when a role is missing or ambiguous.
+    """
+    g, hints = _Graph(graph_def), hints or {}
+    fed = [n for n, node in g.node.items() if node.op in _PLACEHOLDERS]
+    batched = g.descendants(fed, control=False)
+    updates = [n for n, node in g.node.items() if _WRITER.match(node.op) and n in batched]
+    sinks = _train_ops(g, train_ops, updates, hints, src)
+    step = g.ancestors(sinks)
+    loss_name = loss if loss is not None else _loss(g, step, src, required=loss_reduction is None)
+    roots = list(sinks) + ([loss_name.split(":")[0]] if loss_name else [])
+    step |= g.ancestors(roots)
+    specs = _inputs(g, step, inputs, src)
+    inits = _initializers(g, step, batched, hints)
+    optimizer, rate = _optimizer(g, [u for u in updates if u in step])
+    return StepRoles(tuple(sinks), loss_name, tuple(specs), tuple(inits), _init_op(g, inits), optimizer, rate)
+
+
+def _listing(names: Sequence[str], limit: int = 6) -> str:
+    names = sorted(names)
+    return ", ".join(repr(n) for n in names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _train_ops(g, given, updates, hints, src) -> List[str]:
+    if given:
+        for name in given:
+            if name not in g.node:
+                raise InputError(src, "train_op", f"no op named {name!r}", "name an existing op with --train_op")
+        return list(given)
+    collected = [n for n in dict.fromkeys(hints.get("train_op", [])) if n in g.node]
+    if collected:  # minimize() adds its op too: keep those no other entry runs
+        return [n for n in collected if not any(n in g.ancestors([m]) for m in collected if m != n)]
+    if not updates:
+        raise InputError(src, "train_op", "no op updates a variable from the inputs (no optimizer apply or assign "
+                         "that depends on a placeholder)", "export the training step (loss + optimizer.minimize), "
+                         "or name the train op with --train_op (Python: train_ops=)")
+    reach = g.descendants(updates)
+    found = sorted(n for n in reach if not g.consumers[n])
+    if len(found) > 1:
+        raise InputError(src, "train_op", f"{len(found)} ops could be the train op ({_listing(found)})",
+                         "name it with --train_op NAME, or several comma-separated to run them together "
+                         "(Python: train_ops=[...])")
+    return found
+
+
+def _const_value(node) -> Optional[float]:
+    if node is None or node.op != "Const":
+        return None
+    from tensorflow.python.framework import tensor_util
+    try:
+        value = tensor_util.MakeNdarray(node.attr["value"].tensor)
+    except (TypeError, ValueError):
+        return None
+    return float(value.reshape(-1)[0]) if value.size >= 1 and (value == value.reshape(-1)[0]).all() else None
+
+
+def _loss(g, step, src, required) -> Optional[str]:
+    found = set()
+    for name in step:
+        node = g.node[name]
+        if node.op == "OnesLike" and "grad" in name.lower():  # a GradientTape / gradients seed
+            found.add(node.input[0])
+        elif node.op == "Fill" and _const_value(g.node.get(g.data[name][1])) == 1.0:
+            shape = g.node.get(g.data[name][0])
+            if shape is not None and shape.op == "Shape":
+                found.add(shape.input[0])
+                continue
+            for consumer in g.consumers[name]:
+                match = _GRAD_SCOPE.search(consumer)
+                if match and match.group(1) in g.node:
+                    found.add(match.group(1))
+    found = {n[:-2] if n.endswith(":0") else n for n in found}
+    if len(found) == 1:
+        return found.pop()
+    if not found and not required:
+        return None
+    problem = (f"{len(found)} tensors seed gradients ({_listing(found)})" if found
+               else "no gradient seed (tf.gradients' Fill of ones) in the step, so the loss is unknown")
+    raise InputError(src, "loss", problem, "name the scalar loss with --loss NAME (Python: loss=)"
+                     + ("" if found else ", or give --loss_reduction mean|sum to go without one"))
+
+
+def _inputs(g, step, given, src) -> List[dict]:
+    import tensorflow as tf
+
+    if given:
+        picked = []
+        for item in given:
+            name, _, axis = item.partition(":")
+            node = g.node.get(name)
+            if node is None or node.op not in _PLACEHOLDERS:
+                raise InputError(src, "inputs", f"{name!r} is not a placeholder of the graph",
+                                 "name input placeholders with --inputs NAME[:BATCH_AXIS],...")
+            if axis and not axis.isdigit():
+                raise InputError(src, "inputs", f"{item!r}: batch axis {axis!r} is not an integer", "write NAME:AXIS")
+            picked.append((name, int(axis) if axis else None))
+    else:
+        picked = [(n, None) for n in sorted(step) if g.node[n].op in _PLACEHOLDERS]
+    specs = []
+    for name, axis in picked:
+        dims = shape_attr_dims(g.node[name])
+        if dims is None:
+            raise InputError(src, f"node[{name}].attr.shape", "placeholder of unknown rank",
+                             "give it a shape with None only at the batch axis, or list the batched inputs "
+                             "with --inputs NAME[:AXIS],... (Python: inputs=)")
+        if not dims and not given:
+            continue  # a scalar (learning rate, keep probability) is not batched
+        unknown = [k for k, d in enumerate(dims) if d < 0]
+        axis = axis if axis is not None else (unknown[0] if len(unknown) == 1 else 0)
+        if axis >= len(dims):
+            raise InputError(src, "inputs", f"batch axis {axis} of {name!r} but its shape is {dims}",
+                             "give an axis of the shape with --inputs NAME:AXIS")
+        dtype = tf.as_dtype(g.node[name].attr["dtype"].type).name
+        specs.append({"name": name, "dtype": dtype, "shape": [-1 if k == axis else d for k, d in enumerate(dims)],
+                      "batch_axis": axis})
+    return specs
+
+
+def _initializers(g, step, batched, hints) -> List[str]:
+    if hints.get("initializers"):
+        return [n for n in hints["initializers"] if n in g.node]
+    restored = g.descendants([n for n, node in g.node.items() if node.op.startswith("Restore")], control=False)
+    inits = []
+    for var in sorted(n for n in step if g.node[n].op in _VARIABLES):
+        writers = sorted(c for c in g.consumers[var] if _WRITER.match(g.node[c].op) and c not in step
+                         and c not in batched and c not in restored and g.data[c][:1] == [var])
+        if not writers:
+            return []
+        inits.append(writers[0])
+    return inits
+
+
+def _init_op(g, inits) -> Optional[str]:
+    """An existing NoOp whose control inputs are exactly the initializers, else INIT_OP (None without any)."""
+    if not inits:
+        return None
+    want = set(inits)
+    for name in sorted(g.node):
+        if g.node[name].op == "NoOp" and not g.data[name] and set(g.control[name]) == want:
+            return name
+    return INIT_OP
+
+
+def _optimizer(g, updates) -> Tuple[str, Optional[float]]:
+    from tensorflow.python.framework import op_def_registry
+
+    applies = sorted({g.node[u].op for u in updates if "Apply" in g.node[u].op})
+    if not applies:
+        return "sgd", None  # hand-written updates (assign_sub of lr * grad)
+    kind = applies[0]
+    name = next((opt for key, opt in _OPTIMIZER_OF if all(key in a for a in applies)), kind)
+    op_def = op_def_registry.get(kind)
+    args = [a.name for a in op_def.input_arg] if op_def else []
+    port = next((args.index(a) for a in ("alpha", "lr") if a in args), None)
+    first = next(u for u in updates if g.node[u].op == kind)
+    rate = _const_value(g.node.get(g.data[first][port])) if port is not None and port < len(g.data[first]) else None
+    return name, (float(f"{rate:.7g}") if rate is not None else None)  # float32 constant -> its decimal
+
+
+def add_role_ops(graph_def, roles: StepRoles):
+    """A copy of graph_def with the NoOps the roles need: INIT_OP over the initializers (when no
+    existing op groups them) and TRAIN_OP over several train ops. Returns (graph_def, sink name)."""
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    names = {n.name for n in out.node}
+    if roles.init_op == INIT_OP and INIT_OP not in names:
+        node = out.node.add(name=INIT_OP, op="NoOp")
+        node.input.extend("^" + n for n in roles.initializers)
+    sink = roles.train_ops[0]
+    if len(roles.train_ops) > 1:
+        sink = TRAIN_OP
+        if TRAIN_OP not in names:
+            node = out.node.add(name=TRAIN_OP, op="NoOp")
+            node.input.extend("^" + n for n in roles.train_ops)
+    return out, sink
+
+
+def step_meta(graph_def, roles: StepRoles, loss_reduction: Optional[str] = None):
+    """(graph_def with add_role_ops, loader metadata {sink, loss, inputs, init_op, ...})."""
+    graph_def, sink = add_role_ops(graph_def, roles)
+    meta = {"sink": sink, "inputs": [dict(s) for s in roles.inputs], "optimizer": roles.optimizer}
+    for key, value in (("loss", roles.loss), ("init_op", roles.init_op), ("loss_reduction", loss_reduction),
+                       ("learning_rate", roles.learning_rate)):
+        if value is not None:
+            meta[key] = value
+    return graph_def, meta
