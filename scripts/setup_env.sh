@@ -53,7 +53,10 @@ if [ ! -f "$venv/.complete" ]; then
   HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo MAKEFLAGS="-j$(nproc)" \
     "$venv/bin/pip" install -q --disable-pip-version-check --no-cache-dir --no-build-isolation \
     horovod==0.28.1 2>&1 | grep -v "is ignored" >&2 || true
-  "$venv/bin/horovodrun" --check-build 2>/dev/null | grep -q "\[X\] Gloo" || {
+  # read the whole report first: `| grep -q` may exit before horovodrun has written it all, and
+  # the SIGPIPE that horovodrun then gets fails the pipe under pipefail
+  build_report=$("$venv/bin/horovodrun" --check-build 2>/dev/null || true)
+  grep -q "\[X\] Gloo" <<<"$build_report" || {
     log "error: Horovod did not build with Gloo; see the pip output above"; exit 1; }
   touch "$venv/.complete"
   log "environment built in $(( $(date +%s) - start )) s"
