@@ -453,6 +453,35 @@ def test_readers_of_a_partial_run_in_its_producers_group():
     assert (ix.role[[at[r] for r in readers]] == ROLE_REPLICA).all()
 
 
+def test_a_batch_norm_gradient_runs_in_its_forward_ops_group():
+    # FusedBatchNormGradV3 reads its forward op's saved batch mean / variance replica by replica:
+    # in a group of another split, replica k would differentiate with another range's statistics
+    # (tests/test_equivalence.py, cnn/bn_grad_apart: 0.07 error, silently). The 4-group grouping
+    # of the tiny BN cnn puts them apart; the lowering runs the gradient with its forward op
+    # (GraphIndex._pin_batch_norm_gradients). Its scale / offset gradients go to the update side,
+    # aggregated with the gradient's (now the forward's) replica weights.
+    g = testing.tiny_graph("cnn", 12, "sgd")
+    gr = _grouping4(g)
+    ix = GraphIndex(g, gr)
+    at = {n: i for i, n in enumerate(g.names)}
+    fwd, grad = at["FusedBatchNormV3"], at["gradients/FusedBatchNormV3_grad/FusedBatchNormGradV3"]
+    assert gr.op_group[grad] != gr.op_group[fwd]
+    assert ix.op_group[grad] == ix.op_group[fwd] and ix.role[grad] == ROLE_REPLICA
+    readers = ["gradients/FusedBatchNormV3_grad/tuple/control_dependency_1",
+               "gradients/FusedBatchNormV3_grad/tuple/control_dependency_2"]
+    assert (ix.role[[at[r] for r in readers]] == ROLE_UPDATE).all()
+    # so a strategy that splits the two groups differently runs both with the forward's replicas
+    cluster = testing.four_device_cluster()
+    devs = list(cluster.device_names)
+    names = gr.group_names
+    strategy = Strategy(12, 4, decision({devs[0]: 12}), {names[gr.op_group[fwd]]: decision({devs[1]: 5, devs[2]: 7}),
+                                                         names[gr.op_group[grad]]: decision({devs[3]: 12})})
+    placed = lower(g, gr, cluster, strategy, testing.uniform_profile(g, cluster.kinds))
+    ranges = [sorted(zip(placed.task_lo[placed.tasks_of_op(op)].tolist(), placed.task_hi[placed.tasks_of_op(op)].tolist(),
+                         placed.task_device[placed.tasks_of_op(op)].tolist())) for op in (fwd, grad)]
+    assert ranges[0] == ranges[1] == [(0, 5, 1), (5, 12, 2)]
+
+
 def _grouping4(g, groups=4):
     from tfplace.ir.grouping import make_grouping
     return make_grouping(g, groups)

@@ -3,7 +3,8 @@ uniform profiles. Everything here is small, deterministic and documented; signat
 
   chain_graph(num_ops, tensor_bytes, batch_size)  pure-numpy OpGraph (no TensorFlow)
   tiny_mlp_graph(batch_size, optimizer)           real TF training step, loaded by the loader
-  tiny_graph(model, batch_size, optimizer)        same for "mlp", "cnn" (batch norm), "attention"
+  tiny_graph(model, batch_size, optimizer)        same for "mlp", "cnn" (batch norm), "attention",
+                                                  "dense_block", "depthwise_se" (batch norm, beyond the zoo)
   tiny_graph_def(model, optimizer)                their GraphDefs (for rewrite/runtime tests)
   dropout_graph(noise, batch_size, optimizer)     the MLP with a random mask (tests of replica seeds)
   two_device_cluster() / four_device_cluster()    V100 + P100 clusters (one / two hosts)
@@ -139,6 +140,14 @@ def tiny_graph_def(model: str = "mlp", optimizer: str = "sgd"):
                    train_op) -> relu -> max pool 2 -> flatten -> Dense 4.
       "attention": tokens float32 [None, 6, 8] -> single-head self-attention (q, k, v Dense 8,
                    softmax(q k^T / sqrt 8) v) -> mean over time -> Dense 4.
+      "dense_block": images [None, 8, 8, 3] -> two densely connected layers (Conv 3x3x4 -> batch
+                   norm -> relu, concatenated with the layer's input: 3 -> 7 -> 11 channels) ->
+                   avg pool 2 -> flatten -> Dense 4 (a DenseNet block in miniature).
+      "depthwise_se": images [None, 8, 8, 3] -> depthwise Conv 3x3 (multiplier 2: 6 channels) ->
+                   batch norm -> relu -> squeeze-excitation (mean over H, W -> Dense 3 relu ->
+                   Dense 6 sigmoid -> multiply) -> flatten -> Dense 4 (a MobileNet/EfficientNet
+                   block in miniature).
+    Batch norms are as in "cnn": `bn{k}/gamma`, `bn{k}/beta`, `bn{k}/moving_mean`, `bn{k}/moving_variance`.
     optimizer: "sgd", "momentum" or "adam".
     """
     import tensorflow as tf
@@ -165,16 +174,52 @@ def tiny_graph_def(model: str = "mlp", optimizer: str = "sgd"):
             updates = [v1.assign_sub(s, 0.1 * (s - m)) for s, m in zip(stats, (mean, var))]
             h = tf.nn.max_pool2d(tf.nn.relu(h), 2, 2, "VALID")
             logits = _dense(tf.reshape(h, [-1, 4 * 4 * 8]), 4, "logits")
+        elif model == "dense_block":
+            h = x = v1.placeholder(tf.float32, [None, 8, 8, 3], name="images")
+            for k in range(2):
+                with v1.variable_scope(f"conv{k}"):
+                    kernel = v1.get_variable("kernel", [3, 3, int(h.shape[-1]), 4], use_resource=True)
+                y = tf.nn.relu(_batch_norm(tf.nn.conv2d(h, kernel, strides=1, padding="SAME"), f"bn{k}", updates))
+                h = tf.concat([h, y], axis=-1)
+            h = tf.nn.avg_pool2d(h, 2, 2, "VALID")
+            logits = _dense(tf.reshape(h, [-1, 4 * 4 * 11]), 4, "logits")
+        elif model == "depthwise_se":
+            x = v1.placeholder(tf.float32, [None, 8, 8, 3], name="images")
+            with v1.variable_scope("depthwise"):
+                kernel = v1.get_variable("kernel", [3, 3, 3, 2], use_resource=True)
+            h = tf.nn.depthwise_conv2d(x, kernel, strides=[1, 1, 1, 1], padding="SAME")
+            h = tf.nn.relu(_batch_norm(h, "bn0", updates))
+            squeeze = tf.reduce_mean(h, axis=[1, 2])
+            excite = tf.sigmoid(_dense(tf.nn.relu(_dense(squeeze, 3, "se_reduce")), 6, "se_expand"))
+            h = h * tf.reshape(excite, [-1, 1, 1, 6])
+            logits = _dense(tf.reshape(h, [-1, 8 * 8 * 6]), 4, "logits")
         elif model == "attention":
             x = v1.placeholder(tf.float32, [None, 6, 8], name="tokens")
             q, k, v = (_dense(x, 8, n) for n in ("query", "key", "value"))
             weights = tf.nn.softmax(tf.matmul(q, k, transpose_b=True) / 8 ** 0.5)
             logits = _dense(tf.reduce_mean(tf.matmul(weights, v), axis=1), 4, "logits")
         else:
-            raise ValueError(f"model must be mlp, cnn or attention, got {model!r}")
+            raise ValueError(f"model must be mlp, cnn, attention, dense_block or depthwise_se, got {model!r}")
         per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
         _train_step(tf.identity(tf.reduce_mean(per_example), name="loss"), optimizer, updates)
     return graph.as_graph_def()
+
+
+def _batch_norm(h, scope, updates):
+    """Training-mode fused batch norm over the last axis of `h` (NHWC), as in "cnn": appends its
+    moving-average updates (momentum 0.9, AssignSubVariableOp) to `updates`."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    c = int(h.shape[-1])
+    with v1.variable_scope(scope):
+        gamma = v1.get_variable("gamma", [c], initializer=v1.ones_initializer(), use_resource=True)
+        beta = v1.get_variable("beta", [c], initializer=v1.zeros_initializer(), use_resource=True)
+        stats = [v1.get_variable(n, [c], initializer=init, trainable=False, use_resource=True)
+                 for n, init in (("moving_mean", v1.zeros_initializer()),
+                                 ("moving_variance", v1.ones_initializer()))]
+    h, mean, var = v1.nn.fused_batch_norm(h, gamma, beta, is_training=True)
+    updates.extend(v1.assign_sub(s, 0.1 * (s - m)) for s, m in zip(stats, (mean, var)))
+    return h
 
 
 def tiny_mlp_graph_def(optimizer: str = "sgd"):

@@ -20,7 +20,9 @@ Variables are pinned: a weight's readers and updaters take the weight's group, a
 optimizer slot (handle and readers) takes its updater's group, whatever the grouping says.
 So are readers of partials: a REPLICA op without batched inputs or outputs that reads a
 (non-metadata) partial takes its producer's group, so it reads it replica-locally in the same
-layout (GraphIndex._pin_partial_readers).
+layout (GraphIndex._pin_partial_readers). And a batch norm's gradient (FusedBatchNormGrad*)
+takes its forward op's group, whose saved batch statistics it reads replica by replica
+(GraphIndex._pin_batch_norm_gradients).
 
 Tensor classes (tensor_cls[T] int8):
   BATCHED  has a batch axis: replicas hold slices; consumers get re-split slices.
@@ -61,6 +63,9 @@ _CONST_OP_TYPES = frozenset({"Const", "HostConst"})
 PM_NONE, PM_LOCAL, PM_AGG = 0, 1, 2
 # Outputs that alias the resident variable (counted once as static memory, not as a buffer).
 _ALIAS_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable", "ReadVariableOp", "_VarHandlesOp"})
+# Batch norm forward ops (training mode: they save their batch statistics) and their gradients.
+_BN_FORWARD_OP_TYPES = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
+_BN_GRAD_OP_TYPES = frozenset({"FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3"})
 
 
 def run_order_rank(graph: OpGraph, run_order: Sequence[str] = ()) -> np.ndarray:
@@ -153,7 +158,7 @@ class GraphIndex:
                              f"{graph.num_ops} ops", "build the grouping from the same OpGraph")
         self.group_names = tuple(grouping.group_names)
         self.num_groups = len(self.group_names)
-        self.op_group = self._pin_variables(graph, op_group.copy())
+        self.op_group = self._pin_batch_norm_gradients(graph, self._pin_variables(graph, op_group.copy()))
         self._roles(graph)
         self._tensors(graph)
         self._signatures(graph)
@@ -192,6 +197,27 @@ class GraphIndex:
                 home = op_group[v.updaters[0]] if v.updaters else op_group[v.op]
                 op_group[[v.op, *v.readers]] = home
         return op_group
+
+    @staticmethod
+    def _pin_batch_norm_gradients(graph: OpGraph, op_group: np.ndarray) -> np.ndarray:
+        """op_group with each FusedBatchNormGrad* moved into the group of the FusedBatchNorm* whose
+        saved batch mean / variance (reserve spaces) it reads.
+
+        Those are partials read replica-locally (PM_LOCAL): gradient replica k takes forward
+        replica k's statistics. In a group of another split it would take those of another sample
+        range (the first overlapping replica), so the gradient is the derivative of no step at all
+        (tests/test_equivalence.py, cnn/bn_grad_apart: 0.07 relative error in bn/beta, silently).
+        Unlike _pin_partial_readers' readers this op has batched inputs (dy, x): those are re-split
+        into the forward's layout like any batched edge, exactly. Its scale / offset gradients are
+        aggregated with its replicas' weights, now the forward's; REPLICA readers of them, if any,
+        follow it (_pin_partial_readers runs after this).
+        """
+        out = op_group
+        prod = graph.tensor_op[graph.edge_tensor].tolist()
+        for p, c in zip(prod, graph.edge_dst.tolist()):
+            if graph.op_types[c] in _BN_GRAD_OP_TYPES and graph.op_types[p] in _BN_FORWARD_OP_TYPES:
+                out[c] = out[p]
+        return out
 
     def _roles(self, graph: OpGraph) -> None:
         n = graph.num_ops
@@ -252,7 +278,7 @@ class GraphIndex:
         follows its producer's split, as variable readers follow their variable. Pinned in
         topological order, so a chain of readers follows its head. Left as is: readers with
         batched inputs (a batch statistic normalising activations, an approximation per replica
-        anyway) and metadata (recomputed in each consumer's group, tfplace.lowering.meta).
+        anyway; batch-norm gradients are pinned by _pin_batch_norm_gradients) and metadata (recomputed in each consumer's group, tfplace.lowering.meta).
         A reader of partials from two groups keeps the first producer's group (no such graph yet).
         """
         from tfplace.lowering.meta import metadata_ops, topological_order

@@ -28,8 +28,9 @@ Rules:
     (ReplicateConstantsPass), so a CPU consumer reads it without a transfer.
   * partial, replica-local: a consumer replica reads the overlapping producer replica on its
     device, else the first overlapping one. Exact only in the producer's layout; readers without
-    a batch axis are pinned there (tfplace.lowering.graph_index), the rest (a batch statistic
-    read by batched ops of another split) get this per-replica approximation.
+    a batch axis and batch-norm gradients are pinned there (tfplace.lowering.graph_index), the
+    rest (a batch statistic read by batched ops of another split) get this per-replica
+    approximation.
   * partial, aggregated: micro-batches on one device are summed there first (SUM); all-reduce
     runs one ring COLLECTIVE over the producing devices (update devices outside them receive the
     result from a participant); PS sends every device's partial to the PS, which SUMs them.
