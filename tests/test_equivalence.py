@@ -333,6 +333,37 @@ def test_zoo_tiny_transformer_uneven_groups_equals_single_device(local_cluster, 
 RESNET_BATCH, RESNET_STEPS, RESNET_TOL = 8, int(os.environ.get("TFPLACE_RESNET_STEPS", "1")), 1e-4
 
 
+def run_against_per_replica_reference(lc, graph, step, ranges, feeds, timeout_s):
+    """Runs the rewritten `step` on `feeds` and the original once per replica range
+    (runtime.per_replica_reference_run) from the same initial values; returns (losses, variables
+    after each step, reference losses, reference variables after each step)."""
+    from tfplace.runtime.step_runner import per_replica_reference_run
+    with StepRunner(lc, step, timeout_s=timeout_s) as runner:
+        runner.initialize()
+        init = {k: v[0] for k, v in runner.variables().items()}
+        losses, states = [], []
+        for feed in feeds:
+            losses.append(runner.step(feed))
+            states.append(runner.variables())
+    return (losses, states) + tuple(per_replica_reference_run(graph, feeds, ranges, init))
+
+
+def worst_error(losses, states, ref_losses, ref_states, excluded=()):
+    """(worst relative error over the losses and every variable not in `excluded`, its name,
+    variable name -> its worst error (excluded ones too)); asserts that every variable's mirrors agree."""
+    worst, worst_name = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)), "loss"
+    errs = {}
+    for got, ref in zip(states, ref_states):
+        for name, value in ref.items():
+            for m in got[name]:
+                assert rel_err(m, got[name][0]) <= TOL, f"mirrors of {name} disagree"
+                e = rel_err(m, value)
+                errs[name] = max(errs.get(name, 0.0), e)
+                if name not in excluded and e > worst:
+                    worst, worst_name = e, name
+    return worst, worst_name, errs
+
+
 def _bias_before_batch_norm(graph):
     """Variables read by a BiasAdd whose output feeds a FusedBatchNorm: training-mode batch norm
     subtracts the batch mean, so BN(x + b) = BN(x) and b's true gradient is exactly 0; what
@@ -357,7 +388,6 @@ def _bias_before_batch_norm(graph):
 @pytest.mark.parametrize("kind", ["dp_even", "dp_proportional"])
 def test_resnet50_data_parallel_equals_per_replica_reference(local_cluster, kind):
     import sys
-    from tfplace.runtime.step_runner import per_replica_reference_run
     from tfplace.formats.strategy import proportional_strategy
     sys.path.insert(0, ROOT)
     from tfplace.graph_defs.export import ensure_bundle
@@ -371,33 +401,15 @@ def test_resnet50_data_parallel_equals_per_replica_reference(local_cluster, kind
     first = placed.tasks_of_op(graph.inputs[0])
     ranges = sorted(zip(placed.task_lo[first].tolist(), placed.task_hi[first].tolist()))
     feeds = [random_feed(step.inputs, RESNET_BATCH, 100 + i) for i in range(RESNET_STEPS)]
-    with StepRunner(local_cluster, step, timeout_s=300) as runner:
-        runner.initialize()
-        init = {k: v[0] for k, v in runner.variables().items()}
-        losses, states = [], []
-        for feed in feeds:
-            losses.append(runner.step(feed))
-            states.append(runner.variables())
-    ref_losses, ref_states = per_replica_reference_run(graph, feeds, ranges, init)
-    worst, worst_name = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)), "loss"
+    runs = run_against_per_replica_reference(local_cluster, graph, step, ranges, feeds, timeout_s=300)
     excluded = _bias_before_batch_norm(graph)
     assert excluded, "expected conv biases feeding batch norm in ResNet-50"
-    errs = {}
-    for got, ref in zip(states, ref_states):
-        for name, value in ref.items():
-            for m in got[name]:
-                assert rel_err(m, got[name][0]) <= TOL, f"mirrors of {name} disagree"
-                e = rel_err(m, value)
-                errs[name] = max(errs.get(name, 0.0), e)
-                if name in excluded:
-                    continue
-                if e > worst:
-                    worst, worst_name = e, name
+    worst, worst_name, errs = worst_error(*runs, excluded=excluded)
     if os.environ.get("TFPLACE_EQUIV_VERBOSE"):
         for name, e in sorted(errs.items(), key=lambda kv: -kv[1])[:15]:
             print(f"  {name}: {e:.3g}{' (excluded)' if name in excluded else ''}")
     print(f"equivalence: resnet50/{kind} ranges {ranges}: worst relative error {worst:.3g} ({worst_name}), "
-          f"{len(ref_states[-1]) - len(excluded)} variables incl. BN moving statistics compared, "
+          f"{len(errs) - len(excluded)} variables incl. BN moving statistics compared, "
           f"{len(excluded)} conv biases before batch norm excluded")
     assert worst <= RESNET_TOL, f"{worst_name}: relative error {worst:.3g}"
 
@@ -466,27 +478,13 @@ def batch_norm_ranges(graph, placed):
 def check_per_replica(lc, graph, strategy, cluster, grouping, steps, seed=0):
     """(worst relative error of loss and variables over `steps` steps, its name, the BN ranges)
     against runtime.per_replica_reference_run; asserts that mirrors agree."""
-    from tfplace.runtime.step_runner import per_replica_reference_run
     step = rewrite_step(graph, strategy, cluster, grouping=grouping)
     ranges = batch_norm_ranges(graph, step.placed)
     feeds = [random_feed(step.inputs, BN_BATCH, seed + i) for i in range(steps)]
-    with StepRunner(lc, step, timeout_s=120) as runner:
-        runner.initialize()
-        init = {k: v[0] for k, v in runner.variables().items()}
-        losses, states = [], []
-        for feed in feeds:
-            losses.append(runner.step(feed))
-            states.append(runner.variables())
-    ref_losses, ref_states = per_replica_reference_run(graph, feeds, ranges, init)
-    worst, worst_name = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)), "loss"
+    losses, states, ref_losses, ref_states = run_against_per_replica_reference(lc, graph, step, ranges, feeds, 120)
     for got, ref in zip(states, ref_states):
         assert set(got) == set(ref)
-        for name, value in ref.items():
-            for m in got[name]:
-                assert rel_err(m, got[name][0]) <= TOL, f"mirrors of {name} disagree"
-                e = rel_err(m, value)
-                if e > worst:
-                    worst, worst_name = e, name
+    worst, worst_name, _ = worst_error(losses, states, ref_losses, ref_states)
     return worst, worst_name, ranges
 
 

@@ -13,33 +13,18 @@ import os
 import numpy as np
 import pytest
 
+from tfplace.testing import mlp_training_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STRATEGY = os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json")
 CLUSTER = os.path.join(ROOT, "clusters", "local_cpu.json")
 STEPS, BATCH = 3, 16
 
 
-def _build():
-    """The script's graph: a 2-layer MLP, Momentum, seeded; returns (x, y, loss, train_op, init)."""
-    import tensorflow as tf
-    v1 = tf.compat.v1
-    v1.set_random_seed(0)
-    x = v1.placeholder(tf.float32, [None, 16], name="features")
-    y = v1.placeholder(tf.int32, [None], name="labels")
-    # seeded initializers: the plugin's and the hook's runs build the graph separately
-    h = v1.layers.dense(x, 32, activation=tf.nn.relu, name="dense_0",
-                        kernel_initializer=v1.glorot_uniform_initializer(seed=1))
-    logits = v1.layers.dense(h, 4, name="dense_1", kernel_initializer=v1.glorot_uniform_initializer(seed=2))
-    loss = tf.identity(tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)),
-                       name="loss")
-    train_op = tf.group(v1.train.MomentumOptimizer(0.1, 0.9).minimize(loss), name="train_op")
-    return x, y, loss, train_op, v1.global_variables_initializer()
-
-
 def _graph_def():
     import tensorflow as tf
     with tf.Graph().as_default() as g:
-        _build()
+        mlp_training_script()
     return g.as_graph_def()
 
 
@@ -129,7 +114,7 @@ def test_a_failed_rewrite_fails_the_run(plugin):
     import tensorflow as tf
     from tfplace.rewrite.grappler import session_config
     with tf.Graph().as_default() as g:
-        x, y, loss, train_op, init = _build()
+        x, y, loss, train_op, init, _ = mlp_training_script()
         config = session_config(STRATEGY, CLUSTER, train_op="no_such_op", loss=loss)
         with tf.compat.v1.Session(graph=g, config=config) as sess:
             with pytest.raises(tf.errors.InvalidArgumentError, match="no_such_op"):
@@ -151,7 +136,7 @@ def _plugin_run(lc, feeds):
     import tensorflow as tf
     from tfplace.rewrite.grappler import session_config
     with tf.Graph().as_default() as g:
-        x, y, loss, train_op, init = _build()
+        x, y, loss, train_op, init, _ = mlp_training_script()
         variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
         config = session_config(STRATEGY, CLUSTER, lc.session_config(), train_op=train_op, loss=loss)
         with lc.session(graph=g, config=config) as sess:
@@ -169,7 +154,7 @@ def _hook_run(lc, feeds):
     import tensorflow as tf
     from tfplace.rewrite.hook import PlacementHook
     with tf.Graph().as_default():
-        x, y, loss, train_op, _ = _build()
+        x, y, loss, train_op, _, _ = mlp_training_script()
         hook = PlacementHook(STRATEGY, CLUSTER, train_op, loss)
         with tf.compat.v1.train.MonitoredTrainingSession(master=lc.target, hooks=[hook],
                                                          config=hook.session_config(lc.session_config())) as sess:

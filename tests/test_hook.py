@@ -12,22 +12,10 @@ import os
 import numpy as np
 import pytest
 
+from tfplace.testing import mlp_training_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, BATCH = 3, 16
-
-
-def _build():
-    import tensorflow as tf
-    v1 = tf.compat.v1
-    v1.set_random_seed(0)
-    x = v1.placeholder(tf.float32, [None, 16], name="features")
-    y = v1.placeholder(tf.int32, [None], name="labels")
-    h = v1.layers.dense(x, 32, activation=tf.nn.relu, name="dense_0")
-    logits = v1.layers.dense(h, 4, name="dense_1")
-    loss = tf.identity(tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)),
-                       name="loss")
-    train_op = tf.group(v1.train.MomentumOptimizer(0.1, 0.9).minimize(loss), name="train_op")
-    return x, y, loss, train_op
 
 
 def _feeds():
@@ -57,7 +45,7 @@ def test_hooked_steps_equal_the_rewritten_graph(local_cluster, tmp_path):
     feeds = _feeds()
     hooked_losses = []
     with tf.Graph().as_default():
-        x, y, loss, train_op = _build()
+        x, y, loss, train_op, _, _ = mlp_training_script()
         hook = PlacementHook(strategy, cluster, train_op, loss)
         with tf.compat.v1.train.MonitoredTrainingSession(master=local_cluster.target,
                                                          config=hook.session_config(local_cluster.session_config()),

@@ -12,16 +12,11 @@ import os
 import numpy as np
 import pytest
 
+from tfplace.testing import mlp_training_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLUSTER = os.path.join(ROOT, "clusters", "local_cpu.json")
 N, BATCH, RTOL = 3, 16, 1e-5
-
-
-def _optimizer(name):
-    import tensorflow as tf
-    v1 = tf.compat.v1.train
-    return {"sgd": lambda: v1.GradientDescentOptimizer(0.1), "momentum": lambda: v1.MomentumOptimizer(0.1, 0.9),
-            "adam": lambda: v1.AdamOptimizer(0.01)}[name]()
 
 
 def _strategy_path(name, tmp_dir):
@@ -32,24 +27,6 @@ def _strategy_path(name, tmp_dir):
     path = os.path.join(tmp_dir, "data_parallel.json")
     save_strategy(even_strategy(list(load_cluster(CLUSTER).device_names), BATCH, 64), path)
     return path
-
-
-def _build(optimizer):
-    """The user's script: a tiny MLP with a global step."""
-    import tensorflow as tf
-    v1 = tf.compat.v1
-    x = v1.placeholder(tf.float32, [None, 16], name="features")
-    y = v1.placeholder(tf.int32, [None], name="labels")
-    # seeded initializers: with seed=None, Keras draws an initializer's seed from Python's
-    # `random` each time the graph is built, and every run must start from the same values
-    h = v1.layers.dense(x, 8, activation=tf.nn.relu, name="dense_0",
-                        kernel_initializer=v1.glorot_uniform_initializer(seed=1))
-    logits = v1.layers.dense(h, 4, name="dense_1", kernel_initializer=v1.glorot_uniform_initializer(seed=2))
-    loss = tf.identity(tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)),
-                       name="loss")
-    step = v1.train.get_or_create_global_step()
-    train_op = tf.group(_optimizer(optimizer).minimize(loss, global_step=step), name="train_op")
-    return x, y, loss, train_op, step
 
 
 def _batches():
@@ -66,7 +43,7 @@ def _train(lc, strategy_path, optimizer, batches, checkpoint_dir):
     from tfplace.rewrite.hook import SCOPE, PlacementHook
     losses = []
     with tf.Graph().as_default() as g:
-        x, y, loss, train_op, step = _build(optimizer)
+        x, y, loss, train_op, _, step = mlp_training_script(8, optimizer, global_step=True)
         hook = PlacementHook(strategy_path, CLUSTER, train_op, loss)
         with tf.compat.v1.train.MonitoredTrainingSession(
                 master=lc.target, config=hook.session_config(lc.session_config()), hooks=[hook],
@@ -85,7 +62,7 @@ def _plain_restore(optimizer, checkpoint):
     """The single-device script restoring a checkpoint with its own Saver."""
     import tensorflow as tf
     with tf.Graph().as_default():
-        _build(optimizer)
+        mlp_training_script(8, optimizer, global_step=True)
         saver = tf.compat.v1.train.Saver()
         with tf.compat.v1.Session() as sess:
             saver.restore(sess, checkpoint)

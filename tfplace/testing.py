@@ -106,18 +106,45 @@ def chain_graph(num_ops: int = 4, tensor_bytes: int = 4096, batch_size: int = 8)
 _OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
-def _train_step(loss, optimizer, extra_updates=()):
-    """Adds `train_op` (optimizer update grouped with `extra_updates`) and `init`."""
+def _optimizer(name: str):
+    """A tf.compat.v1 optimizer: sgd (lr 0.1), momentum (0.1, 0.9) or adam (1e-3)."""
     import tensorflow as tf
     v1 = tf.compat.v1
     make = {"sgd": lambda: v1.train.GradientDescentOptimizer(0.1),
             "momentum": lambda: v1.train.MomentumOptimizer(0.1, momentum=0.9),
             "adam": lambda: v1.train.AdamOptimizer(1e-3)}
-    if optimizer not in make:
-        raise ValueError(f"optimizer must be one of {list(_OPTIMIZERS)}, got {optimizer!r}")
-    update = make[optimizer]().minimize(loss)
+    if name not in make:
+        raise ValueError(f"optimizer must be one of {list(_OPTIMIZERS)}, got {name!r}")
+    return make[name]()
+
+
+def _train_step(loss, optimizer, extra_updates=()):
+    """Adds `train_op` (optimizer update grouped with `extra_updates`) and `init`."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    update = _optimizer(optimizer).minimize(loss)
     tf.group(update, *extra_updates, name="train_op")
     v1.variables_initializer(v1.global_variables(), name="init")
+
+
+def mlp_training_script(hidden: int = 32, optimizer: str = "momentum", global_step: bool = False):
+    """What a user's tf.compat.v1 training script builds (for the hook and Grappler tests), in the
+    default graph: placeholders `features` [None, 16] and `labels` [None], Dense(hidden, relu) ->
+    Dense(4) (`dense_0`, `dense_1`), a mean cross-entropy `loss`, `train_op` (increments the global
+    step when `global_step`). Initializers are seeded: every build starts from the same values (with
+    seed None, each build draws a new seed). Returns (x, y, loss, train_op, init, global step or None)."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    x = v1.placeholder(tf.float32, [None, 16], name="features")
+    y = v1.placeholder(tf.int32, [None], name="labels")
+    h = v1.layers.dense(x, hidden, activation=tf.nn.relu, name="dense_0",
+                        kernel_initializer=v1.glorot_uniform_initializer(seed=1))
+    logits = v1.layers.dense(h, 4, name="dense_1", kernel_initializer=v1.glorot_uniform_initializer(seed=2))
+    loss = tf.identity(tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)),
+                       name="loss")
+    step = v1.train.get_or_create_global_step() if global_step else None
+    train_op = tf.group(_optimizer(optimizer).minimize(loss, global_step=step), name="train_op")
+    return x, y, loss, train_op, v1.global_variables_initializer(), step
 
 
 def _dense(x, width, name):
