@@ -29,6 +29,9 @@ def __getattr__(name):
     if name == "export_keras":
         from .keras_export import export_keras
         return export_keras
+    if name == "export_train_step":
+        from .keras_export import export_train_step
+        return export_train_step
     if name == "import_step":
         from .user_step import import_step
         return import_step
@@ -36,4 +39,4 @@ def __getattr__(name):
 
 
 __all__ = ["read_bundle", "read_meta", "with_batch_size", "write_bundle", "MODELS", "get_spec",
-           "model_names", "export_keras", "import_step", *_EXPORT_NAMES]
+           "model_names", "export_keras", "export_train_step", "import_step", *_EXPORT_NAMES]

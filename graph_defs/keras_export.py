@@ -25,6 +25,10 @@ Batch-norm moving averages: `model_fn()` builds the model on Keras's own Input, 
 the moving-average updates of that construction too (`model.updates`); those read Keras's input
 placeholder, so a step that ran them would need a feed for it. Only the updates built by the call
 on our placeholders (those whose inputs reach them) join `train_op`.
+
+`export_train_step(make_step, *, input_specs, batch_size, out_dir, name)` does the same for a TF2
+training step (a `tf.function` with GradientTape and `apply_gradients`): see its docstring and
+docs/your_own_model.md section 3. It writes through user_step.write_step (roles as for a bare step).
 """
 
 import os
@@ -142,3 +146,119 @@ def export_keras(model_fn, loss, optimizer="sgd", *, batch_size, input_shapes, o
         "trainable_param_count": info["trainable_param_count"], "export_seconds": round(time.time() - start, 2),
     }
     return bundle.write_bundle(out_dir, f"{name}_b{batch_size}_{optimizer}", graph_def, meta)
+
+
+# ---- a TF2-style tf.function training step ---------------------------------------------------
+_CALLS = ("PartitionedCall", "StatefulPartitionedCall")
+
+
+def _input_specs(input_specs):
+    """[(name, shape, dtype, max_value or None)] from `input_specs`' (shape, dtype[, max_value])."""
+    import tensorflow as tf
+
+    specs = []
+    for i, spec in enumerate(input_specs or ()):
+        try:
+            shape, dtype, *rest = spec
+            specs.append((f"input_{i}", tuple(int(d) for d in shape), tf.as_dtype(dtype).name,
+                          int(rest[0]) if rest else None))
+            if len(rest) > 1:
+                raise ValueError(spec)
+        except (TypeError, ValueError):
+            raise InputError("export_train_step", f"input_specs[{i}]", f"is {spec!r}",
+                             "give (shape without the batch axis, dtype[, max_value]) per argument of the step, "
+                             "e.g. ((32,), 'float32') and ((), 'int32', 10) for 10 class ids") from None
+    if not specs:
+        raise InputError("export_train_step", "input_specs", f"is {input_specs!r}",
+                         "give one (shape, dtype) per argument of the step, e.g. [((32,), 'float32'), ((), 'int32')]")
+    return specs
+
+
+def _scalar_loss(value):
+    import tensorflow as tf
+
+    if not isinstance(value, tf.Tensor) or value.shape.rank != 0 or not value.dtype.is_floating:
+        got = (f"a {value.dtype.name} tensor of shape {value.shape}" if isinstance(value, tf.Tensor)
+               else f"a {type(value).__name__}")
+        raise InputError("export_train_step", "step", f"returns {got}, not the scalar loss",
+                         "return only the scalar float loss from the step, e.g. `return tf.reduce_mean(losses)` "
+                         "(a per-example loss reduced over the batch; no tuples, dicts or metrics)")
+    return value
+
+
+def _build_step(step_fn, placeholders):
+    """(loss, ops the step must run) of one inline call of the step on `placeholders`, with the
+    automatic control dependencies tf.function itself adds (stateful ops run, in program order)."""
+    import tensorflow as tf
+    from tensorflow.python.framework import auto_control_deps  # private: TF 2.15 has no public form of it
+
+    from tfplace.ir.roles import VARIABLE_WRITER
+
+    fn = getattr(step_fn, "python_function", step_fn)
+    # Keras builds layers and optimizer slots on the first call; those initializers must not join
+    # the step (ordered before its reads they would re-initialize every step), so a first call
+    # creates the variables and the second, whose ops alone are kept, is the step.
+    fn(*placeholders)
+    graph = tf.compat.v1.get_default_graph()
+    first = len(graph.get_operations())
+    with auto_control_deps.AutomaticControlDependencies() as acd:
+        loss = _scalar_loss(fn(*placeholders))
+    new = graph.get_operations()[first:]
+    calls = sorted(op.name for op in new if op.type in _CALLS)
+    if calls:
+        raise InputError("export_train_step", "step", f"calls another tf.function ({calls[0]}), which tfplace "
+                         "cannot place", "call plain Python functions inside the step (drop their @tf.function)")
+    if not any(VARIABLE_WRITER.match(op.type) for op in acd.ops_which_must_run):
+        raise InputError("export_train_step", "step", "updates no variable",
+                         "apply the gradients in the step (optimizer.apply_gradients(zip(grads, variables)))")
+    return loss, sorted(acd.ops_which_must_run, key=lambda op: op.name)
+
+
+def export_train_step(make_step, *, input_specs, batch_size, out_dir, name, seed=0):
+    """Builds the TF2-style training step `make_step()` returns and writes its bundle.
+
+    Args:
+      make_step: () -> step, where `step(*inputs)` (a `tf.function` or a plain function) runs one
+        training step and returns the scalar loss. It is called once inside the export graph, so
+        build the model and the optimizer in it. Keras optimizers, legacy
+        (`tf.keras.optimizers.legacy.*`) and new (`tf.keras.optimizers.*`), and tf.compat.v1.train
+        ones all work: the step gets tf.function's automatic control dependencies.
+      input_specs: one `(shape, dtype)` or `(shape, dtype, max_value)` per argument of the step,
+        shapes without the batch axis; `max_value` bounds the integer values (class ids) the
+        runtime feeds. The placeholders are `input_0`, `input_1`, ... [None, *shape].
+      batch_size: global batch size the bundle is shaped at (> 0); out_dir: folder of the bundle
+        (created); name: its stem prefix and `model`.
+    Returns:
+      The path of `<out_dir>/<name>_b<batch>.json`, read like any bundle; train op `train_op`
+      (every stateful op of the step), loss `loss`, init op `init`, reduction inferred.
+    Raises:
+      InputError for bad arguments or a step that returns something other than a scalar loss,
+      updates no variable or calls a nested tf.function.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise InputError("export_train_step", "batch_size", f"must be a positive integer, got {batch_size!r}",
+                         "pass e.g. 32")
+    if not name or os.sep in name:
+        raise InputError("export_train_step", "name", f"is {name!r}", "give a file stem such as 'my_step'")
+    if not callable(make_step):
+        raise InputError("export_train_step", "make_step", f"is {make_step!r}",
+                         "pass a function that builds the model and optimizer and returns the step")
+    specs = _input_specs(input_specs)
+    import tensorflow as tf
+
+    from .user_step import write_step
+
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        v1.set_random_seed(seed)
+        placeholders = [v1.placeholder(dtype, [None, *shape], name=n) for n, shape, dtype, _ in specs]
+        loss, must_run = _build_step(make_step(), placeholders)
+        loss = tf.identity(loss, name="loss")
+        train_op = tf.group(*must_run, name="train_op")
+        init = v1.global_variables_initializer()
+    hints = {"train_op": [train_op.name], "initializers": [op.name for op in init.control_inputs]}
+    return write_step(graph.as_graph_def(add_shapes=True), out_dir, f"{name}_b{batch_size}", model=name,
+                      src=f"export_train_step({name})", hints=hints, train_ops=[train_op.name], loss=loss.op.name,
+                      inputs=[f"{n}:0" for n, *_ in specs], batch_size=batch_size,
+                      max_values={n: m for n, _, _, m in specs if m is not None}, seed=seed)

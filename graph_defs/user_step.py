@@ -72,15 +72,26 @@ def import_step(path, *, train_ops=None, loss=None, loss_reduction=None, inputs=
 
 
 def _write(path, options, out_dir, meta_path):
+    from tfplace.ir import loader
+
+    graph_def, meta, src = loader.read_graph_source(path, None)
+    stem = os.path.basename(meta_path)[:-len(".json")]
+    return write_step(graph_def, out_dir, stem, model=os.path.basename(path).rsplit(".", 1)[0] or "step", src=src,
+                      hints=meta.get("hints"), **{k: v for k, v in options.items() if k != "format"})
+
+
+def write_step(graph_def, out_dir, stem, *, model, src, hints=None, train_ops=None, loss=None, loss_reduction=None,
+               inputs=None, batch_size=None, max_values=None, seed=0):
+    """Writes the bundle `<out_dir>/<stem>.json` of the step in `graph_def` (roles as in
+    `import_step`; `hints` from a MetaGraphDef, see step_roles.infer_step) and returns its path.
+    max_values: {input name: exclusive bound} for integer inputs the runtime feeds at random."""
     start = time.time()
     import tensorflow as tf
 
     from tfplace.ir import loader, step_roles
 
-    graph_def, meta, src = loader.read_graph_source(path, None)
-    roles = step_roles.infer_step(graph_def, train_ops=options["train_ops"] or None, loss=options["loss"],
-                                  inputs=options["inputs"] or None, loss_reduction=options["loss_reduction"],
-                                  hints=meta.get("hints"), src=src)
+    roles = step_roles.infer_step(graph_def, train_ops=train_ops or None, loss=loss, inputs=inputs or None,
+                                  loss_reduction=loss_reduction, hints=hints, src=src)
     if roles.loss is None:
         raise InputError(src, "loss", "a bundle needs the loss, and none was found",
                          "name the scalar loss with --loss NAME (Python: loss=)")
@@ -90,28 +101,29 @@ def _write(path, options, out_dir, meta_path):
                          ".meta (tf.compat.v1.train.export_meta_graph)")
     graph_def, sink = step_roles.add_role_ops(graph_def, roles)
     specs = [f"{s['name']}:{s['batch_axis']}" for s in roles.inputs]
-    graph = loader.load_op_graph(graph_def, sinks=[sink], loss=roles.loss, loss_reduction=options["loss_reduction"],
-                                 inputs=specs, batch_size=options["batch_size"], source=src)
+    graph = loader.load_op_graph(graph_def, sinks=[sink], loss=roles.loss, loss_reduction=loss_reduction,
+                                 inputs=specs, batch_size=batch_size, source=src)
     keep = [sink, roles.init_op, roles.loss.split(":")[0]]
     graph_def = tf.compat.v1.graph_util.extract_sub_graph(graph_def, keep)
     graph_def = bundle.with_batch_size(graph_def, list(roles.inputs), graph.reference_batch_size)
     model_vars = [v for v in graph.variables if not v.is_slot]
     known = roles.optimizer in bundle.OPTIMIZERS
+    max_values = max_values or {}
     meta = {
-        "format": bundle.FORMAT_NAME, "version": bundle.FORMAT_VERSION,
-        "model": os.path.basename(path).rsplit(".", 1)[0] or "step",
+        "format": bundle.FORMAT_NAME, "version": bundle.FORMAT_VERSION, "model": model,
         "global_batch_size": graph.reference_batch_size, "image_size": None, "seq_len": None, "num_layers": None,
         "optimizer": roles.optimizer if known else "sgd", "learning_rate": roles.learning_rate or 0.0,
-        "inputs": [dict(s) for s in roles.inputs], "sink": sink, "init_op": roles.init_op, "loss": roles.loss,
+        "inputs": [dict(s, **({"max_value": int(max_values[s["name"]])} if s["name"] in max_values else {}))
+                   for s in roles.inputs],
+        "sink": sink, "init_op": roles.init_op, "loss": roles.loss,
         "loss_reduction": graph.loss_reduction, "variable_count": len(model_vars),
         "param_count": sum(_elements(v.shape) for v in model_vars),
-        "param_bytes": sum(int(v.num_bytes) for v in model_vars), "tf_version": tf.__version__, "seed": 0,
+        "param_bytes": sum(int(v.num_bytes) for v in model_vars), "tf_version": tf.__version__, "seed": seed,
         "trainable_param_count": sum(_elements(v.shape) for v in model_vars if v.trainable),
         "export_seconds": round(time.time() - start, 2),
     }
     if not known:
         meta["variant"] = roles.optimizer
-    stem = os.path.basename(meta_path)[:-len(".json")]
     return bundle.write_bundle(out_dir, stem, graph_def, meta)
 
 

@@ -13,6 +13,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -154,3 +155,87 @@ def test_efficientnet_with_dropout_and_drop_connect_exports_and_loads(tmp_path):
 def test_named_train_op_without_loss_gets_the_loss_inferred(tmp_path):
     g = load_op_graph(_write(_step(), tmp_path, ".pb"), sinks=["train"], batch_size=4)
     assert g.names[g.tensor_op[g.loss_tensor]] == "loss0" and g.loss_reduction == "mean"
+
+
+# ---- a TF2-style tf.function training step (export_train_step) -----------------------------
+OPTIMIZERS = {"legacy_sgd": lambda: tf.keras.optimizers.legacy.SGD(0.1),
+              "legacy_adam": lambda: tf.keras.optimizers.legacy.Adam(0.01),
+              "adam": lambda: tf.keras.optimizers.Adam(0.01)}
+
+
+def _make_step(optimizer, reduce=tf.reduce_mean):
+    """A step factory: Dense-BatchNorm-Dense MLP on x [N, 8], class ids y [N] in [0, 4), seeded."""
+    def make_step():
+        init = tf.keras.initializers.RandomUniform(-0.3, 0.3, seed=1)
+        model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu", kernel_initializer=init),
+                                     tf.keras.layers.BatchNormalization(),
+                                     tf.keras.layers.Dense(4, kernel_initializer=init)])
+        opt = OPTIMIZERS[optimizer]()
+
+        @tf.function
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                loss = reduce(tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+        return train_step
+    return make_step
+
+
+SPECS = [((8,), "float32"), ((), "int32", 4)]
+
+
+def _bundle_losses(meta_path, x, y, steps):
+    from tfplace.graph_defs import read_bundle
+
+    graph_def, meta = read_bundle(meta_path)
+    with tf.Graph().as_default() as graph:
+        tf.graph_util.import_graph_def(graph_def, name="")
+        with v1.Session(graph=graph) as sess:
+            sess.run(meta["init_op"])
+            feed = {"input_0:0": x, "input_1:0": y}
+            return [sess.run([meta["loss"] + ":0", meta["sink"]], feed)[0] for _ in range(steps)]
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_tf_function_step_exports_and_trains_like_eager(tmp_path, optimizer):
+    from tfplace.graph_defs import export_train_step
+
+    path = export_train_step(_make_step(optimizer), input_specs=SPECS, batch_size=16, out_dir=str(tmp_path),
+                             name="mlp")
+    assert os.path.basename(path) == "mlp_b16.json"
+    g = load_op_graph(path)
+    assert g.names[g.sink] == "train_op" and g.names[g.tensor_op[g.loss_tensor]] == "loss"
+    assert g.loss_reduction == "mean" and sorted(g.names[i] for i in g.inputs) == ["input_0", "input_1"]
+    assert g.meta["inputs"][1]["max_value"] == 4 and g.reference_batch_size == 16
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(16, 8).astype(np.float32), rng.randint(0, 4, 16).astype(np.int32)
+    step = _make_step(optimizer)()
+    eager = [float(step(x, y)) for _ in range(3)]  # the reference: the same step run by TensorFlow
+    np.testing.assert_allclose(_bundle_losses(path, x, y, 3), eager, rtol=1e-5)
+
+
+def test_tf_function_step_runs_in_compare_and_simulate(tmp_path, capsys):
+    from tfplace.graph_defs import export_train_step
+
+    path = export_train_step(_make_step("legacy_adam"), input_specs=SPECS, batch_size=16, out_dir=str(tmp_path),
+                             name="mlp")
+    out = tmp_path / "cmp"
+    assert common.call(compare, ["--graph", path, "--cluster", CLUSTER, "--out", str(out), "--no-plot",
+                                 "--strategies", "dp_even_allreduce,heft"]) == 0
+    strategy = str(out / "strategies" / "heft.json")
+    assert common.call(simulate, ["--graph", path, "--cluster", CLUSTER, "--strategy", strategy]) == 0
+    assert "iteration time" in capsys.readouterr().out
+
+
+def test_tf_function_step_that_returns_a_vector_names_the_fix(tmp_path):
+    from tfplace.formats.errors import InputError
+    from tfplace.graph_defs import export_train_step
+
+    with pytest.raises(InputError) as err:
+        export_train_step(_make_step("legacy_sgd", reduce=tf.identity), input_specs=SPECS, batch_size=16,
+                          out_dir=str(tmp_path), name="bad")
+    assert err.value.field == "step" and "shape (None,)" in err.value.problem
+    assert "tf.reduce_mean" in err.value.fix and not os.listdir(tmp_path)

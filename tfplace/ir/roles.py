@@ -20,8 +20,8 @@ from tfplace.ir.shapes import element_bytes, shape_attr_dims
 _VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 # Ops that write the variable they take: every optimizer's update op (Apply*, SparseApply*,
 # ResourceApply*, ResourceSparseApply*: present and future optimizers alike), assigns, scatters.
-_WRITER = re.compile(r"^(Resource)?(Sparse)?Apply|^(Resource)?Scatter|^Assign(Add|Sub)?(VariableOp)?$"
-                     r"|^(Resource)?StridedSliceAssign$|^(Resource)?CountUpTo$")
+VARIABLE_WRITER = re.compile(r"^(Resource)?(Sparse)?Apply|^(Resource)?Scatter|^Assign(Add|Sub)?(VariableOp)?$"
+                             r"|^(Resource)?StridedSliceAssign$|^(Resource)?CountUpTo$")
 _APPLY = re.compile(r"^(Resource)?(Sparse)?Apply")
 # Names TF1 and Keras optimizers give their state; only consulted for variables that no
 # optimizer trains (a trained weight is never a slot, whatever its name).
@@ -35,7 +35,7 @@ def find_variables(step_nodes, arrays) -> Tuple[Variable, ...]:
     readers: ops that take the handle/ref and do not write it (ReadVariableOp, ResourceGather,
     Identity of a ref variable, ...); handle-forwarding ops (Identity of a resource, RefIdentity)
     are readers and their consumers count as the variable's consumers. updaters: the writers
-    (_WRITER). trainable: updated at input 0 of an optimizer apply op. is_slot: not trainable and
+    (VARIABLE_WRITER). trainable: updated at input 0 of an optimizer apply op. is_slot: not trainable and
     either (a) taken by an apply op at an input other than 0 (momentum, Adam m/v), (b) read into
     an apply op (TF1 Adam's beta powers), or (c) named like optimizer state (_SLOT_NAME).
     """
@@ -56,7 +56,7 @@ def find_variables(step_nodes, arrays) -> Tuple[Variable, ...]:
         frontier = list(outputs_of.get(k, []))
         while frontier:
             for dst, port in consumers.get(frontier.pop(), []):
-                if _WRITER.match(op_types[dst]):
+                if VARIABLE_WRITER.match(op_types[dst]):
                     updaters.add(dst)
                     if _APPLY.match(op_types[dst]):
                         trained, slot_port = trained or port == 0, slot_port or port > 0

@@ -4,7 +4,7 @@ A bundle's metadata names these (graph_defs/bundle.py); a bare GraphDef or MetaG
 so `infer_step` reads them off the graph's structure (no op-name lists):
 
   * **train op(s)**: ops nothing consumes (no data or control edge out) that run, directly or
-    through control edges, an *update*: an op that writes a variable (tfplace.ir.roles._WRITER:
+    through control edges, an *update*: an op that writes a variable (tfplace.ir.roles.VARIABLE_WRITER:
     every optimizer's Apply*, assigns, scatters) from a value that depends on an input
     placeholder. Initializers and restore ops write values that depend on no input, so the
     `init` and `save/restore_all` ops are never candidates. A MetaGraphDef's `train_op`
@@ -31,7 +31,7 @@ import re
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from tfplace.formats.errors import InputError
-from tfplace.ir.roles import _WRITER
+from tfplace.ir.roles import VARIABLE_WRITER
 from tfplace.ir.shapes import shape_attr_dims
 
 INIT_OP = "tfplace_init"
@@ -113,7 +113,7 @@ def infer_step(graph_def, *, train_ops: Optional[Sequence[str]] = None, loss: Op
     g, hints = _Graph(graph_def), hints or {}
     fed = [n for n, node in g.node.items() if node.op in _PLACEHOLDERS]
     batched = g.descendants(fed, control=False)
-    updates = [n for n, node in g.node.items() if _WRITER.match(node.op) and n in batched]
+    updates = [n for n, node in g.node.items() if VARIABLE_WRITER.match(node.op) and n in batched]
     sinks = _train_ops(g, train_ops, updates, hints, src)
     step = g.ancestors(sinks)
     loss_name = loss if loss is not None else _loss(g, step, src, required=loss_reduction is None)
@@ -231,7 +231,7 @@ def _initializers(g, step, batched, hints) -> List[str]:
     restored = g.descendants([n for n, node in g.node.items() if node.op.startswith("Restore")], control=False)
     inits = []
     for var in sorted(n for n in step if g.node[n].op in _VARIABLES):
-        writers = sorted(c for c in g.consumers[var] if _WRITER.match(g.node[c].op) and c not in step
+        writers = sorted(c for c in g.consumers[var] if VARIABLE_WRITER.match(g.node[c].op) and c not in step
                          and c not in batched and c not in restored and g.data[c][:1] == [var])
         if not writers:
             return []
