@@ -189,11 +189,14 @@ def ensure_bundle(model, *, out_dir=ZOO_DIR, **opts):
 def bundle_for_entry(entry):
     """Bundle path for a config graph entry (`tfplace.formats.config.GraphEntry`): its `graph` path as
     given (a bare training step .pb/.pbtxt/.meta imported into a cached bundle at the entry's batch,
-    roles inferred: graph_defs/user_step.py), or the zoo `model` exported on demand with the entry's
+    roles inferred or named by the entry: graph_defs/user_step.py), or the zoo `model` exported on demand with the entry's
     sizes and optimizer."""
     if entry.graph is not None:
         from .user_step import import_step, is_step_file
-        return import_step(entry.graph, batch_size=entry.batch_size) if is_step_file(entry.graph) else entry.graph
+        if not is_step_file(entry.graph):
+            return entry.graph
+        return import_step(entry.graph, batch_size=entry.batch_size, train_ops=entry.train_ops, loss=entry.loss,
+                           loss_reduction=entry.loss_reduction, inputs=entry.inputs)
     opts = {k: getattr(entry, k) for k in ("image_size", "seq_len", "num_layers") if getattr(entry, k) is not None}
     opts.update(batch_size=entry.batch_size, optimizer=entry.optimizer or "sgd")
     try:

@@ -22,11 +22,11 @@ import os
 import time
 
 from tfplace.formats.errors import InputError
+from tfplace.formats.files import STEP_SUFFIXES
 
 from . import bundle
 
 CACHE_ENV = "TFPLACE_CACHE_DIR"
-STEP_SUFFIXES = (".pb", ".pbtxt", ".meta")
 
 
 def cache_dir():

@@ -5,6 +5,7 @@ simulate with no flags (train op, loss, reduction, inputs and init op inferred);
 give exit 2 naming the flag; the page's commands (a Keras model outside the zoo exported with
 `export_keras`, then compare and simulate) run as written."""
 
+import json
 import os
 import re
 import shlex
@@ -18,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 from tfplace.cli import common, compare, groups, simulate
+from tfplace.formats.errors import InputError
 from tfplace.ir.loader import load_op_graph
 
 v1 = tf.compat.v1
@@ -106,6 +108,32 @@ def test_bare_step_becomes_a_bundle_for_profile_and_runtime(tmp_path, monkeypatc
     assert meta["sink"] == "tfplace_train_op" and meta["global_batch_size"] == 16 and meta["init_op"] == "init"
     assert meta["loss"] == "loss0" and meta["loss_reduction"] == "mean" and meta["optimizer"] == "sgd"
     assert load_op_graph(meta_path).num_ops > 0
+
+
+def _train_config(tmp_path, entry):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"format": "tfplace.train_config", "graphs": [entry], "clusters": [CLUSTER],
+                                "output_dir": str(tmp_path / "run")}))
+    return str(path)
+
+
+def test_a_config_entry_names_the_roles_of_an_ambiguous_step(tmp_path, monkeypatch):
+    from tfplace.formats.config import load_train_config
+    from tfplace.graph_defs.export import bundle_for_entry
+    monkeypatch.setenv("TFPLACE_CACHE_DIR", str(tmp_path / "cache"))
+    path = _write(_step("two_train_ops"), tmp_path, ".pb")
+    bare = load_train_config(_train_config(tmp_path, {"graph": path, "batch_size": 8})).graphs[0]
+    with pytest.raises(InputError) as err:
+        bundle_for_entry(bare)
+    assert "--train_op" in err.value.fix
+    named = load_train_config(_train_config(tmp_path, {"graph": path, "batch_size": 8, "train_ops": ["step0"]})).graphs[0]
+    assert named.train_ops == ("step0",)
+    graph = load_op_graph(bundle_for_entry(named))
+    assert graph.names[graph.sink] == "step0" and graph.reference_batch_size == 8
+    # the role keys belong to a bare step only
+    with pytest.raises(InputError) as err:
+        load_train_config(_train_config(tmp_path, {"model": "tiny_mlp", "batch_size": 8, "loss": "loss"}))
+    assert err.value.field.endswith("loss")
 
 
 # ---- the page: a Keras model outside the zoo -------------------------------------------------
@@ -231,7 +259,6 @@ def test_tf_function_step_runs_in_compare_and_simulate(tmp_path, capsys):
 
 
 def test_tf_function_step_that_returns_a_vector_names_the_fix(tmp_path):
-    from tfplace.formats.errors import InputError
     from tfplace.graph_defs import export_train_step
 
     with pytest.raises(InputError) as err:

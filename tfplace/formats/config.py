@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from tfplace.formats.cluster import load_cluster
 from tfplace.formats.errors import InputError
+from tfplace.formats.files import STEP_SUFFIXES
 from tfplace.formats.jsonio import FieldReader, resolve_path, write_json
 from tfplace.formats.strategy import load_strategy, validate_strategy
 
@@ -44,7 +45,9 @@ _non_neg = dict(check=lambda v: v >= 0, must="be >= 0")
 @dataclasses.dataclass(frozen=True)
 class GraphEntry:
     """One training graph: a zoo `model` (exported on demand) or a `graph` path: a bundle .json or a
-    bare training step .pb/.pbtxt/.meta (train op, loss and inputs inferred: tfplace.ir.step_roles).
+    bare training step .pb/.pbtxt/.meta (train op, loss and inputs inferred: tfplace.ir.step_roles;
+    `train_ops`, `loss`, `loss_reduction`, `inputs` name them where inference is ambiguous, as the
+    command lines' --train_op, --loss, --loss_reduction, --inputs do).
     Sizes in samples (batch_size: global batch), pixels (image_size), tokens (seq_len)."""
     batch_size: int
     model: Optional[str] = None
@@ -53,6 +56,10 @@ class GraphEntry:
     seq_len: Optional[int] = None
     num_layers: Optional[int] = None
     optimizer: Optional[str] = None
+    train_ops: Tuple[str, ...] = ()
+    loss: Optional[str] = None
+    loss_reduction: Optional[str] = None
+    inputs: Tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -154,7 +161,7 @@ class TrainConfig:
             if f.name != "source":
                 out[f.name] = _plain(getattr(self, f.name))
         out["profiles"] = [DERIVE if p is None else p for p in self.profiles]
-        out["graphs"] = [{k: v for k, v in g.items() if v is not None} for g in out["graphs"]]
+        out["graphs"] = [{k: v for k, v in g.items() if v is not None and v != []} for g in out["graphs"]]  # unset keys stay out
         return out
 
 
@@ -214,9 +221,12 @@ def _check_zoo(g: FieldReader, e: GraphEntry, check_model: Optional[ModelCheck])
         raise g.error(field, str(err), "use a zoo model name and options that apply to it") from None
 
 
+_STEP_ROLE_KEYS = ("train_ops", "loss", "loss_reduction", "inputs")
+
+
 def _graph_entry(g: FieldReader, bases: List[str], check_model: Optional[ModelCheck]) -> GraphEntry:
-    g.expect_keys(("model", "graph", "batch_size", "image_size", "seq_len", "num_layers", "optimizer"),
-                  also_allowed=("comment",))
+    g.expect_keys(("model", "graph", "batch_size", "image_size", "seq_len", "num_layers", "optimizer")
+                  + _STEP_ROLE_KEYS, also_allowed=("comment",))
     if g.has("model") == g.has("graph"):
         raise g.error(None, 'needs exactly one of "model" (a zoo model name) and "graph" (a bundle .json path)',
                       'keep one of the two keys')
@@ -229,7 +239,20 @@ def _graph_entry(g: FieldReader, bases: List[str], check_model: Optional[ModelCh
             if value is not None:
                 raise g.error(key, 'applies only to zoo models ("model"); a bundle fixes it',
                               "remove it, or export a bundle with this option")
-        return GraphEntry(batch, graph=g.get_path("graph", bases, what="graph bundle"))
+        path = g.get_path("graph", bases, what="graph bundle")
+        roles = {"train_ops": tuple(g.strings("train_ops", default=[])), "inputs": tuple(g.strings("inputs", default=[])),
+                 "loss": g.get("loss", str, default=None),
+                 "loss_reduction": g.get("loss_reduction", str, default=None, check=lambda v: v in ("mean", "sum"),
+                                         must='be "mean" or "sum"')}
+        if any(roles.values()) and not path.endswith(STEP_SUFFIXES):
+            key = next(k for k in _STEP_ROLE_KEYS if roles[k])
+            raise g.error(key, "names a role of a bare training step, but the graph is a bundle (its metadata names it)",
+                          "remove it, or point \"graph\" at the .pb/.pbtxt/.meta step")
+        return GraphEntry(batch, graph=path, **roles)
+    for key in _STEP_ROLE_KEYS:
+        if g.has(key):
+            raise g.error(key, 'applies only to a bare training step ("graph": .pb/.pbtxt/.meta)',
+                          "remove it: a zoo model's bundle names its roles")
     entry = GraphEntry(batch, model=g.get("model", str, check=lambda v: bool(v.strip()), must="be non-empty"),
                        **options)
     _check_zoo(g, entry, check_model)

@@ -19,6 +19,9 @@ from tfplace.formats.errors import InputError
 
 # Field named when the whole file is bad (tfplace.formats.jsonio re-exports it).
 TOP_LEVEL = "(top level)"
+# Suffixes of a bare training step (a GraphDef or MetaGraphDef, roles inferred: tfplace.ir.step_roles),
+# as against a bundle's .json.
+STEP_SUFFIXES = (".pb", ".pbtxt", ".meta")
 _FIX = "give the path of a regular file (copy what the pipe or device would give into a file first)"
 
 
