@@ -161,3 +161,33 @@ def test_priority_chains_follow_the_profiles_run_order():
         assert all(rank[a] < rank[b] for a, b in edges)
         orders[run_order] = sorted(edges, key=lambda e: rank[e[1]])
     assert orders[()] != orders[tuple(late_first)]
+
+
+def _ancestors(nodes, name):
+    seen, stack = set(), [name]
+    while stack:
+        for x in nodes[stack.pop()].input:
+            src = x.lstrip("^").split(":")[0]
+            if src not in seen:
+                seen.add(src)
+                stack.append(src)
+    return seen
+
+
+def test_every_collective_participant_runs_in_the_step():
+    # The loss-side group all-reduces a bias gradient between cpu0 and cpu1, but only its
+    # consumer on cpu1 reads the result: cpu0's participant had no reader and nothing later on
+    # cpu0 was chained after it, so TF pruned it from the train op's subgraph and cpu1's
+    # all-reduce waited for it forever (this step hung on the 3-task cluster).
+    from tfplace.ir.grouping import make_grouping
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    graph = tiny_graph("attention", 12, "sgd")
+    grouping = make_grouping(graph, 4)
+    groups = {"query/kernel": decision({"cpu1": [6, 6]}), "key/bias": decision({"cpu2": [6, 6]}),
+              "value/kernel": decision({"cpu1": [1, 1], "cpu2": 10}),
+              "gradients/Mean_grad/BroadcastTo": decision({"cpu1": [2, 3], "cpu0": 7})}
+    step = rewrite_step(graph, Strategy(12, 4, None, groups), cluster, grouping=grouping)
+    nodes = {n.name: n for n in step.graph_def.node}
+    collectives = [n for n in nodes if nodes[n].op == "CollectiveReduceV2"]
+    assert collectives
+    assert set(collectives) <= _ancestors(nodes, step.train_op)

@@ -39,7 +39,9 @@ Every decision comes from `tfplace.lowering.lower.lower`; this module only trans
              other mirror is assigned from instance 0 (`<init>` runs all of it).
   step       `<sink>` (the original train op name) is a NoOp on the feed device after every task
              without successors; a device's "done" message is a NoOp on that device after the
-             tasks it waits for (one control message per device); `<loss>` (original name when
+             tasks it waits for (one control message per device), and after every collective
+             participant there whose result nothing reads (a participant TF prunes never joins
+             its all-reduce: the others wait forever); `<loss>` (original name when
              it is output 0) is the weighted sum of the replicas' losses: one step equals
              single-device training.
 """
@@ -574,25 +576,46 @@ class _Emitter:
         """The step's NoOp on the feed device, after every task without successors: a device's
         "done" message (lowering: one per other device) becomes a NoOp there after the tasks it
         waits for, so one control message per device reaches the train op; other leaves join
-        with their node on their own device."""
+        with their node on their own device. Collective participants join per device
+        (`_unread_participants`): through their device's "done" where it has one, else directly."""
         p, g = self.p, self.g
         succ_ptr, _, _ = p.successors()
         dep_src, dep_dst = p.dep_src, p.dep_dst
         by_task = self._by_task()
+        unread = self._unread_participants()
         ctrl = []
         for t in np.nonzero(np.diff(succ_ptr) == 0)[0].tolist():
             if p.is_step_message(t) and p.is_control_message(t):
                 src = int(p.task_src_device[t])
                 waits = dep_src[dep_dst == t].tolist()
                 name = f"tfplace/step_done_{t}"
-                self.add(rn.no_op(name, self.dev[src], [n for s in waits for (_, d), n in by_task.get(s, []) if d == src]))
+                self.add(rn.no_op(name, self.dev[src], [n for s in waits for (_, d), n in by_task.get(s, []) if d == src]
+                                  + unread.pop(src, [])))
                 ctrl.append(name)
-            else:
+            elif p.task_kind[t] != TASK_COLLECTIVE:  # a leaf collective's participants are all unread
                 own = int(p.task_device[t])
-                ctrl += [n for (_, d), n in by_task.get(t, []) if d == own or own < 0]
+                ctrl += [n for (_, d), n in by_task.get(t, []) if d == own]
+        ctrl += [n for names in unread.values() for n in names]
         name = g.names[g.sink]
         self.add(rn.no_op(name, self.feed_dev, ctrl))
         return name
+
+    def _unread_participants(self) -> Dict[int, List[str]]:
+        """Device -> the participant nodes there of collectives whose output on that device no
+        task reads. The lowering's dependencies are per task, and one reader on one device makes
+        a collective no leaf; but TF runs only the ancestors of what the step fetches, so such a
+        participant (a gradient all-reduced among the devices that computed its partials, then
+        read on one of them) would be pruned and its peers would wait for it forever."""
+        p = self.p
+        read = np.zeros(len(p.buf_task), bool)
+        read[p.in_buf] = True
+        out: Dict[int, List[str]] = {}
+        for t in np.nonzero(p.task_kind == TASK_COLLECTIVE)[0].tolist():
+            bufs = np.arange(p.out_ptr[t], p.out_ptr[t + 1])
+            for d in p.part_dev[p.part_ptr[t]:p.part_ptr[t + 1]].tolist():
+                if not read[bufs[p.buf_device[bufs] == d]].any():
+                    out.setdefault(int(d), []).append(self.task_node[(t, int(d))])
+        return out
 
     def variable_reads(self) -> Dict[str, Tuple[str, ...]]:
         out = {}
