@@ -37,6 +37,7 @@ setup(
         "tfplace": ["rewrite/grappler_plugin.cc"],  # built at set-up / first use (tfplace.rewrite.grappler)
         "tfplace.graph_defs": ["manifest.json", "zoo/*.json", "zoo/*.pb", "profiles/*.json",
                                "profiles/*/*.json"],
+        "tfplace.policy": ["split.json", "pretrained/policy.json"],  # the split and the shipped policy
     },
     py_modules=[],
     install_requires=[

@@ -81,6 +81,32 @@ def mutate(rng: np.random.Generator, action: Dict[str, np.ndarray], num_changes:
     return out
 
 
+def _draw(rng: np.random.Generator, p: np.ndarray) -> int:
+    c = np.cumsum(p)
+    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(p) - 1))
+
+
+def guided_mutate(rng: np.random.Generator, action: Dict[str, np.ndarray], probs: Dict[str, np.ndarray],
+                  num_changes: int = 2) -> Dict[str, np.ndarray]:
+    """Like `mutate`, but the new values are drawn from the policy's marginals `probs`
+    (ReinforceLearner.probabilities: shares [G, D, L], ps_device [G, D], sync / micro /
+    priority [G, k]) instead of uniformly: the policy is the search's proposal distribution.
+    Half the time a share change re-draws the whole group's row of devices at once (a group moved
+    to other devices), since single-device changes cannot move a group in one step."""
+    out = {k: v.copy() for k, v in action.items()}
+    g, d = out["shares"].shape
+    for _ in range(num_changes):
+        key = ACTION_KEYS[rng.integers(len(ACTION_KEYS))]
+        grp = int(rng.integers(g))
+        if key == "shares":
+            devs = range(d) if rng.random() < 0.5 else [int(rng.integers(d))]
+            for dev in devs:
+                out[key][grp, dev] = _draw(rng, probs[key][grp, dev])
+        else:
+            out[key][grp] = _draw(rng, probs[key][grp])
+    return out
+
+
 def _group_decision(row: np.ndarray, micro: int, sync: int, ps: int, prio: int, names: Sequence[str],
                     speeds: np.ndarray, batch: int) -> GroupDecision:
     weights = np.asarray(SHARE_LEVELS)[row] * speeds
@@ -124,3 +150,53 @@ def action_to_json(action: Optional[Dict[str, np.ndarray]]):
 
 def action_from_json(obj) -> Optional[Dict[str, np.ndarray]]:
     return None if obj is None else {k: np.asarray(v, dtype=np.int32) for k, v in obj.items()}
+
+
+def _encode_shares(samples: np.ndarray, speeds: np.ndarray) -> np.ndarray:
+    """Share levels [D] whose decoded split is closest (L1 over samples) to `samples` [D]: the
+    scale c of weight = level x speed is chosen among the values that make some device's level
+    exact; ties go to the smaller scale."""
+    levels = np.asarray(SHARE_LEVELS)
+    used = samples > 0
+    total = float(samples.sum())
+    best, best_err = np.zeros(len(samples), np.int32), np.inf
+    target = samples / total
+    for d in np.flatnonzero(used):
+        for lv in levels[1:]:
+            c = target[d] / (lv * speeds[d])  # weight per unit of share at this scale
+            wanted = np.where(used, target / (c * speeds), 0.0)
+            idx = np.abs(wanted[:, None] - levels[None, :]).argmin(axis=1).astype(np.int32)
+            w = levels[idx] * speeds
+            if w.sum() <= 0:
+                continue
+            err = float(np.abs(w / w.sum() - target).sum())
+            if err < best_err - 1e-12:
+                best, best_err = idx, err
+    return best
+
+
+def encode(strategy: Strategy, group_names: Sequence[str], device_names: Sequence[str], speeds: Sequence[float],
+           layout: ActionLayout = ActionLayout()) -> Dict[str, np.ndarray]:
+    """The action whose `decode` is closest to `strategy` (the inverse of decode where the action
+    space can express the strategy): per group, the share levels whose split is nearest the
+    strategy's samples per device, micro = 1 when some device runs more than one micro-batch,
+    sync and PS device as given, priority clipped to the layout's levels. Used to turn strategies
+    found by search (any split, pipelines) into imitation targets for the policy."""
+    sp = np.asarray(speeds, dtype=np.float64)
+    index = {name: i for i, name in enumerate(device_names)}
+    g, d = len(group_names), len(device_names)
+    out = {"shares": np.zeros((g, d), np.int32), "micro": np.zeros(g, np.int32), "sync": np.zeros(g, np.int32),
+           "ps_device": np.zeros(g, np.int32), "priority": np.zeros(g, np.int32)}
+    memo: Dict[GroupDecision, tuple] = {}
+    for i, name in enumerate(group_names):
+        dec = strategy.decision_for(name)
+        if dec not in memo:
+            samples = np.zeros(d)
+            for dev, mb in dec.shares:
+                samples[index[dev]] += sum(mb)
+            memo[dec] = (_encode_shares(samples, sp), int(any(len(mb) > 1 for _, mb in dec.shares)),
+                         int(dec.sync == "ps"), index[dec.ps_device] if dec.sync == "ps" and dec.ps_device else 0,
+                         min(max(int(dec.priority or 0), 0), layout.priority_levels - 1))
+        shares, out["micro"][i], out["sync"][i], out["ps_device"][i], out["priority"][i] = memo[dec]
+        out["shares"][i] = shares
+    return out

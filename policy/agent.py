@@ -9,6 +9,11 @@ Per task (graph, cluster) and step, with K sampled actions a_k and rewards r_k:
 (G = groups of the task, so tasks of different sizes weigh the same). One Adam update per step
 over all tasks; then b <- decay b + (1 - decay) mean_k(r_k). Only fresh on-policy samples enter
 the gradient (no off-policy pool replay without importance weights, a flaw of HeteroG's learner).
+
+Imitation (expert iteration, tfplace.policy.pretrain): `imitate` takes one supervised step
+towards target actions (strategies the search found, encoded by tfplace.policy.actions.encode):
+    loss = mean over tasks [ -log pi(a*) / G ]
+and `probabilities` gives the per-group marginals the policy-guided search draws its moves from.
 """
 
 from __future__ import annotations
@@ -77,6 +82,46 @@ class ReinforceLearner:
         grads = [tf.zeros_like(v) if gr is None else gr for gr, v in zip(grads, variables)]
         return loss, ent / g, grads
 
+    @tf.function(reduce_retracing=True)
+    def _imitation_grads(self, obs, target):
+        with tf.GradientTape() as tape:
+            dists, _ = self.network(obs, training=True)
+            g = tf.cast(tf.shape(obs["nodes"])[1], tf.float32)
+            loss = -tf.reduce_mean(log_prob(dists, target)) / g
+        variables = self.network.trainable_variables
+        grads = tape.gradient(loss, variables)
+        return loss, [tf.zeros_like(v) if gr is None else gr for gr, v in zip(grads, variables)]
+
+    @tf.function(reduce_retracing=True)
+    def _probs_fn(self, obs):
+        dists, _ = self.network(obs)
+        return {k: d.distribution.probs_parameter() for k, d in dists.items()}
+
+    def probabilities(self, obs: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """Per-group marginals of the policy for one observation: shares [G, D, L], ps_device
+        [G, D], sync [G, 2], micro [G, 2], priority [G, P] (each row sums to 1)."""
+        self._ensure_built(obs)
+        return {k: v.numpy()[0].astype(np.float64) for k, v in self._probs_fn(batch_observation(obs)).items()}
+
+    def imitate(self, batch: Sequence[Tuple[Dict[str, np.ndarray], Action]]) -> float:
+        """One supervised step over [(observation, target action)] of several tasks (mean of the
+        per-task losses); returns the mean loss, in nats per group, before the step."""
+        self._ensure_built(batch[0][0])
+        total, losses = None, []
+        for obs, target in batch:
+            acts = {k: tf.constant(np.asarray(v, np.int32)[None]) for k, v in target.items()}
+            loss, grads = self._imitation_grads(batch_observation(obs), acts)
+            total = list(grads) if total is None else [t + g for t, g in zip(total, grads)]
+            losses.append(float(loss))
+        self._apply([g / len(batch) for g in total])
+        return float(np.mean(losses))
+
+    def _apply(self, grads) -> None:
+        if any(not np.all(np.isfinite(gr.numpy())) for gr in grads):
+            raise FloatingPointError("policy gradient is not finite; lower rl.learning_rate")
+        grads, _ = tf.clip_by_global_norm(grads, 5.0)
+        self.optimizer.apply_gradients(zip(grads, self.network.trainable_variables))
+
     def sample(self, obs: Dict[str, np.ndarray], n: int, seed: Sequence[int]) -> List[Action]:
         self._ensure_built(obs)
         seed_t = tf.constant(np.asarray(seed, dtype=np.int32))
@@ -108,9 +153,5 @@ class ReinforceLearner:
             total = list(grads) if total is None else [t + g for t, g in zip(total, grads)]
             losses.append(float(loss))
             ents.append(float(ent))
-        grads = [g / len(batch) for g in total]
-        if any(not np.all(np.isfinite(gr.numpy())) for gr in grads):
-            raise FloatingPointError("policy gradient is not finite; lower rl.learning_rate")
-        grads, _ = tf.clip_by_global_norm(grads, 5.0)
-        self.optimizer.apply_gradients(zip(grads, self.network.trainable_variables))
+        self._apply([g / len(batch) for g in total])
         return {"loss": float(np.mean(losses)), "entropy_per_group": float(np.mean(ents))}

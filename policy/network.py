@@ -8,11 +8,16 @@ Inputs: the observation dict of `tfplace.policy.features` with a leading batch d
 observations of one batch come from the same (graph, cluster), so sizes agree).
 Architecture (sizes from `TrainConfig.network`):
   1. encoders: MLPs for nodes, edges, globals, devices, to `hidden_size`;
-  2. `num_message_passing_steps` rounds of a graph_nets `GraphNetwork` (edge, node, global
-     blocks; MLPs with `mlp_layers` layers; one set of weights for all rounds, residual);
-  3. devices: one self-attention-free pass that adds the mean device embedding and the graph
-     global to each device embedding (context of the whole cluster);
-  4. per (group, device) MLP on [group ‖ device ‖ pair features] -> share-level logits and a
+  2. `num_message_passing_steps` rounds, each (one set of weights for all rounds, residual):
+     a. a graph_nets `GraphNetwork` over the group graph (edge, node, global blocks; MLPs with
+        `mlp_layers` layers);
+     b. a group <-> device exchange: the devices are the other side of a complete bipartite
+        graph whose edges carry the pair features. Each (group, device) edge computes a message
+        from [group ‖ device ‖ pair features]; a device adds an MLP of [itself ‖ mean of its
+        messages ‖ graph global], a group an MLP of [itself ‖ mean of its messages]. So a group
+        sees which devices are fast, large or well linked, and a device sees which groups are
+        heavy on it, before the next round;
+  3. per (group, device) MLP on [group ‖ device ‖ pair features] -> share-level logits and a
      PS-device score; per group MLP on [group ‖ global ‖ mean device] -> sync, micro-batch and
      priority logits.
 Output: {"shares": Independent(Categorical [B, G, D, L]) with 2 reinterpreted dims,
@@ -73,7 +78,9 @@ class PlacementNetwork(network.Network):
             edge_model_fn=_mlp_factory(h, k, "core_edge"), node_model_fn=_mlp_factory(h, k, "core_node"),
             global_model_fn=_mlp_factory(h, k, "core_global"))
         self._device_enc = _mlp_factory(h, k, "device_enc")()
-        self._device_ctx = _mlp_factory(h, k, "device_ctx")()
+        self._pair_msg = _mlp_factory(h, k, "pair_msg")()
+        self._device_upd = _mlp_factory(h, k, "device_upd")()
+        self._group_upd = _mlp_factory(h, k, "group_upd")()
         self._pair_head = snt.Sequential([snt.nets.MLP([h] * k, activate_final=True, name="pair_mlp"),
                                           snt.Linear(layout.share_levels + 1, name="pair_out")])
         self._group_head = snt.Sequential([snt.nets.MLP([h] * k, activate_final=True, name="group_mlp"),
@@ -87,22 +94,33 @@ class PlacementNetwork(network.Network):
             senders=tf.reshape(obs["senders"], [-1]) + off, receivers=tf.reshape(obs["receivers"], [-1]) + off,
             globals=obs["globals"], n_node=tf.fill([b], g), n_edge=tf.fill([b], m))
 
+    def _exchange(self, nodes, dev, pairs, glob):
+        """One group <-> device round. nodes [B, G, H], dev [B, D, H], pairs [B, G, D, P],
+        glob [B, H] -> (nodes, dev), both residual."""
+        b, g, d = tf.shape(pairs)[0], tf.shape(pairs)[1], tf.shape(pairs)[2]
+        h = nodes.shape[-1]
+        msg = self._pair_msg(tf.concat([tf.broadcast_to(nodes[:, :, None, :], [b, g, d, h]),
+                                        tf.broadcast_to(dev[:, None, :, :], [b, g, d, h]), pairs], axis=-1))
+        dev = dev + self._device_upd(tf.concat([dev, tf.reduce_mean(msg, axis=1),
+                                                tf.broadcast_to(glob[:, None, :], tf.shape(dev))], axis=-1))
+        nodes = nodes + self._group_upd(tf.concat([nodes, tf.reduce_mean(msg, axis=2)], axis=-1))
+        return nodes, dev
+
     def call(self, observation, step_type=None, network_state=(), training=False):
         shape = tf.shape(observation["pairs"])
         b, g, d = shape[0], shape[1], shape[2]
         m = tf.shape(observation["senders"])[1]
         graph = self._encoder(self._graphs(observation, b, g, m))
+        h = graph.nodes.shape[-1]
+        dev = self._device_enc(observation["devices"])  # [B, D, H]
         for _ in range(self._steps):
             out = self._core(graph)
-            graph = graph.replace(nodes=graph.nodes + out.nodes, edges=graph.edges + out.edges,
-                                  globals=graph.globals + out.globals)
-        h = graph.nodes.shape[-1]
+            nodes = tf.reshape(graph.nodes + out.nodes, [b, g, h])
+            glob = graph.globals + out.globals
+            nodes, dev = self._exchange(nodes, dev, observation["pairs"], glob)
+            graph = graph.replace(nodes=tf.reshape(nodes, [-1, h]), edges=graph.edges + out.edges, globals=glob)
         nodes = tf.reshape(graph.nodes, [b, g, h])
         glob = graph.globals  # [B, H]
-        dev = self._device_enc(observation["devices"])  # [B, D, H]
-        ctx = tf.concat([dev, tf.broadcast_to(tf.reduce_mean(dev, 1, keepdims=True), tf.shape(dev)),
-                         tf.broadcast_to(glob[:, None, :], tf.shape(dev))], axis=-1)
-        dev = dev + self._device_ctx(ctx)
         pair_in = tf.concat([tf.broadcast_to(nodes[:, :, None, :], [b, g, d, h]),
                              tf.broadcast_to(dev[:, None, :, :], [b, g, d, h]), observation["pairs"]], axis=-1)
         pair_out = self._pair_head(pair_in)  # [B, G, D, L+1]

@@ -50,3 +50,16 @@ def test_reinforce_update_moves_probability_towards_rewarded_action():
     assert margin() > start
     changed = sum(not np.allclose(a, b.numpy()) for a, b in zip(before, learner.network.trainable_variables))
     assert changed > len(before) // 2
+
+
+def test_devices_take_part_in_message_passing():
+    """A device's embedding gathers messages from every group: changing the pair features of one
+    group on device 0 moves the share logits of *another* group on device 0 (pair features only
+    entered their own (group, device) head before devices took part in message passing)."""
+    net = PlacementNetwork(CONFIG, ActionLayout())
+    obs = tiny_task("mlp", "four").features.as_observation()
+    changed = {k: np.array(v) for k, v in obs.items()}
+    changed["pairs"][0, 0, :] += 1.0
+    logits = [net(batch_observation(o))[0]["shares"].distribution.logits.numpy()[0] for o in (obs, changed)]
+    other_group = np.abs(logits[0][1:, 0] - logits[1][1:, 0]).max()
+    assert other_group > 1e-4

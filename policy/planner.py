@@ -10,7 +10,7 @@ import dataclasses
 import os
 import sys
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -32,13 +32,15 @@ from tfplace.policy import train_lib, train_state
 class PlanResult:
     label: str
     best: PoolEntry
-    zero_shot: PoolEntry         # best of greedy + samples, before any search
+    zero_shot: Optional[PoolEntry]  # best of greedy + samples, before any search (None: mode "search")
     baselines: Dict[str, Dict]
     best_baseline: str
     best_baseline_time_s: float
     planning_s: float
     zero_shot_s: float
     out: Optional[str] = None
+    trace: List[Tuple[float, float, str]] = dataclasses.field(default_factory=list)
+    best_action: Optional[PoolEntry] = None  # the best strategy found that is an action (decode-able)
 
 
 def _to_stderr(message: str) -> None:
@@ -68,45 +70,100 @@ def _entry(task: PlacementTask, source: str, act) -> PoolEntry:
     return PoolEntry(source, task.decode(act), ev.time_s, ev.effective_time_s, ev.oom, 0, act)
 
 
-def plan_task(learner: ReinforceLearner, task: PlacementTask, search_seconds: float = 0.0, samples: int = 8,
-              seed: int = 0) -> PlanResult:
+MODES = ("both", "search", "policy")
+
+
+def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_seconds: float = 0.0,
+              samples: int = 8, seed: int = 0, mode: str = "both",
+              target_time_s: Optional[float] = None) -> PlanResult:
+    """Plans one task. Zero-shot (modes "both" and "policy"): the best of the policy's greedy
+    strategy and `samples` samples, timed alone. Then every baseline joins the pool (so the result
+    is never worse than the best baseline) and, for `search_seconds`:
+      "both"    policy-guided search: policy samples, mutations of the best action drawn from the
+                policy's marginals (actions.guided_mutate), and the strategy-level hill climber;
+      "search"  the same without the policy: uniform action mutations and the hill climber;
+      "policy"  policy samples only.
+    `target_time_s`: stop as soon as the best effective time is at most this (time-to-match).
+    PlanResult.trace holds (seconds since start, best effective time, its source) at the start
+    and at every improvement."""
+    if mode not in MODES:
+        raise InputError("argument", "mode", f"{mode!r} is not one of {MODES}", f"use one of {MODES}")
+    if mode != "search" and learner is None:
+        raise InputError("argument", "learner", f"mode {mode!r} needs a policy", 'load one, or use mode "search"')
     start = time.time()
     rng = np.random.default_rng(seed)
-    pool = train_lib.seed_pool(task, 16)
     obs = task.features.as_observation()
-    shot = [_entry(task, "zero-shot greedy", learner.greedy(obs))]
-    shot += [_entry(task, "zero-shot sample", a) for a in learner.sample(obs, samples, rng.integers(0, 2**31 - 1, 2))]
-    zero = min(shot, key=lambda e: e.effective_time_s)
+    shot = []
+    if mode != "search":
+        shot = [_entry(task, "zero-shot greedy", learner.greedy(obs))]
+        shot += [_entry(task, "zero-shot sample", a)
+                 for a in learner.sample(obs, samples, rng.integers(0, 2**31 - 1, 2))] if samples else []
+    zero = min(shot, key=lambda e: e.effective_time_s) if shot else None
     zero_s = time.time() - start
+    pool = train_lib.seed_pool(task, 16)
     for e in shot:
         pool.add(e)
+    trace = [(time.time() - start, pool.best.effective_time_s, pool.best.source)]
+
+    def note():
+        if pool.best.effective_time_s < trace[-1][1]:
+            trace.append((time.time() - start, pool.best.effective_time_s, pool.best.source))
+        return target_time_s is not None and pool.best.effective_time_s <= target_time_s
+
     climber = HillClimber(task, pool, rng)
-    if all(b.oom for b in pool.baselines):  # nothing fits: start also from memory-balanced stages
+    if mode != "policy" and all(b.oom for b in pool.baselines):  # nothing fits: memory-balanced stages
         climber.seed_memory_partitions()
+    probs = learner.probabilities(obs) if mode == "both" else None
     best_act = pool.best_with_action()  # kept apart: strategy-search entries may push actions out of the pool
     it = 0
-    while time.time() - start < search_seconds:
-        if it % 4 == 0:  # policy samples and action mutations: a quarter of the rounds
-            for a in learner.sample(obs, 2, rng.integers(0, 2**31 - 1, 2)):
+    while time.time() - start < search_seconds and not note():
+        if mode == "policy":
+            for a in learner.sample(obs, 4, rng.integers(0, 2**31 - 1, 2)):
                 pool.add(_entry(task, "search sample", a))
+            continue
+        if it % 4 == 0:  # action-level moves: a quarter of the rounds
+            if mode == "both":
+                for a in learner.sample(obs, 2, rng.integers(0, 2**31 - 1, 2)):
+                    pool.add(_entry(task, "search sample", a))
             best_act = min((e for e in [best_act, pool.best_with_action()] if e is not None),
                            key=lambda e: e.effective_time_s)
             for _ in range(4):
-                cand = _entry(task, "local search", A.mutate(rng, best_act.action, int(rng.integers(1, 4))))
+                n = int(rng.integers(1, 4))
+                act = A.guided_mutate(rng, best_act.action, probs, n) if probs is not None \
+                    else A.mutate(rng, best_act.action, n)
+                cand = _entry(task, "policy-guided search" if probs is not None else "local search", act)
                 pool.add(cand)
                 if cand.effective_time_s < best_act.effective_time_s:
                     best_act = cand
         climber.step(8)  # strategy-level moves around the pool's best (baselines included)
         it += 1
+    note()
     bb = pool.best_baseline()
     return PlanResult(task.label, pool.best, zero, pool.baseline_times(), bb.source, bb.time_s,
-                      time.time() - start, zero_s)
+                      time.time() - start, zero_s, trace=trace,
+                      best_action=min((e for e in [best_act, pool.best_with_action()] if e is not None),
+                                      key=lambda e: e.effective_time_s, default=None))
 
 
-def plan(run_dir: str, *, graph: Optional[str], model: Optional[str], batch_size: Optional[int], cluster: str,
-         profile: Optional[str] = None, search_seconds: float = 0.0, samples: int = 8, seed: int = 0,
-         out: Optional[str] = None, resolve_bundle=None, overheads: Optional[str] = None) -> PlanResult:
-    learner, config, ckpt = load_policy(run_dir)
+def load_any_policy(run_dir: Optional[str] = None, weights: Optional[str] = None):
+    """(learner, TrainConfig with the network sizes and max_groups, TF checkpoint prefix or None)
+    of a training run's output_dir, of a weights file (python -m tfplace.pretrain), or, with
+    neither, of the pre-trained policy shipped with tfplace."""
+    if run_dir is not None:
+        return load_policy(run_dir)
+    from tfplace.formats.config import TrainConfig
+    from tfplace.policy import pretrained
+    learner, w = pretrained.load_weights(weights) if weights else pretrained.load_pretrained()
+    return learner, TrainConfig((), (), (), "", max_groups=w.max_groups, network=w.network), None
+
+
+def plan(run_dir: Optional[str], *, graph: Optional[str], model: Optional[str], batch_size: Optional[int],
+         cluster: str, profile: Optional[str] = None, search_seconds: float = 0.0, samples: int = 8, seed: int = 0,
+         out: Optional[str] = None, resolve_bundle=None, overheads: Optional[str] = None,
+         weights: Optional[str] = None) -> PlanResult:
+    """Plans with the policy of `run_dir` (a training run), `weights` (a weights file) or, with
+    neither, the shipped pre-trained policy; policy-guided search for `search_seconds`."""
+    learner, config, ckpt = load_any_policy(run_dir, weights)
     if model is not None:
         from tfplace.formats.config import GraphEntry
         bundle = train_lib.graph_bundle(GraphEntry(batch_size or 64, model=model), resolve_bundle)
@@ -117,7 +174,8 @@ def plan(run_dir: str, *, graph: Optional[str], model: Optional[str], batch_size
     label = os.path.splitext(os.path.basename(bundle))[0]
     task = train_lib.build_task(label, bundle, batch, cluster, profile, config, overheads)
     learner.build(task.features.as_observation())
-    tf.train.Checkpoint(network=learner.network).read(ckpt).expect_partial()
+    if ckpt is not None:
+        tf.train.Checkpoint(network=learner.network).read(ckpt).expect_partial()
     result = plan_task(learner, task, search_seconds, samples, seed)
     if out:
         save_strategy(result.best.strategy, out)

@@ -13,7 +13,7 @@ from tfplace.ir.loader import load_op_graph
 from tfplace.policy import planner, train_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SEARCH_COMPONENTS = ("strategy search", "local search", "search sample")  # plan_task's own moves
+SEARCH_COMPONENTS = ("strategy search", "local search", "policy-guided search", "search sample")  # plan_task's own moves
 
 
 def _remote_slow_device_case(tmp_path, bundle):
@@ -86,3 +86,42 @@ def test_load_policy_falls_back_past_a_damaged_state_or_stops_with_one_error(tmp
         planner.load_policy(run, logged.append)
     assert str(err.value).startswith(f"{run}/state.json: line 1 column 12: no usable checkpoint to plan with (")
     assert "ckpt-1 cannot be read" in str(err.value) and "Fix: give the output_dir of a training run" in str(err.value)
+
+
+def _small_learner():
+    from tfplace.formats.config import NetworkConfig
+    from tfplace.policy import pretrained
+    return pretrained.new_learner(NetworkConfig(hidden_size=16, num_message_passing_steps=1, mlp_layers=1))
+
+
+@pytest.mark.parametrize("mode, zero_shot, sources", [
+    ("search", False, {"strategy search", "local search"}),
+    ("policy", True, {"search sample", "zero-shot greedy", "zero-shot sample"}),
+    ("both", True, {"strategy search", "policy-guided search", "search sample", "zero-shot greedy",
+                    "zero-shot sample"}),
+])
+def test_plan_task_modes_use_only_their_own_moves(mode, zero_shot, sources):
+    """Each mode's non-baseline pool entries come from its own moves only (the ablation of
+    benchmarks/policy_bench.py compares them); the search mode needs no policy."""
+    from tfplace.policy.testing_fixtures import tiny_task
+    task = tiny_task("cnn", "four", batch_size=16)
+    r = planner.plan_task(None if mode == "search" else _small_learner(), task, 1.5, samples=2, mode=mode)
+    assert (r.zero_shot is not None) == zero_shot
+    found = {src for _, _, src in r.trace[1:]}  # every improvement after the baselines joined
+    assert found <= sources, found
+    assert r.trace[0][0] >= 0 and all(b[1] <= a[1] for a, b in zip(r.trace, r.trace[1:]))  # improvements only
+    assert r.best.effective_time_s == r.trace[-1][1]
+
+
+def test_plan_task_stops_at_the_target_and_refuses_a_policy_mode_without_policy():
+    from tfplace.policy.testing_fixtures import tiny_task
+    task = tiny_task("cnn", "four", batch_size=16)
+    start = planner.plan_task(None, task, 0.0, mode="search").best.effective_time_s
+    r = planner.plan_task(None, tiny_task("cnn", "four", batch_size=16), 30.0, mode="search",
+                          target_time_s=start * 1.5)  # the baselines already meet it
+    assert r.planning_s < 10 and r.best.effective_time_s <= start * 1.5
+    for mode in ("both", "policy"):
+        with pytest.raises(InputError, match="needs a policy"):
+            planner.plan_task(None, task, 0.0, mode=mode)
+    with pytest.raises(InputError, match="is not one of"):
+        planner.plan_task(None, task, 0.0, mode="guess")

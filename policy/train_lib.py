@@ -2,7 +2,8 @@
 
     summary = train(config, log=print_to_stderr)     # resumes from config.output_dir if it holds a run
 
-Per step, for every task (graph x cluster): sample `rl.samples_per_step` strategies from the
+The policy starts from `init_policy` (e.g. the pre-trained policy shipped with tfplace,
+tfplace.policy.pretrained) or from random weights. Per step, for every task (graph x cluster): sample `rl.samples_per_step` strategies from the
 policy, simulate them (reward: tfplace.policy.environment), evaluate the greedy strategy and one
 local-search mutation of the pool's best action (both only feed the pool), then one REINFORCE
 update over all tasks (tfplace.policy.agent).
@@ -13,7 +14,8 @@ Outputs, under output_dir:
                              logs of every task, name of the TF checkpoint (JSON, never pickle)
   checkpoints/ckpt-<step>*   tf.train.Checkpoint of the policy network and its optimizer
   train.log                  messages
-  <label>/time.log           one line per step: step, mean and min sampled time, best time (s)
+  <label>/time.log           one line per step: step, mean and min sampled time, best time, the
+                             policy's greedy strategy's time (s)
   <label>/best_time.log      JSON: best time, its strategy, every baseline's time, speed-ups
   <label>/best_strategy.json the best strategy (tfplace.formats.strategy format)
   <label>/best_trace.json    simulated Chrome trace of the best strategy
@@ -95,7 +97,7 @@ class TaskRun:
     task: PlacementTask
     env: PlacementEnvironment
     pool: StrategyPool
-    log_rows: List[List[float]] = dataclasses.field(default_factory=list)  # step, mean, min, best
+    log_rows: List[List[float]] = dataclasses.field(default_factory=list)  # step, mean, min, best, greedy
     best_report: Optional[SimReport] = None  # simulation of the pool's best, from write_outputs
 
     @property
@@ -147,7 +149,7 @@ def seed_pool(task: PlacementTask, size: int) -> StrategyPool:
     pool = StrategyPool(size)
     for name, factory in baseline_strategies(task.graph, task.cluster, task.batch_size, task.max_groups,
                                              task.label, task.profile, task.grouping, task.overheads).items():
-        strategy = factory()
+        strategy = task.lowerer.legalize(factory())  # batch norm keeps its least batch per replica
         ev = task.evaluate_strategy(strategy)
         pool.add_baseline(PoolEntry(name, strategy, ev.time_s, ev.effective_time_s, ev.oom, 0))
     task.reference_time_s = pool.best_baseline().effective_time_s
@@ -245,6 +247,11 @@ class Trainer:
         if saved or rejected:
             self._apply(train_state.resume(self.out, saved, rejected, self._read_checkpoint, log))
         else:
+            if config.init_policy:  # the starting weights (a resumed run has its own in the checkpoint)
+                from tfplace.policy import pretrained
+                weights, variables = pretrained.read_weights(config.init_policy)
+                pretrained.assign_weights(self.learner, weights, variables)
+                log(f"policy starts from {config.init_policy}")
             for run in self.runs:
                 run.pool = seed_pool(run.task, config.rl.pool_size)
                 bb = run.pool.best_baseline()
@@ -304,7 +311,7 @@ class Trainer:
                                        ev.effective_time_s, ev.oom, self.step + 1, a))
             times = [e.effective_time_s for e in evals]
             run.log_rows.append([self.step + 1, float(np.mean(times)), float(min(times)),
-                                 run.pool.best.effective_time_s])
+                                 run.pool.best.effective_time_s, items[len(evals)][2].effective_time_s])
             batch.append((obs, acts, self.learner.advantages(run.label, rewards)))
         stats = self.learner.update(batch)
         self.step += 1
@@ -387,9 +394,10 @@ def write_outputs(run: TaskRun, folder: str) -> None:
     os.makedirs(folder, exist_ok=True)
     best, bb = run.pool.best, run.pool.best_baseline()
     with open(os.path.join(folder, "time.log"), "w", encoding="utf-8") as f:
-        f.write("# step, mean sampled time s, min sampled time s, best time so far s (OOM penalty folded in)\n")
+        f.write("# step, mean sampled time s, min sampled time s, best time so far s, greedy time s "
+                "(OOM penalty folded in)\n")
         for row in run.log_rows:
-            f.write(f"{int(row[0])}, {row[1]:.6e}, {row[2]:.6e}, {row[3]:.6e}\n")
+            f.write(", ".join([str(int(row[0]))] + [f"{x:.6e}" for x in row[1:]]) + "\n")
     save_strategy(best.strategy, os.path.join(folder, "best_strategy.json"))
     report = run.task.simulate(best.strategy, trace=True)
     run.best_report = dataclasses.replace(report, trace=None)  # the summary's memory figures
@@ -435,7 +443,9 @@ def plot(run: TaskRun, path: str) -> None:
         rows = np.asarray(run.log_rows)
         ax.plot(rows[:, 0], rows[:, 1] * 1e3, lw=0.8, alpha=0.6, label="mean sampled")
         ax.plot(rows[:, 0], rows[:, 2] * 1e3, lw=0.8, label="best sampled in step")
-        ax.plot(rows[:, 0], rows[:, 3] * 1e3, lw=2, label="best so far (pool)")
+        ax.plot(rows[:, 0], rows[:, 3] * 1e3, lw=2, label="best so far (pool: search and policy)")
+        if rows.shape[1] > 4:
+            ax.plot(rows[:, 0], rows[:, 4] * 1e3, lw=1.2, label="policy's greedy strategy")
     ax.axhline(run.pool.best_baseline().effective_time_s * 1e3, color="k", ls="--",
                label=f"best baseline ({run.pool.best_baseline().source})")
     ax.set_xlabel("step")

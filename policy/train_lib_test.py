@@ -142,6 +142,7 @@ FIELD_CHANGES = {
     "network": (lambda c, d: dataclasses.replace(c.network, hidden_size=32), "network"),
     "rl": (lambda c, d: dataclasses.replace(c.rl, oom_penalty=3.0), "rl"),
     "simulator": (lambda c, d: dataclasses.replace(c.simulator, allreduce_algorithm="tree"), "simulator"),
+    "init_policy": (lambda c, d: str(d / "other.json"), "init_policy"),  # its contents, like the files above
     "budget": (lambda c, d: dataclasses.replace(c.budget, steps=500), None),
     "checkpoint_every_steps": (lambda c, d: 7, None),
     "output_dir": (lambda c, d: str(d / "elsewhere"), None),

@@ -105,7 +105,8 @@ def run_fingerprint(config: TrainConfig, bundles: Sequence[str]) -> Dict[str, st
         path = config.overheads[j] if j < len(config.overheads) else None
         parts[f"overheads[{j}]"] = "none" if path is None else _file_digest([path])
     plain = config.to_json()
-    skip = set(RESUMABLE_FIELDS) | {"graphs", "clusters", "profiles", "overheads"}
+    skip = set(RESUMABLE_FIELDS) | {"graphs", "clusters", "profiles", "overheads", "init_policy"}
+    parts["init_policy"] = "random" if config.init_policy is None else _file_digest([config.init_policy])
     for f in dataclasses.fields(config):
         if f.name not in skip:
             parts[f.name] = hashlib.sha256(json.dumps(plain[f.name], sort_keys=True).encode()).hexdigest()
@@ -266,9 +267,9 @@ def _read_task(task: Dict, where: str) -> Tuple[StrategyPool, List[List[float]]]
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:  # InputError is a ValueError
         raise _Rejected(f"{where}.pool", f"is not a strategy pool ({e})") from None
     rows = _get(task, "log", list, where)
-    if not all(isinstance(r, list) and len(r) == 4 and all(
+    if not all(isinstance(r, list) and len(r) in (4, 5) and all(
             isinstance(x, (int, float)) and not isinstance(x, bool) for x in r) for r in rows):
-        raise _Rejected(f"{where}.log", "must be rows of 4 numbers (step, mean, min, best)")
+        raise _Rejected(f"{where}.log", "must be rows of 5 numbers (step, mean, min, best, greedy)")
     return pool, [list(r) for r in rows]
 
 

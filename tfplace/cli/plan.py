@@ -1,12 +1,14 @@
 """One strategy for a graph and cluster from a trained policy, zero-shot, optionally improved by
-search: `python -m tfplace.plan --checkpoint RUN_DIR --graph bundle.json|step.pb|--model NAME
---batch_size B --cluster cluster.json [--profile profile.json] [--search_seconds N] --out strategy.json`.
+search: `python -m tfplace.plan --graph bundle.json|step.pb|--model NAME --batch_size B
+--cluster cluster.json [--profile profile.json] [--search_seconds N] --out strategy.json`.
 Every flag (numbers, the zoo model name, input files and --out) is checked before anything loads.
 
-RUN_DIR is the output_dir of `python -m tfplace.train` (its config.json gives the network sizes
-and max_groups, its state.json the checkpoint). The result is the best of: the policy's greedy
-strategy, `--samples` policy samples, every baseline, and (with --search_seconds) local search
-around the best action; it is never worse than the best baseline.
+The policy: the pre-trained one shipped with tfplace (policy/pretrained/policy.json), unless
+--checkpoint RUN_DIR (the output_dir of `python -m tfplace.train`: its config.json gives the
+network sizes and max_groups, its state.json the checkpoint) or --policy FILE (a weights file of
+`python -m tfplace.pretrain`) names another. The result is the best of: the policy's greedy
+strategy, `--samples` policy samples, every baseline, and (with --search_seconds) the
+policy-guided search (tfplace.policy.planner.plan_task); it is never worse than the best baseline.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ FLAGS = flags.FLAGS
 
 def define_flags() -> None:
     """The command's flags (called when it runs; see tfplace.cli.common)."""
-    flags.DEFINE_string("checkpoint", None, "output_dir of a training run", required=True)
+    flags.DEFINE_string("checkpoint", None, "output_dir of a training run (default: the shipped policy)")
+    flags.DEFINE_string("policy", None, "policy weights file of python -m tfplace.pretrain (default: the shipped one)")
     flags.DEFINE_string("graph", None, "graph bundle .json or a training step .pb/.pbtxt/.meta (or use --model)")
     common.define_step_flags()
     flags.DEFINE_string("model", None, "zoo model name (exported on demand)")
@@ -39,11 +42,12 @@ def define_flags() -> None:
     flags.DEFINE_string("out", "strategy.json", "where to write the strategy")
     common.define_overheads_flag()
     flags.mark_flags_as_mutual_exclusive(["graph", "model"], required=True)
+    flags.mark_flags_as_mutual_exclusive(["checkpoint", "policy"])
     common.output_file_flag("out")
     common.flag_check("checkpoint", check_run_dir)
     common.graph_flag("graph", zoo=False)
     common.zoo_model_flag("model")
-    for name in ("cluster", "profile", "overheads"):
+    for name in ("cluster", "profile", "overheads", "policy"):
         common.input_file_flag(name)
 
 
@@ -71,7 +75,7 @@ def main(argv) -> int:
     result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
                           cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
                           samples=FLAGS.samples, seed=FLAGS.seed, out=FLAGS.out,
-                          resolve_bundle=bundle_for_entry, overheads=FLAGS.overheads)
+                          resolve_bundle=bundle_for_entry, overheads=FLAGS.overheads, weights=FLAGS.policy)
     print(planner.format_result(result))
     return 0
 

@@ -152,6 +152,7 @@ class TrainConfig:
     rl: RLConfig = RLConfig()
     simulator: SimulatorConfig = SimulatorConfig()
     accept_infeasible: bool = False  # a best strategy that runs out of memory fails the run unless set
+    init_policy: Optional[str] = None  # weights file the policy starts from (absolute path), or None: random
     source: str = dataclasses.field(default="", compare=False)
 
     def to_json(self) -> Dict[str, Any]:
@@ -308,21 +309,42 @@ def load_train_config(path: Union[str, os.PathLike], workdir: Optional[str] = No
     r = FieldReader.from_file(path, expected_format=TRAIN_FORMAT)
     bases = [os.path.dirname(os.path.abspath(r.source)), REPO_ROOT]
     r.expect_keys(("graphs", "clusters", "profiles", "overheads", "max_groups", "budget", "seed", "output_dir",
-                   "checkpoint_every_steps", "network", "rl", "simulator", "accept_infeasible"))
+                   "checkpoint_every_steps", "network", "rl", "simulator", "accept_infeasible", "init_policy"))
     graphs = _graph_entries(r, "graphs", bases, min_len=1, check_model=check_model)
     clusters = tuple(_resolve(r, f"clusters[{i}]", c, bases, "cluster file")
                      for i, c in enumerate(r.strings("clusters", min_len=1)))
     for c in clusters:
         load_cluster(c)
+    init_policy, network = _init_policy(r, bases)
     return TrainConfig(
         graphs=graphs, clusters=clusters, profiles=_profiles(r, bases, len(graphs)),
         output_dir=_output_dir(r, workdir), overheads=_overheads_per_cluster(r, bases, len(clusters)),
         max_groups=r.get("max_groups", int, default=TrainConfig.max_groups, **_pos),
         budget=_budget(r), seed=r.get("seed", int, default=TrainConfig.seed, **_non_neg),
         checkpoint_every_steps=r.get("checkpoint_every_steps", int, default=TrainConfig.checkpoint_every_steps, **_pos),
-        network=_section(r, "network", NetworkConfig), rl=_section(r, "rl", RLConfig),
-        simulator=_section(r, "simulator", SimulatorConfig),
-        accept_infeasible=r.get("accept_infeasible", bool, default=TrainConfig.accept_infeasible), source=r.source)
+        network=network, rl=_section(r, "rl", RLConfig), simulator=_section(r, "simulator", SimulatorConfig),
+        accept_infeasible=r.get("accept_infeasible", bool, default=TrainConfig.accept_infeasible),
+        init_policy=init_policy, source=r.source)
+
+
+PRETRAINED = "pretrained"
+
+
+def _init_policy(r: FieldReader, bases: List[str]) -> Tuple[Optional[str], NetworkConfig]:
+    """`init_policy`: "pretrained" (the policy shipped with tfplace), a policy weights file
+    (python -m tfplace.pretrain), or absent / null (random initial weights). With a file, the
+    network sizes are the file's; a `network` section that differs from them is refused."""
+    value = r.get("init_policy", (str, type(None)), default=None)
+    if value is None:
+        return None, _section(r, "network", NetworkConfig)
+    from tfplace.policy import pretrained  # the weights format lives with the policy
+    path = pretrained.PRETRAINED_PATH if value == PRETRAINED else \
+        _resolve(r, "init_policy", value, bases, "policy weights file")
+    weights, _ = pretrained.read_weights(path)
+    if r.has("network") and _section(r, "network", NetworkConfig) != weights.network:
+        raise r.error("network", f"differs from the network of init_policy {value!r} ({weights.network})",
+                      "remove the network section (the weights file gives the sizes), or drop init_policy")
+    return path, weights.network
 
 
 def _overheads_per_cluster(r: FieldReader, bases: List[str], num_clusters: int) -> Tuple[Optional[str], ...]:

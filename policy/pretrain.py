@@ -1,0 +1,243 @@
+"""Pre-training the placement policy by expert iteration over the training distribution (the
+library behind `python -m tfplace.pretrain`, which writes the policy shipped with the package).
+
+    result = pretrain(PretrainConfig(out="policy/pretrained/policy.json", seed=0), log=print)
+
+The tasks: `num_tasks` (model, cluster) pairs drawn with `seed` from the split's train models x
+its generated training clusters (tfplace.policy.distribution; the held-out models and cluster
+shapes are never drawn). Costs come from the device model (derived profiles).
+
+Each round r = 0 .. rounds-1:
+  1. expert: for every task, the policy-guided search (tfplace.policy.planner.plan_task, mode
+     "both": policy samples, mutations drawn from the policy's marginals, the strategy-level hill
+     climber, every baseline in the pool) runs `search_seconds`; its best strategy is encoded into
+     the action space (actions.encode) and the better of that and the best action the search
+     itself evaluated becomes the task's target (kept across rounds: a target only improves);
+  2. apprentice: `epochs` passes of supervised imitation (ReinforceLearner.imitate) over the
+     targets, in shuffled mini-batches of `tasks_per_update` tasks;
+then `rl_steps` REINFORCE steps (the simulator's reward; each on `tasks_per_update` tasks with
+`rl_samples` samples, plus one imitation step on the same tasks so that the policy does not
+drift from what the search found). Round r+1's search starts from round r's policy.
+
+Resume: targets and per-round weights go to `work_dir` as they are made (JSON, atomically);
+running the same config again skips what is there. Every random draw comes from the seed and the
+round / task index (not from a generator that an interruption would leave elsewhere), so a
+resumed run takes the same steps as an uninterrupted one; the run is deterministic for a seed up
+to the search's wall-clock budget (a faster machine evaluates more candidates).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from tfplace.formats.config import GraphEntry, NetworkConfig, RLConfig
+from tfplace.formats.jsonio import FieldReader, write_json
+from tfplace.ir.grouping import make_grouping
+from tfplace.ir.loader import load_op_graph
+
+from tfplace.policy import actions as A
+from tfplace.policy import distribution, pretrained
+from tfplace.policy.environment import PlacementTask
+from tfplace.policy.fallbacks import default_profile
+
+Log = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainConfig:
+    out: str
+    seed: int = 0
+    num_tasks: int = 32
+    rounds: int = 2
+    search_seconds: float = 10.0
+    epochs: int = 40
+    rl_steps: int = 20
+    rl_samples: int = 4
+    tasks_per_update: int = 4
+    max_groups: int = 64
+    learning_rate: float = 1e-3
+    network: NetworkConfig = NetworkConfig()
+    split_path: Optional[str] = None
+    work_dir: Optional[str] = None  # default: <out>.work
+
+    @property
+    def work(self) -> str:
+        return self.work_dir or self.out + ".work"
+
+
+@dataclasses.dataclass
+class TaskSpec:
+    label: str
+    model: str
+    batch_size: int
+    cluster_name: str
+    cluster_body: dict
+
+
+def draw_tasks(split: distribution.Split, num_tasks: int, seed: int) -> List[TaskSpec]:
+    """`num_tasks` distinct (train model, training cluster) pairs, drawn with `seed`; every model
+    entry appears about equally often (round robin over a shuffled model order)."""
+    clusters = distribution.training_clusters(split)
+    rng = np.random.default_rng(seed)
+    pairs = [(m, c) for m in range(len(split.train_models)) for c in range(len(clusters))]
+    by_model: Dict[int, List[int]] = {}
+    for m, c in pairs:
+        by_model.setdefault(m, []).append(c)
+    for cs in by_model.values():
+        rng.shuffle(cs)
+    order = list(rng.permutation(len(split.train_models)))
+    out: List[TaskSpec] = []
+    while len(out) < min(num_tasks, len(pairs)):
+        for m in order:
+            if by_model[m] and len(out) < num_tasks:
+                c = by_model[m].pop()
+                entry = split.train_models[m]
+                name, body = clusters[c]
+                out.append(TaskSpec(f"{entry['model']}_b{entry['batch_size']}__{name}", entry["model"],
+                                    int(entry["batch_size"]), name, body))
+    return out
+
+
+def build_task(spec: TaskSpec, max_groups: int, resolve_bundle=None) -> PlacementTask:
+    """The PlacementTask of one spec (device-model profile)."""
+    if resolve_bundle is None:
+        from tfplace.graph_defs.export import bundle_for_entry as resolve_bundle
+    graph = load_op_graph(resolve_bundle(GraphEntry(spec.batch_size, model=spec.model)))
+    cluster = distribution.as_cluster(spec.cluster_body)
+    return PlacementTask(spec.label, graph, make_grouping(graph, max_groups), cluster,
+                         default_profile(graph, cluster.kinds), spec.batch_size, max_groups)
+
+
+def expert_target(learner, task: PlacementTask, search_seconds: float, seed: int) -> Tuple[Dict, float, str]:
+    """(target action, its effective time s, where it came from) of one policy-guided search."""
+    from tfplace.policy.planner import plan_task
+    result = plan_task(learner, task, search_seconds, samples=4, seed=seed, mode="both")
+    cands = [(A.encode(result.best.strategy, task.grouping.group_names, task.cluster.device_names, task.speeds),
+              f"encoded {result.best.source}")]
+    if result.best_action is not None:
+        cands.append((result.best_action.action, result.best_action.source))
+    scored = [(task.evaluate(a).effective_time_s, i, a, src) for i, (a, src) in enumerate(cands)]
+    t, _, act, src = min(scored, key=lambda x: (x[0], x[1]))
+    return act, t, src
+
+
+def _read(path: str, default):
+    return FieldReader.from_file(path).data if os.path.exists(path) else default
+
+
+def pretrain(config: PretrainConfig, log: Log) -> Dict[str, object]:
+    """Runs (or resumes) pre-training; writes config.out; returns its provenance."""
+    from tfplace.policy.train_lib import seed_everything
+    os.makedirs(config.work, exist_ok=True)
+    seed_everything(config.seed)  # before the network is built: its initial weights
+    split = distribution.load_split(config.split_path)
+    specs = draw_tasks(split, config.num_tasks, config.seed)
+    learner = pretrained.new_learner(config.network, RLConfig(learning_rate=config.learning_rate))
+    t0 = time.time()
+    tasks: Dict[str, PlacementTask] = {}
+    for i, spec in enumerate(specs):
+        tasks[spec.label] = build_task(spec, config.max_groups)
+        log(f"[task {i + 1}/{len(specs)}] {spec.label}: {tasks[spec.label].num_groups} groups, "
+            f"{tasks[spec.label].num_devices} devices")
+    targets_path = os.path.join(config.work, "targets.json")
+    targets: Dict[str, Dict] = _read(targets_path, {})
+    rounds_log: List[Dict[str, object]] = _read(os.path.join(config.work, "rounds.json"), {"rounds": []})["rounds"]
+    for r in range(config.rounds):
+        round_path = os.path.join(config.work, f"round{r}.json")
+        if os.path.exists(round_path):
+            weights, variables = pretrained.read_weights(round_path)
+            pretrained.assign_weights(learner, weights, variables)
+            log(f"round {r}: resumed from {round_path}")
+            continue
+        for i, spec in enumerate(specs):
+            key = f"{r}:{spec.label}"
+            if key in targets.get("done", []):
+                continue
+            task = tasks[spec.label]
+            search_seed = int(np.random.SeedSequence([config.seed, r, i]).generate_state(1)[0])
+            act, t, src = expert_target(learner, task, config.search_seconds, search_seed)
+            old = targets.get(spec.label)
+            if old is None or t < old["effective_time_s"]:
+                targets[spec.label] = {"action": A.action_to_json(act), "effective_time_s": t, "source": src,
+                                       "round": r, "baseline_s": task.reference_time_s}
+            targets.setdefault("done", []).append(key)
+            write_json(targets_path, targets)
+            log(f"[round {r} search {i + 1}/{len(specs)}] {spec.label}: target {t * 1e3:.2f} ms ({src}); "
+                f"best baseline {task.reference_time_s * 1e3:.2f} ms")
+        stats = _imitate(learner, specs, tasks, targets, config, np.random.default_rng([config.seed, r]), log, r)
+        rounds_log.append(stats)
+        pretrained.save_weights(learner, round_path, config.network, config.max_groups, {"round": r})
+        write_json(os.path.join(config.work, "rounds.json"), {"rounds": rounds_log})
+    rl = _reinforce(learner, specs, tasks, targets, config, np.random.default_rng([config.seed, config.rounds]),
+                    log) if config.rl_steps else {}
+    final = _greedy_ratios(learner, specs, tasks, targets)
+    provenance = {"command": pretrained.PRETRAIN_COMMAND, "seed": config.seed,
+                  "config": {k: v for k, v in dataclasses.asdict(config).items() if k not in ("out", "work_dir")},
+                  "split": os.path.relpath(config.split_path or distribution.DEFAULT_SPLIT_PATH,
+                                           distribution.REPO_ROOT),
+                  "tasks": [s.label for s in specs], "rounds": rounds_log, "rl": rl,
+                  "greedy_over_target_geomean": final, "wall_s": time.time() - t0}
+    pretrained.save_weights(learner, config.out, config.network, config.max_groups, provenance)
+    log(f"wrote {config.out}: greedy / target time, geomean over the training tasks {final:.3f}")
+    return provenance
+
+
+def _target(targets, label):
+    return A.action_from_json(targets[label]["action"])
+
+
+def _greedy_ratios(learner, specs, tasks, targets) -> float:
+    """Geomean over tasks of (greedy strategy's effective time / target's)."""
+    ratios = []
+    for spec in specs:
+        task = tasks[spec.label]
+        g = task.evaluate(learner.greedy(task.features.as_observation())).effective_time_s
+        ratios.append(g / targets[spec.label]["effective_time_s"])
+    return float(np.exp(np.mean(np.log(ratios))))
+
+
+def _batches(rng, specs, size):
+    order = rng.permutation(len(specs))
+    return [[specs[i] for i in order[k:k + size]] for k in range(0, len(order), size)]
+
+
+def _imitate(learner, specs, tasks, targets, config, rng, log, r) -> Dict[str, object]:
+    before = _greedy_ratios(learner, specs, tasks, targets)
+    first = last = None
+    for epoch in range(config.epochs):
+        losses = [learner.imitate([(tasks[s.label].features.as_observation(), _target(targets, s.label))
+                                   for s in batch]) for batch in _batches(rng, specs, config.tasks_per_update)]
+        last = float(np.mean(losses))
+        first = last if first is None else first
+        if epoch % 10 == 9 or epoch == config.epochs - 1:
+            log(f"[round {r} imitation epoch {epoch + 1}/{config.epochs}] loss {last:.4f} nats per group")
+    after = _greedy_ratios(learner, specs, tasks, targets)
+    log(f"round {r}: greedy / target time (geomean over tasks) {before:.3f} -> {after:.3f}")
+    return {"round": r, "loss_first_epoch": first, "loss_last_epoch": last,
+            "greedy_over_target_before": before, "greedy_over_target_after": after}
+
+
+def _reinforce(learner, specs, tasks, targets, config, rng, log) -> Dict[str, object]:
+    before = _greedy_ratios(learner, specs, tasks, targets)
+    for step in range(config.rl_steps):
+        batch = _batches(rng, specs, config.tasks_per_update)[0]
+        rl_batch, demo = [], []
+        for s in batch:
+            task = tasks[s.label]
+            obs = task.features.as_observation()
+            acts = learner.sample(obs, config.rl_samples, rng.integers(0, 2**31 - 1, 2))
+            rewards = [task.reward(task.evaluate(a)) for a in acts]
+            rl_batch.append((obs, acts, learner.advantages(s.label, rewards)))
+            demo.append((obs, _target(targets, s.label)))
+        learner.update(rl_batch)
+        learner.imitate(demo)
+        if step % 10 == 9:
+            log(f"[reinforce {step + 1}/{config.rl_steps}]")
+    after = _greedy_ratios(learner, specs, tasks, targets)
+    log(f"reinforce: greedy / target time (geomean over tasks) {before:.3f} -> {after:.3f}")
+    return {"steps": config.rl_steps, "greedy_over_target_before": before, "greedy_over_target_after": after}
