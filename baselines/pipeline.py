@@ -201,12 +201,24 @@ def _strategy(problem: Problem, model: _Model, cuts, stage_devs, m: int) -> Stra
     return problem.strategy(groups=groups)
 
 
+MAX_UNITS = 10  # stage boundaries fall between at most this many runs of devices (2^9 compositions)
+
+
+def unit_bounds(n: int, max_units: int = MAX_UNITS) -> List[int]:
+    """Boundaries 0 = b_0 < ... < b_U = n of U = min(n, max_units) runs of near-equal size (the
+    longer runs first); stage boundaries may fall only on them."""
+    u = min(n, max_units)
+    sizes = [n // u + (1 if i < n % u else 0) for i in range(u)]
+    return [0] + list(itertools.accumulate(sizes))
+
+
 def _search(problem: Problem, model: _Model, order: List[int], max_stages: int, micro_batches: Sequence[int]):
     """Best candidate per (stage count, micro-batches): {(S, M): (estimate, cuts, stage devices, M)}."""
-    n, batch = len(order), problem.global_batch_size
+    batch = problem.global_batch_size
+    units = unit_bounds(len(order))
     best: Dict[Tuple[int, int], tuple] = {}
-    for comp in compositions(n, max_stages):
-        bounds = np.concatenate([[0], np.cumsum(comp)])
+    for comp in compositions(len(units) - 1, max_stages):
+        bounds = [units[i] for i in itertools.accumulate((0,) + comp)]
         stage_devs = [tuple(order[bounds[s]:bounds[s + 1]]) for s in range(len(comp))]
         for m in sorted(set(int(x) for x in micro_batches if 1 <= x <= batch)):
             mats = [model.stage_matrix(devs, stage_devs[s + 1] if s + 1 < len(comp) else None, m)

@@ -107,3 +107,10 @@ def test_stage_devices_follow_speed():
     plan = pipeline.plan_pipeline(problem, max_stages=1, micro_batches=(1,), log=None)
     shares = {d: sum(mb) for d, mb in plan.strategy.decision_for(problem.group_names[0]).shares}
     assert shares == {"v100_0": 11, "p100_0": 5}
+
+
+@pytest.mark.parametrize("n, bounds", [(4, [0, 1, 2, 3, 4]), (10, list(range(11))),
+                                       (16, [0, 2, 4, 6, 8, 10, 12, 13, 14, 15, 16]),
+                                       (23, [0, 3, 6, 9, 11, 13, 15, 17, 19, 21, 23])])
+def test_stage_boundaries_fall_on_at_most_ten_runs_of_devices(n, bounds):
+    assert pipeline.unit_bounds(n) == bounds

@@ -17,7 +17,9 @@ Each round r = 0 .. rounds-1:
      targets, in shuffled mini-batches of `tasks_per_update` tasks;
 then `rl_steps` REINFORCE steps (the simulator's reward; each on `tasks_per_update` tasks with
 `rl_samples` samples, plus one imitation step on the same tasks so that the policy does not
-drift from what the search found). Round r+1's search starts from round r's policy.
+drift from what the search found); their weights are kept only if the greedy strategies end
+closer to the targets than before them (the provenance says which). Round r+1's search starts
+from round r's policy.
 
 Resume: targets and per-round weights go to `work_dir` as they are made (JSON, atomically);
 running the same config again skips what is there. Every random draw comes from the seed and the
@@ -55,7 +57,7 @@ class PretrainConfig:
     num_tasks: int = 32
     rounds: int = 2
     search_seconds: float = 10.0
-    epochs: int = 40
+    epochs: int = 120
     rl_steps: int = 20
     rl_samples: int = 4
     tasks_per_update: int = 4
@@ -103,10 +105,9 @@ def draw_tasks(split: distribution.Split, num_tasks: int, seed: int) -> List[Tas
     return out
 
 
-def build_task(spec: TaskSpec, max_groups: int, resolve_bundle=None) -> PlacementTask:
-    """The PlacementTask of one spec (device-model profile)."""
-    if resolve_bundle is None:
-        from tfplace.graph_defs.export import bundle_for_entry as resolve_bundle
+def build_task(spec: TaskSpec, max_groups: int, resolve_bundle) -> PlacementTask:
+    """The PlacementTask of one spec (device-model profile); `resolve_bundle`: a GraphEntry's
+    bundle path (the binaries pass tfplace.graph_defs.export.bundle_for_entry)."""
     graph = load_op_graph(resolve_bundle(GraphEntry(spec.batch_size, model=spec.model)))
     cluster = distribution.as_cluster(spec.cluster_body)
     return PlacementTask(spec.label, graph, make_grouping(graph, max_groups), cluster,
@@ -130,8 +131,9 @@ def _read(path: str, default):
     return FieldReader.from_file(path).data if os.path.exists(path) else default
 
 
-def pretrain(config: PretrainConfig, log: Log) -> Dict[str, object]:
-    """Runs (or resumes) pre-training; writes config.out; returns its provenance."""
+def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, object]:
+    """Runs (or resumes) pre-training; writes config.out; returns its provenance. `resolve_bundle`:
+    as for build_task (the policy does not depend on the model zoo)."""
     from tfplace.policy.train_lib import seed_everything
     os.makedirs(config.work, exist_ok=True)
     seed_everything(config.seed)  # before the network is built: its initial weights
@@ -141,7 +143,7 @@ def pretrain(config: PretrainConfig, log: Log) -> Dict[str, object]:
     t0 = time.time()
     tasks: Dict[str, PlacementTask] = {}
     for i, spec in enumerate(specs):
-        tasks[spec.label] = build_task(spec, config.max_groups)
+        tasks[spec.label] = build_task(spec, config.max_groups, resolve_bundle)
         log(f"[task {i + 1}/{len(specs)}] {spec.label}: {tasks[spec.label].num_groups} groups, "
             f"{tasks[spec.label].num_devices} devices")
     targets_path = os.path.join(config.work, "targets.json")
@@ -173,8 +175,15 @@ def pretrain(config: PretrainConfig, log: Log) -> Dict[str, object]:
         rounds_log.append(stats)
         pretrained.save_weights(learner, round_path, config.network, config.max_groups, {"round": r})
         write_json(os.path.join(config.work, "rounds.json"), {"rounds": rounds_log})
-    rl = _reinforce(learner, specs, tasks, targets, config, np.random.default_rng([config.seed, config.rounds]),
-                    log) if config.rl_steps else {}
+    rl = {}
+    if config.rl_steps:
+        kept = [v.numpy() for v in learner.network.trainable_variables]
+        rl = _reinforce(learner, specs, tasks, targets, config, np.random.default_rng([config.seed, config.rounds]), log)
+        rl["kept"] = rl["greedy_over_target_after"] <= rl["greedy_over_target_before"]
+        if not rl["kept"]:  # REINFORCE made the greedy strategies worse: keep the imitation weights
+            for v, value in zip(learner.network.trainable_variables, kept):
+                v.assign(value)
+            log("reinforce did not bring the greedy strategies closer to the targets: its weights are dropped")
     final = _greedy_ratios(learner, specs, tasks, targets)
     provenance = {"command": pretrained.PRETRAIN_COMMAND, "seed": config.seed,
                   "config": {k: v for k, v in dataclasses.asdict(config).items() if k not in ("out", "work_dir")},

@@ -13,6 +13,13 @@ from tfplace.policy import distribution, pretrain, pretrained
 from tfplace.policy.testing_fixtures import tiny_task
 
 SMALL = NetworkConfig(hidden_size=16, num_message_passing_steps=1, mlp_layers=1)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ZOO = {("tiny_mlp", 16): "tiny_mlp_b16_sgd.json", ("tiny_cnn", 16): "tiny_cnn_b16_s16_sgd.json"}
+
+
+def bundle_for_entry(entry):
+    """The committed zoo bundle of a tiny model (the binaries export on demand instead)."""
+    return os.path.join(REPO, "graph_defs", "zoo", ZOO[(entry.model, entry.batch_size)])
 
 
 def test_the_task_draw_is_seeded_and_never_holds_out_data():
@@ -86,7 +93,7 @@ def test_pretrain_learns_the_targets_writes_provenance_and_resumes(tmp_path):
                                      rl_steps=2, tasks_per_update=3, max_groups=16, network=SMALL,
                                      split_path=_tiny_split(tmp_path))
     logs = []
-    prov = pretrain.pretrain(config, logs.append)
+    prov = pretrain.pretrain(config, logs.append, bundle_for_entry)
     first = prov["rounds"][0]
     assert first["loss_last_epoch"] < first["loss_first_epoch"]
     assert first["greedy_over_target_after"] < first["greedy_over_target_before"]
@@ -96,6 +103,6 @@ def test_pretrain_learns_the_targets_writes_provenance_and_resumes(tmp_path):
     assert sorted(targets["done"]) == sorted(f"{r}:{t}" for r in (0, 1) for t in prov["tasks"])
     # a second run finds both rounds done: no search, no imitation, the same round weights
     again = []
-    pretrain.pretrain(config, again.append)
+    pretrain.pretrain(config, again.append, bundle_for_entry)
     assert sum("resumed from" in m for m in again) == 2
     assert not any("search" in m and "target" in m for m in again)

@@ -1,52 +1,39 @@
-"""The policy's weights as a JSON file, and the pre-trained policy that ships with the package.
+"""The policy's weights in a JSON file, and the pre-trained policy that ships with the package.
 
     save_weights(learner, path, network_config, max_groups, provenance)   # tfplace.policy_weights
     learner, weights = load_weights(path)                                  # ready to plan
     learner, weights = load_pretrained()                                   # the shipped file
 
-File format (JSON, never pickle; a checkpoint a person can read and diff):
-  {"format": "tfplace.policy_weights", "version": 1,
-   "network": {NetworkConfig fields}, "max_groups": int,
-   "provenance": {how the weights were made: command, seed, split, metrics},
-   "variables": [{"name": str, "shape": [int...], "values": [float...]}, ...]}
-Variables are listed in the network's own order (PlacementNetwork.trainable_variables, which
-its construction fixes); loading checks every name and shape against a freshly built network,
-so a file from another architecture is one InputError, not silently wrong weights. Values are
-float32 written with 9 significant digits, which read back bit-exactly.
+The file format and its checks: tfplace.formats.policy_weights. Loading also checks every
+variable's name and shape against a freshly built network, so a file from another architecture
+is one InputError, not silently wrong weights.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 import numpy as np
 
 from tfplace.formats.config import NetworkConfig, RLConfig
 from tfplace.formats.errors import InputError
-from tfplace.formats.jsonio import FieldReader, write_json
+from tfplace.formats.jsonio import write_json
+from tfplace.formats.policy_weights import (FORMAT, PRETRAIN_COMMAND, VERSION, PolicyWeights,  # noqa: F401
+                                           pretrained_path, read_weights)
 
-FORMAT = "tfplace.policy_weights"
-VERSION = 1
-PRETRAINED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pretrained", "policy.json")
-PRETRAIN_COMMAND = "python -m tfplace.pretrain --out policy/pretrained/policy.json --seed 0"
-
-
-@dataclasses.dataclass(frozen=True)
-class PolicyWeights:
-    """What a weights file says besides the values."""
-    path: str
-    network: NetworkConfig
-    max_groups: int
-    provenance: Dict[str, Any]
+PRETRAINED_PATH = pretrained_path()
 
 
 def _observation_for_build():
-    """A small fixed observation that creates every variable of the network (the weights do not
-    depend on the graph or cluster size)."""
-    from tfplace.policy.testing_fixtures import tiny_task
-    return tiny_task("mlp", "two").features.as_observation()
+    """A small zero observation (2 groups, 1 edge, 2 devices) that creates every variable of the
+    network: no weight's shape depends on the graph or the cluster."""
+    from tfplace.policy import features as F
+    z = lambda *shape: np.zeros(shape, np.float32)  # noqa: E731
+    return {"nodes": z(2, F.NODE_FEATURES), "edges": z(1, F.EDGE_FEATURES), "senders": np.array([0], np.int32),
+            "receivers": np.array([1], np.int32), "devices": z(2, F.DEVICE_FEATURES),
+            "pairs": z(2, 2, F.PAIR_FEATURES), "globals": z(F.GLOBAL_FEATURES)}
 
 
 def new_learner(network: NetworkConfig, rl: RLConfig = RLConfig()):
@@ -67,37 +54,6 @@ def save_weights(learner, path: str, network: NetworkConfig, max_groups: int,
                  for v in learner.network.trainable_variables]
     write_json(path, {"format": FORMAT, "version": VERSION, "network": dataclasses.asdict(network),
                       "max_groups": int(max_groups), "provenance": provenance or {}, "variables": variables})
-
-
-def _network_config(path: str, body: Dict[str, Any]) -> NetworkConfig:
-    fields = {f.name for f in dataclasses.fields(NetworkConfig)}
-    net = body.get("network")
-    if not isinstance(net, dict) or set(net) - fields or not all(isinstance(v, int) and v > 0 for v in net.values()):
-        raise InputError(path, "network", f"must be an object of positive integers with keys among {sorted(fields)}",
-                         f"write the file with tfplace.policy.pretrained.save_weights ({PRETRAIN_COMMAND})")
-    return NetworkConfig(**net)
-
-
-def read_weights(path: str) -> Tuple[PolicyWeights, list]:
-    """(what the file says, its variable list), checked for shape but not against a network."""
-    fix = f"give a file written by save_weights, e.g. by {PRETRAIN_COMMAND}"
-    body = FieldReader.from_file(path).data
-    if not isinstance(body, dict) or body.get("format") != FORMAT:
-        raise InputError(path, "format", f"is not {FORMAT!r}", fix)
-    if body.get("version") != VERSION:
-        raise InputError(path, "version", f"is {body.get('version')!r}, this tfplace reads {VERSION}", fix)
-    network = _network_config(path, body)
-    max_groups = body.get("max_groups")
-    if not isinstance(max_groups, int) or max_groups < 1:
-        raise InputError(path, "max_groups", f"must be a positive integer, got {max_groups!r}", fix)
-    variables = body.get("variables")
-    if not isinstance(variables, list) or not variables:
-        raise InputError(path, "variables", "must be a non-empty list", fix)
-    for i, v in enumerate(variables):
-        ok = isinstance(v, dict) and isinstance(v.get("shape"), list) and isinstance(v.get("values"), list)
-        if not ok or len(v["values"]) != int(np.prod(v["shape"], dtype=np.int64)):
-            raise InputError(path, f"variables[{i}]", "needs a name, a shape and prod(shape) values", fix)
-    return PolicyWeights(path, network, max_groups, dict(body.get("provenance") or {})), variables
 
 
 def assign_weights(learner, weights: PolicyWeights, variables: list) -> None:

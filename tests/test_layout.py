@@ -45,7 +45,7 @@ OUTER_CORE = {
     "tfplace.policy": {"formats", "ir", "lowering", "profiling", "overheads", "rewrite"},
     "tfplace.graph_defs": {"formats", "ir"},
 }
-TOP_SHIMS = {"train", "plan", "simulate", "compare", "profile"}  # `python -m tfplace.X` -> tfplace.cli.X
+TOP_SHIMS = {"train", "pretrain", "plan", "simulate", "compare", "profile"}  # `python -m tfplace.X` -> tfplace.cli.X
 
 
 def _owner(module: str) -> str:

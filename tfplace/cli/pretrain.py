@@ -47,6 +47,7 @@ def main(argv) -> int:
     del argv
     import dataclasses
     import sys
+    from tfplace.graph_defs.export import bundle_for_entry
     from tfplace.policy.pretrain import PretrainConfig, pretrain
     base = PretrainConfig(out="")
     config = PretrainConfig(out=os.path.abspath(FLAGS.out), seed=FLAGS.seed, num_tasks=FLAGS.num_tasks,
@@ -55,7 +56,7 @@ def main(argv) -> int:
                             network=dataclasses.replace(base.network, hidden_size=FLAGS.hidden_size))
     os.makedirs(config.work, exist_ok=True)
     with common.OutputLock(config.work, FLAGS.work_dir or FLAGS.out, "work_dir" if FLAGS.work_dir else "out"):
-        pretrain(config, lambda m: (sys.stderr.write(m + "\n"), sys.stderr.flush()))
+        pretrain(config, lambda m: (sys.stderr.write(m + "\n"), sys.stderr.flush()), bundle_for_entry)
     return 0
 
 

@@ -337,10 +337,9 @@ def _init_policy(r: FieldReader, bases: List[str]) -> Tuple[Optional[str], Netwo
     value = r.get("init_policy", (str, type(None)), default=None)
     if value is None:
         return None, _section(r, "network", NetworkConfig)
-    from tfplace.policy import pretrained  # the weights format lives with the policy
-    path = pretrained.PRETRAINED_PATH if value == PRETRAINED else \
-        _resolve(r, "init_policy", value, bases, "policy weights file")
-    weights, _ = pretrained.read_weights(path)
+    from tfplace.formats.policy_weights import pretrained_path, read_weights  # it imports this module
+    path = pretrained_path() if value == PRETRAINED else _resolve(r, "init_policy", value, bases, "policy weights file")
+    weights, _ = read_weights(path)
     if r.has("network") and _section(r, "network", NetworkConfig) != weights.network:
         raise r.error("network", f"differs from the network of init_policy {value!r} ({weights.network})",
                       "remove the network section (the weights file gives the sizes), or drop init_policy")
