@@ -125,3 +125,19 @@ def test_plan_task_stops_at_the_target_and_refuses_a_policy_mode_without_policy(
             planner.plan_task(None, task, 0.0, mode=mode)
     with pytest.raises(InputError, match="is not one of"):
         planner.plan_task(None, task, 0.0, mode="guess")
+
+
+def test_plan_command_uses_the_shipped_policy_without_a_checkpoint(tmp_path):
+    """`python -m tfplace.plan` with no --checkpoint plans with policy/pretrained/policy.json,
+    zero-shot, and writes a strategy that is never worse than the best baseline."""
+    import subprocess
+    import sys
+    out = str(tmp_path / "s.json")
+    result = subprocess.run([sys.executable, "-m", "tfplace.plan", "--model", "tiny_mlp", "--batch_size", "16",
+                             "--cluster", os.path.join(REPO, "clusters/two_kind_4gpu.json"), "--out", out],
+                            capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "zero-shot" in result.stdout and f"strategy written to {out}" in result.stdout
+    s = load_strategy(out)
+    validate_strategy(s, None, list(s.all_devices()), 16)

@@ -3,7 +3,7 @@ library behind `python -m tfplace.pretrain`, which writes the policy shipped wit
 
     result = pretrain(PretrainConfig(out="policy/pretrained/policy.json", seed=0), log=print)
 
-The tasks: `num_tasks` (model, cluster) pairs drawn with `seed` from the split's train models x
+The tasks: `num_tasks` (+ `num_validation_tasks`) (model, cluster) pairs drawn with `seed` from the split's train models x
 its generated training clusters (tfplace.policy.distribution; the held-out models and cluster
 shapes are never drawn). Costs come from the device model (derived profiles).
 
@@ -14,11 +14,13 @@ Each round r = 0 .. rounds-1:
      the action space (actions.encode) and the better of that and the best action the search
      itself evaluated becomes the task's target (kept across rounds: a target only improves);
   2. apprentice: `epochs` passes of supervised imitation (ReinforceLearner.imitate) over the
-     targets, in shuffled mini-batches of `tasks_per_update` tasks;
+     targets, in shuffled mini-batches of `tasks_per_update` tasks, keeping the weights whose
+     greedy strategies came closest to the targets of `num_validation_tasks` further tasks of
+     the training distribution that are never imitated (early stopping);
 then `rl_steps` REINFORCE steps (the simulator's reward; each on `tasks_per_update` tasks with
 `rl_samples` samples, plus one imitation step on the same tasks so that the policy does not
-drift from what the search found); their weights are kept only if the greedy strategies end
-closer to the targets than before them (the provenance says which). Round r+1's search starts
+drift from what the search found); their weights are kept only if the validation tasks' greedy
+strategies end closer to their targets than before them (the provenance says which). Round r+1's search starts
 from round r's policy.
 
 Resume: targets and per-round weights go to `work_dir` as they are made (JSON, atomically);
@@ -54,10 +56,11 @@ Log = Callable[[str], None]
 class PretrainConfig:
     out: str
     seed: int = 0
-    num_tasks: int = 32
+    num_tasks: int = 64
+    num_validation_tasks: int = 12
     rounds: int = 2
-    search_seconds: float = 10.0
-    epochs: int = 120
+    search_seconds: float = 5.0
+    epochs: int = 40
     rl_steps: int = 20
     rl_samples: int = 4
     tasks_per_update: int = 4
@@ -138,13 +141,14 @@ def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, obje
     os.makedirs(config.work, exist_ok=True)
     seed_everything(config.seed)  # before the network is built: its initial weights
     split = distribution.load_split(config.split_path)
-    specs = draw_tasks(split, config.num_tasks, config.seed)
+    drawn = draw_tasks(split, config.num_tasks + config.num_validation_tasks, config.seed)
+    specs, validation = drawn[:config.num_tasks], drawn[config.num_tasks:]
     learner = pretrained.new_learner(config.network, RLConfig(learning_rate=config.learning_rate))
     t0 = time.time()
     tasks: Dict[str, PlacementTask] = {}
-    for i, spec in enumerate(specs):
+    for i, spec in enumerate(drawn):
         tasks[spec.label] = build_task(spec, config.max_groups, resolve_bundle)
-        log(f"[task {i + 1}/{len(specs)}] {spec.label}: {tasks[spec.label].num_groups} groups, "
+        log(f"[task {i + 1}/{len(drawn)}] {spec.label}: {tasks[spec.label].num_groups} groups, "
             f"{tasks[spec.label].num_devices} devices")
     targets_path = os.path.join(config.work, "targets.json")
     targets: Dict[str, Dict] = _read(targets_path, {})
@@ -156,7 +160,7 @@ def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, obje
             pretrained.assign_weights(learner, weights, variables)
             log(f"round {r}: resumed from {round_path}")
             continue
-        for i, spec in enumerate(specs):
+        for i, spec in enumerate(drawn):  # validation tasks get targets too, to be judged against
             key = f"{r}:{spec.label}"
             if key in targets.get("done", []):
                 continue
@@ -169,30 +173,38 @@ def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, obje
                                        "round": r, "baseline_s": task.reference_time_s}
             targets.setdefault("done", []).append(key)
             write_json(targets_path, targets)
-            log(f"[round {r} search {i + 1}/{len(specs)}] {spec.label}: target {t * 1e3:.2f} ms ({src}); "
+            log(f"[round {r} search {i + 1}/{len(drawn)}] {spec.label}: target {t * 1e3:.2f} ms ({src}); "
                 f"best baseline {task.reference_time_s * 1e3:.2f} ms")
-        stats = _imitate(learner, specs, tasks, targets, config, np.random.default_rng([config.seed, r]), log, r)
+        stats = _imitate(learner, specs, validation, tasks, targets, config, np.random.default_rng([config.seed, r]),
+                         log, r)
         rounds_log.append(stats)
         pretrained.save_weights(learner, round_path, config.network, config.max_groups, {"round": r})
         write_json(os.path.join(config.work, "rounds.json"), {"rounds": rounds_log})
     rl = {}
     if config.rl_steps:
         kept = [v.numpy() for v in learner.network.trainable_variables]
+        val_before = _greedy_ratios(learner, validation, tasks, targets)
         rl = _reinforce(learner, specs, tasks, targets, config, np.random.default_rng([config.seed, config.rounds]), log)
-        rl["kept"] = rl["greedy_over_target_after"] <= rl["greedy_over_target_before"]
-        if not rl["kept"]:  # REINFORCE made the greedy strategies worse: keep the imitation weights
+        rl["validation_before"] = val_before
+        rl["validation_after"] = _greedy_ratios(learner, validation, tasks, targets)
+        rl["kept"] = rl["validation_after"] <= val_before
+        if not rl["kept"]:  # REINFORCE made the validation greedy strategies worse: keep the imitation weights
             for v, value in zip(learner.network.trainable_variables, kept):
                 v.assign(value)
-            log("reinforce did not bring the greedy strategies closer to the targets: its weights are dropped")
+            log("reinforce did not bring the validation tasks' greedy strategies closer to their targets: "
+                "its weights are dropped")
     final = _greedy_ratios(learner, specs, tasks, targets)
+    final_val = _greedy_ratios(learner, validation, tasks, targets)
     provenance = {"command": pretrained.PRETRAIN_COMMAND, "seed": config.seed,
                   "config": {k: v for k, v in dataclasses.asdict(config).items() if k not in ("out", "work_dir")},
                   "split": os.path.relpath(config.split_path or distribution.DEFAULT_SPLIT_PATH,
                                            distribution.REPO_ROOT),
-                  "tasks": [s.label for s in specs], "rounds": rounds_log, "rl": rl,
-                  "greedy_over_target_geomean": final, "wall_s": time.time() - t0}
+                  "tasks": [s.label for s in specs], "validation_tasks": [s.label for s in validation],
+                  "rounds": rounds_log, "rl": rl, "greedy_over_target_geomean": final,
+                  "validation_greedy_over_target_geomean": final_val, "wall_s": time.time() - t0}
     pretrained.save_weights(learner, config.out, config.network, config.max_groups, provenance)
-    log(f"wrote {config.out}: greedy / target time, geomean over the training tasks {final:.3f}")
+    log(f"wrote {config.out}: greedy / target time, geomean over the training tasks {final:.3f}, "
+        f"over the validation tasks {final_val:.3f}")
     return provenance
 
 
@@ -215,20 +227,37 @@ def _batches(rng, specs, size):
     return [[specs[i] for i in order[k:k + size]] for k in range(0, len(order), size)]
 
 
-def _imitate(learner, specs, tasks, targets, config, rng, log, r) -> Dict[str, object]:
+VALIDATE_EVERY_EPOCHS = 5
+
+
+def _imitate(learner, specs, validation, tasks, targets, config, rng, log, r) -> Dict[str, object]:
+    """`config.epochs` of imitation over `specs`; every VALIDATE_EVERY_EPOCHS epochs the greedy
+    strategies of the validation tasks are timed, and the weights that did best on them are kept
+    (early stopping: the training tasks alone reward memorising them)."""
     before = _greedy_ratios(learner, specs, tasks, targets)
+    best_val, best_epoch = _greedy_ratios(learner, validation, tasks, targets), 0
+    best_weights = [v.numpy() for v in learner.network.trainable_variables]
     first = last = None
-    for epoch in range(config.epochs):
+    for epoch in range(1, config.epochs + 1):
         losses = [learner.imitate([(tasks[s.label].features.as_observation(), _target(targets, s.label))
                                    for s in batch]) for batch in _batches(rng, specs, config.tasks_per_update)]
         last = float(np.mean(losses))
         first = last if first is None else first
-        if epoch % 10 == 9 or epoch == config.epochs - 1:
-            log(f"[round {r} imitation epoch {epoch + 1}/{config.epochs}] loss {last:.4f} nats per group")
+        if epoch % VALIDATE_EVERY_EPOCHS == 0 or epoch == config.epochs:
+            val = _greedy_ratios(learner, validation, tasks, targets)
+            if val < best_val:
+                best_val, best_epoch = val, epoch
+                best_weights = [v.numpy() for v in learner.network.trainable_variables]
+            log(f"[round {r} imitation epoch {epoch}/{config.epochs}] loss {last:.4f} nats per group; "
+                f"validation greedy / target {val:.3f}")
+    for v, value in zip(learner.network.trainable_variables, best_weights):
+        v.assign(value)
     after = _greedy_ratios(learner, specs, tasks, targets)
-    log(f"round {r}: greedy / target time (geomean over tasks) {before:.3f} -> {after:.3f}")
-    return {"round": r, "loss_first_epoch": first, "loss_last_epoch": last,
-            "greedy_over_target_before": before, "greedy_over_target_after": after}
+    log(f"round {r}: kept epoch {best_epoch}; greedy / target time (geomean) on the training tasks "
+        f"{before:.3f} -> {after:.3f}, on the validation tasks {best_val:.3f}")
+    return {"round": r, "loss_first_epoch": first, "loss_last_epoch": last, "kept_epoch": best_epoch,
+            "greedy_over_target_before": before, "greedy_over_target_after": after,
+            "validation_greedy_over_target": best_val}
 
 
 def _reinforce(learner, specs, tasks, targets, config, rng, log) -> Dict[str, object]:

@@ -89,7 +89,7 @@ def _tiny_split(tmp_path):
 @pytest.mark.slow
 def test_pretrain_learns_the_targets_writes_provenance_and_resumes(tmp_path):
     out = str(tmp_path / "policy.json")
-    config = pretrain.PretrainConfig(out=out, seed=0, num_tasks=3, rounds=2, search_seconds=0.5, epochs=25,
+    config = pretrain.PretrainConfig(out=out, seed=0, num_tasks=3, num_validation_tasks=1, rounds=2, search_seconds=0.5, epochs=25,
                                      rl_steps=2, tasks_per_update=3, max_groups=16, network=SMALL,
                                      split_path=_tiny_split(tmp_path))
     logs = []
@@ -100,7 +100,8 @@ def test_pretrain_learns_the_targets_writes_provenance_and_resumes(tmp_path):
     _, weights = pretrained.load_weights(out)
     assert weights.provenance["tasks"] == prov["tasks"] and weights.network == SMALL
     targets = json.load(open(os.path.join(config.work, "targets.json")))
-    assert sorted(targets["done"]) == sorted(f"{r}:{t}" for r in (0, 1) for t in prov["tasks"])
+    drawn = prov["tasks"] + prov["validation_tasks"]
+    assert len(drawn) == 4 and sorted(targets["done"]) == sorted(f"{r}:{t}" for r in (0, 1) for t in drawn)
     # a second run finds both rounds done: no search, no imitation, the same round weights
     again = []
     pretrain.pretrain(config, again.append, bundle_for_entry)

@@ -21,6 +21,8 @@ COMMANDS = {
     "plan": (["-m", "tfplace.plan"], "--search_seconds",
              ["--checkpoint", "{missing}", "--model", "tiny_mlp", "--cluster", CLUSTER, "--out", "{tmp}/s.json"],
              ["--checkpoint", "{tmp}", "--model", "tiny_mlp", "--cluster", CLUSTER, "--out", "{nodir}/s.json"]),
+    "pretrain": (["-m", "tfplace.pretrain"], "--search_seconds",
+                 ["--out", "{tmp}/w.json", "--split", "{missing}"], ["--out", "{nodir}/w.json"]),
     "simulate": (["-m", "tfplace.simulate"], "--trace",
                  ["--graph", TINY, "--cluster", "{missing}", "--strategy", "{missing}"],
                  ["--graph", TINY, "--cluster", CLUSTER, "--strategy", "s.json", "--trace", "{nodir}/t.json"]),
@@ -63,7 +65,7 @@ def test_help_exits_0_and_lists_the_flags(name, tmp_path):
     assert flag in result.stdout
 
 
-@pytest.mark.parametrize("name", ["train", "plan", "simulate", "compare", "profile"])
+@pytest.mark.parametrize("name", ["train", "pretrain", "plan", "simulate", "compare", "profile"])
 def test_help_of_the_cli_module_matches_the_shim(name, tmp_path):
     shim = _run(["-m", f"tfplace.{name}"], ["--help"], tmp_path)
     module = _run(["-m", f"tfplace.cli.{name}"], ["--help"], tmp_path)

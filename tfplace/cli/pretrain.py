@@ -31,6 +31,8 @@ def define_flags() -> None:
     flags.DEFINE_integer("seed", d.seed, "seed of the task draw, the network's initial weights and the search",
                          lower_bound=0)
     flags.DEFINE_integer("num_tasks", d.num_tasks, "(model, cluster) training tasks", lower_bound=1)
+    flags.DEFINE_integer("num_validation_tasks", d.num_validation_tasks,
+                         "further tasks never imitated: imitation keeps the weights that plan them best", lower_bound=1)
     flags.DEFINE_integer("rounds", d.rounds, "expert-iteration rounds", lower_bound=1)
     flags.DEFINE_float("search_seconds", d.search_seconds, "search seconds per task and round", lower_bound=0.0)
     flags.DEFINE_integer("epochs", d.epochs, "imitation passes over the targets per round", lower_bound=1)
@@ -51,6 +53,7 @@ def main(argv) -> int:
     from tfplace.policy.pretrain import PretrainConfig, pretrain
     base = PretrainConfig(out="")
     config = PretrainConfig(out=os.path.abspath(FLAGS.out), seed=FLAGS.seed, num_tasks=FLAGS.num_tasks,
+                            num_validation_tasks=FLAGS.num_validation_tasks,
                             rounds=FLAGS.rounds, search_seconds=FLAGS.search_seconds, epochs=FLAGS.epochs,
                             rl_steps=FLAGS.rl_steps, split_path=FLAGS.split, work_dir=FLAGS.work_dir,
                             network=dataclasses.replace(base.network, hidden_size=FLAGS.hidden_size))
