@@ -99,6 +99,7 @@ class RLConfig:
     oom_penalty: float = 10.0
     pool_size: int = 8
     baseline_decay: float = 0.95
+    imitate_best: bool = True  # after each update, one imitation step towards each task's best action
     ppo_clip: float = 0.2
     ppo_epochs: int = 4
 
@@ -117,7 +118,7 @@ _RULES: Dict[type, Dict[str, Tuple[type, Dict[str, Any]]]] = {
     RLConfig: {"algorithm": (str, dict(check=lambda v: v in RL_ALGORITHMS, must=f"be one of {list(RL_ALGORITHMS)}")),
                "learning_rate": (float, _pos), "entropy_coef": (float, _non_neg),
                "samples_per_step": (int, _pos), "oom_penalty": (float, dict(check=lambda v: v >= 1, must="be >= 1")),
-               "pool_size": (int, _pos),
+               "pool_size": (int, _pos), "imitate_best": (bool, {}),
                "baseline_decay": (float, dict(check=lambda v: 0 <= v < 1, must="be in [0, 1)")),
                "ppo_clip": (float, dict(check=lambda v: 0 < v < 1, must="be in (0, 1)")),
                "ppo_epochs": (int, _pos)},
