@@ -47,9 +47,14 @@ def _in_machine_namespace():
     """preexec_fn: the child starts in the namespace this test process started in (the conftest
     moved this process into a private one), so the command makes its own as a user's would."""
     fd = netns.original_namespace_fd()
-    if fd is None:
-        return None
-    return lambda: netns.join_namespace(fd)
+
+    def preexec():
+        # SIGINT as a terminal delivers it, even when this test runs with SIGINT ignored (a shell
+        # starts background jobs so, and a child would inherit that: the signal would go unseen)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if fd is not None:
+            netns.join_namespace(fd)
+    return preexec
 
 
 def _descendants(pid: int):
