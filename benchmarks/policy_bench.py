@@ -53,27 +53,21 @@ def cases():
     return out
 
 
-def build(model, batch, cluster_path, max_groups):
-    from tfplace.formats.cluster import load_cluster
+def build(model, batch, cluster_path, config):
+    """A fresh task (device-model profile) and the seconds it took to build."""
     from tfplace.formats.config import GraphEntry
     from tfplace.graph_defs.export import bundle_for_entry
-    from tfplace.ir.grouping import make_grouping
-    from tfplace.ir.loader import load_op_graph
-    from tfplace.policy.environment import PlacementTask
-    from tfplace.policy.fallbacks import default_profile
+    from tfplace.policy.train_lib import build_task
     start = time.time()
-    graph = load_op_graph(bundle_for_entry(GraphEntry(batch, model=model)))
-    cluster = load_cluster(cluster_path)
     label = f"{model}_b{batch}__{os.path.splitext(os.path.basename(cluster_path))[0]}"
-    task = PlacementTask(label, graph, make_grouping(graph, max_groups), cluster,
-                         default_profile(graph, cluster.kinds), batch, max_groups)
+    task = build_task(label, bundle_for_entry(GraphEntry(batch, model=model)), batch, cluster_path, None, config)
     return task, time.time() - start
 
 
-def run_case(learner, max_groups, model, batch, cluster_path, log):
+def run_case(learner, config, model, batch, cluster_path, log):
     from tfplace.policy.planner import plan_task
     row = {}
-    task, build_s = build(model, batch, cluster_path, max_groups)
+    task, build_s = build(model, batch, cluster_path, config)
     row["case"], row["build_s"] = task.label, build_s
     shot = plan_task(learner, task, 0.0, samples=8, seed=FLAGS.seed, mode="both")
     row["zero_shot_ms"] = shot.zero_shot.effective_time_s * 1e3
@@ -82,12 +76,12 @@ def run_case(learner, max_groups, model, batch, cluster_path, log):
     row["best_baseline"] = shot.best_baseline
     row["best_baseline_ms"] = shot.best_baseline_time_s * 1e3
     log(f"  zero-shot {row['zero_shot_ms']:.2f} ms in {row['zero_shot_s']:.1f} s; DP-prop {row['dp_prop_ms']:.2f} ms")
-    task, _ = build(model, batch, cluster_path, max_groups)
+    task, _ = build(model, batch, cluster_path, config)
     cold = plan_task(None, task, FLAGS.budget_s, seed=FLAGS.seed, mode="search")
     row["cold_ms"] = cold.best.effective_time_s * 1e3
     row["cold_source"] = cold.best.source
     log(f"  cold search {FLAGS.budget_s:.0f} s: {row['cold_ms']:.2f} ms ({cold.best.source})")
-    task, _ = build(model, batch, cluster_path, max_groups)
+    task, _ = build(model, batch, cluster_path, config)
     guided = plan_task(learner, task, FLAGS.budget_s, seed=FLAGS.seed, mode="both",
                        target_time_s=cold.best.effective_time_s * (1 + MATCH_TOLERANCE))
     matched = guided.best.effective_time_s <= cold.best.effective_time_s * (1 + MATCH_TOLERANCE)
@@ -96,7 +90,7 @@ def run_case(learner, max_groups, model, batch, cluster_path, log):
     log(f"  guided: {'matched in %.1f s' % guided.planning_s if matched else 'no match'} "
         f"({row['guided_ms']:.2f} ms)")
     for mode in ("search", "policy", "both"):
-        task, _ = build(model, batch, cluster_path, max_groups)
+        task, _ = build(model, batch, cluster_path, config)
         r = plan_task(learner if mode != "search" else None, task, FLAGS.ablation_s, seed=FLAGS.seed, mode=mode)
         row[f"ablation_{mode}_ms"] = r.best.effective_time_s * 1e3
     log(f"  ablation {FLAGS.ablation_s:.0f} s: search {row['ablation_search_ms']:.2f} / policy "
@@ -137,21 +131,22 @@ def goals(rows) -> str:
 
 def main(argv):
     del argv
-    from tfplace.policy import pretrained
+    from tfplace.formats.policy_weights import pretrained_path
+    from tfplace.policy.planner import load_any_policy
 
     def log(m):
         sys.stderr.write(m + "\n")
         sys.stderr.flush()
-    learner, weights = pretrained.load_weights(FLAGS.policy) if FLAGS.policy else pretrained.load_pretrained()
+    learner, config, _ = load_any_policy(weights=FLAGS.policy)
     rows = []
     todo = cases()
     for i, (model, batch, cluster) in enumerate(todo):
         log(f"[{i + 1}/{len(todo)}] {model} b{batch} on {os.path.basename(cluster)}")
-        rows.append(run_case(learner, weights.max_groups, model, batch, cluster, log))
+        rows.append(run_case(learner, config, model, batch, cluster, log))
         if FLAGS.out:
             os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
             with open(FLAGS.out, "w", encoding="utf-8") as f:
-                json.dump({"policy": weights.path, "rows": rows}, f, indent=1)
+                json.dump({"policy": FLAGS.policy or pretrained_path(), "rows": rows}, f, indent=1)
     print("Simulated iteration time (ms) on held-out models x held-out clusters")
     print(table(rows))
     print(goals(rows))

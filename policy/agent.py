@@ -107,16 +107,18 @@ class ReinforceLearner:
         """One supervised step over [(observation, target action)] of several tasks (mean of the
         per-task losses); returns the mean loss, in nats per group, before the step."""
         self._ensure_built(batch[0][0])
-        total, losses = None, []
+        losses, grads = [], []
         for obs, target in batch:
             acts = {k: tf.constant(np.asarray(v, np.int32)[None]) for k, v in target.items()}
-            loss, grads = self._imitation_grads(batch_observation(obs), acts)
-            total = list(grads) if total is None else [t + g for t, g in zip(total, grads)]
+            loss, g = self._imitation_grads(batch_observation(obs), acts)
             losses.append(float(loss))
-        self._apply([g / len(batch) for g in total])
+            grads.append(g)
+        self._apply_mean(grads)
         return float(np.mean(losses))
 
-    def _apply(self, grads) -> None:
+    def _apply_mean(self, per_task_grads) -> None:
+        """One optimizer step with the mean of the tasks' gradients (clipped; refused if not finite)."""
+        grads = [tf.add_n(list(gs)) / len(per_task_grads) for gs in zip(*per_task_grads)]
         if any(not np.all(np.isfinite(gr.numpy())) for gr in grads):
             raise FloatingPointError("policy gradient is not finite; lower rl.learning_rate")
         grads, _ = tf.clip_by_global_norm(grads, 5.0)
@@ -146,12 +148,12 @@ class ReinforceLearner:
         (the loss is the mean over tasks, so the gradient is the mean of the per-task ones)."""
         self._ensure_built(batch[0][0])
         beta = tf.constant(self.config.entropy_coef, tf.float32)
-        total, losses, ents = None, [], []
+        losses, ents, grads = [], [], []
         for obs, actions, adv in batch:
             acts = {k: tf.constant(np.stack([a[k] for a in actions])[:, None]) for k in actions[0]}
-            loss, ent, grads = self._task_grads(batch_observation(obs), acts, tf.constant(adv, tf.float32), beta)
-            total = list(grads) if total is None else [t + g for t, g in zip(total, grads)]
+            loss, ent, g = self._task_grads(batch_observation(obs), acts, tf.constant(adv, tf.float32), beta)
             losses.append(float(loss))
             ents.append(float(ent))
-        self._apply([g / len(batch) for g in total])
+            grads.append(g)
+        self._apply_mean(grads)
         return {"loss": float(np.mean(losses)), "entropy_per_group": float(np.mean(ents))}

@@ -114,7 +114,11 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
     if mode != "policy" and all(b.oom for b in pool.baselines):  # nothing fits: memory-balanced stages
         climber.seed_memory_partitions()
     probs = learner.probabilities(obs) if mode == "both" else None
-    best_act = pool.best_with_action()  # kept apart: strategy-search entries may push actions out of the pool
+
+    def best_action(kept):  # kept apart: strategy-search entries may push actions out of the pool
+        return min((e for e in [kept, pool.best_with_action()] if e is not None),
+                   key=lambda e: e.effective_time_s, default=None)
+    best_act = pool.best_with_action()
     it = 0
     while time.time() - start < search_seconds and not note():
         if mode == "policy":
@@ -125,8 +129,7 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
             if mode == "both":
                 for a in learner.sample(obs, 2, rng.integers(0, 2**31 - 1, 2)):
                     pool.add(_entry(task, "search sample", a))
-            best_act = min((e for e in [best_act, pool.best_with_action()] if e is not None),
-                           key=lambda e: e.effective_time_s)
+            best_act = best_action(best_act)
             for _ in range(4):
                 n = int(rng.integers(1, 4))
                 act = A.guided_mutate(rng, best_act.action, probs, n) if probs is not None \
@@ -141,8 +144,7 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
     bb = pool.best_baseline()
     return PlanResult(task.label, pool.best, zero, pool.baseline_times(), bb.source, bb.time_s,
                       time.time() - start, zero_s, trace=trace,
-                      best_action=min((e for e in [best_act, pool.best_with_action()] if e is not None),
-                                      key=lambda e: e.effective_time_s, default=None))
+                      best_action=best_action(best_act))
 
 
 def load_any_policy(run_dir: Optional[str] = None, weights: Optional[str] = None):

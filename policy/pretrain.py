@@ -182,15 +182,14 @@ def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, obje
         write_json(os.path.join(config.work, "rounds.json"), {"rounds": rounds_log})
     rl = {}
     if config.rl_steps:
-        kept = [v.numpy() for v in learner.network.trainable_variables]
+        kept = _snapshot(learner)
         val_before = _greedy_ratios(learner, validation, tasks, targets)
         rl = _reinforce(learner, specs, tasks, targets, config, np.random.default_rng([config.seed, config.rounds]), log)
         rl["validation_before"] = val_before
         rl["validation_after"] = _greedy_ratios(learner, validation, tasks, targets)
         rl["kept"] = rl["validation_after"] <= val_before
         if not rl["kept"]:  # REINFORCE made the validation greedy strategies worse: keep the imitation weights
-            for v, value in zip(learner.network.trainable_variables, kept):
-                v.assign(value)
+            _restore(learner, kept)
             log("reinforce did not bring the validation tasks' greedy strategies closer to their targets: "
                 "its weights are dropped")
     final = _greedy_ratios(learner, specs, tasks, targets)
@@ -206,6 +205,16 @@ def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, obje
     log(f"wrote {config.out}: greedy / target time, geomean over the training tasks {final:.3f}, "
         f"over the validation tasks {final_val:.3f}")
     return provenance
+
+
+def _snapshot(learner) -> List[np.ndarray]:
+    """The network's weights, to return to with _restore."""
+    return [v.numpy() for v in learner.network.trainable_variables]
+
+
+def _restore(learner, weights: List[np.ndarray]) -> None:
+    for v, value in zip(learner.network.trainable_variables, weights):
+        v.assign(value)
 
 
 def _target(targets, label):
@@ -236,7 +245,7 @@ def _imitate(learner, specs, validation, tasks, targets, config, rng, log, r) ->
     (early stopping: the training tasks alone reward memorising them)."""
     before = _greedy_ratios(learner, specs, tasks, targets)
     best_val, best_epoch = _greedy_ratios(learner, validation, tasks, targets), 0
-    best_weights = [v.numpy() for v in learner.network.trainable_variables]
+    best_weights = _snapshot(learner)
     first = last = None
     for epoch in range(1, config.epochs + 1):
         losses = [learner.imitate([(tasks[s.label].features.as_observation(), _target(targets, s.label))
@@ -247,11 +256,10 @@ def _imitate(learner, specs, validation, tasks, targets, config, rng, log, r) ->
             val = _greedy_ratios(learner, validation, tasks, targets)
             if val < best_val:
                 best_val, best_epoch = val, epoch
-                best_weights = [v.numpy() for v in learner.network.trainable_variables]
+                best_weights = _snapshot(learner)
             log(f"[round {r} imitation epoch {epoch}/{config.epochs}] loss {last:.4f} nats per group; "
                 f"validation greedy / target {val:.3f}")
-    for v, value in zip(learner.network.trainable_variables, best_weights):
-        v.assign(value)
+    _restore(learner, best_weights)
     after = _greedy_ratios(learner, specs, tasks, targets)
     log(f"round {r}: kept epoch {best_epoch}; greedy / target time (geomean) on the training tasks "
         f"{before:.3f} -> {after:.3f}, on the validation tasks {best_val:.3f}")

@@ -318,8 +318,8 @@ class Trainer:
             batch.append((obs, acts, self.learner.advantages(run.label, rewards)))
         stats = self.learner.update(batch)
         if self.config.rl.imitate_best:  # expert iteration: the policy follows the best action found so far
-            demos = [(run.task.features.as_observation(), run.pool.best_with_action().action)
-                     for run in self.runs if run.pool.best_with_action() is not None]
+            demos = [(run.task.features.as_observation(), best.action)
+                     for run in self.runs if (best := run.pool.best_with_action()) is not None]
             if demos:
                 stats["imitation_loss"] = self.learner.imitate(demos)
         self.step += 1
