@@ -2,10 +2,11 @@
 
     .venv/bin/python benchmarks/parity_bench.py [--models resnet50_s32,tiny_transformer,resnet50_s224]
         [--batch-size 24] [--cluster clusters/local_cpu.json] [--rounds 3] [--steps 8] [--warmup 3]
-        [--bucket-bytes 1,4194304] [--json out.json]
+        [--bucket-bytes 1,4194304] [--all-reduce exchange,collective] [--json out.json]
 
 Per model and round, on fresh processes each time: tfplace DP-even all-reduce (the rewrite of
-`even_strategy`, one run per --bucket-bytes value; 1 = one all-reduce per gradient) on a
+`even_strategy`, one run per --bucket-bytes value and --all-reduce implementation; bucket 1 = one
+all-reduce per gradient; "exchange" = shards over Send/Recv, "collective" = CollectiveReduceV2) on a
 LocalCluster started from the cluster file (its emulation applied), then Horovod DP-even with the
 same per-rank batches under the same emulation. Rounds alternate the runs so a slow phase of the
 machine hits both alike. Prints each round's medians and, per model, the median over every timed
@@ -32,8 +33,10 @@ MODELS = {  # name -> (zoo model, export options)
 }
 
 
-def tfplace_steps(bundle: str, cluster, batch: int, bucket_bytes: int, steps: int, warmup: int):
-    """Timed steps (seconds) of the rewritten DP-even all-reduce step, on fresh servers."""
+def tfplace_steps(bundle: str, cluster, batch: int, bucket_bytes: int, steps: int, warmup: int,
+                  all_reduce: str = "exchange"):
+    """Timed steps (seconds) of the rewritten DP-even all-reduce step, on fresh servers
+    (`all_reduce`: the rewrite's cpu_all_reduce)."""
     from tfplace.formats.strategy import even_strategy
     from tfplace.ir.loader import load_op_graph
     from tfplace.rewrite.graph_rewrite import rewrite_step
@@ -41,7 +44,7 @@ def tfplace_steps(bundle: str, cluster, batch: int, bucket_bytes: int, steps: in
     from tfplace.runtime.step_runner import StepRunner, random_feed
     graph = load_op_graph(bundle)
     strategy = dataclasses.replace(even_strategy(list(cluster.device_names), batch, 64), bucket_bytes=bucket_bytes)
-    step = rewrite_step(graph, strategy, cluster)
+    step = rewrite_step(graph, strategy, cluster, cpu_all_reduce=all_reduce)
     with LocalCluster.for_cluster(cluster) as lc, StepRunner(lc, step, timeout_s=600) as runner:
         runner.initialize()
         times, _ = runner.timed(steps, warmup, random_feed(step.inputs, batch, 0))
@@ -66,6 +69,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--bucket-bytes", default=f"1,{4 << 20}", help="tfplace runs, one per bucket size")
+    p.add_argument("--all-reduce", default="exchange", help="tfplace runs, one per CPU all-reduce implementation")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -77,13 +81,15 @@ def main(argv=None) -> int:
     for name in args.models.split(","):
         model, opts = MODELS[name]
         bundle = ensure_bundle(model, batch_size=args.batch_size, **opts)
-        runs = {f"tfplace_bucket_{b}": [] for b in buckets}
+        hows = args.all_reduce.split(",")
+        runs = {f"tfplace_{how}_bucket_{b}": [] for how in hows for b in buckets}
         runs["horovod_even"] = []
         t0 = time.time()
         for r in range(args.rounds):
-            for b in buckets:
-                runs[f"tfplace_bucket_{b}"] += tfplace_steps(bundle, cluster, args.batch_size, b, args.steps,
-                                                             args.warmup)
+            for how in hows:
+                for b in buckets:
+                    runs[f"tfplace_{how}_bucket_{b}"] += tfplace_steps(bundle, cluster, args.batch_size, b, args.steps,
+                                                                       args.warmup, how)
             runs["horovod_even"] += horovod_steps(bundle, cluster, args.batch_size, args.steps, args.warmup,
                                                   args.cluster)
             print(f"{name} round {r}: " + ", ".join(f"{k} {statistics.median(v[-args.steps:]) * 1e3:.1f} ms"

@@ -98,10 +98,11 @@ def rel_err(a, b):
     return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-8)) if np.size(b) else 0.0
 
 
-def check(lc, graph, strategy, cluster, grouping, model, seed=0, batch=BATCH, fixed=None):
+def check(lc, graph, strategy, cluster, grouping, model, seed=0, batch=BATCH, fixed=None,
+          cpu_all_reduce="exchange"):
     """Worst relative error of loss and variables over STEPS steps (asserts mirrors agree).
     `fixed`: placeholder name -> value fed to the reference and every replica (noise_feed)."""
-    step = rewrite_step(graph, strategy, cluster, grouping=grouping)
+    step = rewrite_step(graph, strategy, cluster, grouping=grouping, cpu_all_reduce=cpu_all_reduce)
     feeds = [random_feed(step.inputs, batch, seed + i) for i in range(STEPS)]
     ref_feeds = [dict(f, **{name + ":0": v for name, v in (fixed or {}).items()}) for f in feeds]
     feeds = [dict(f, **noise_feed(step.graph_def, fixed or {})) for f in feeds]
@@ -155,10 +156,12 @@ def test_rewritten_step_equals_single_device(local_cluster, model, optimizer):
                    dataclasses.replace(uneven, bucket_bytes=600),
                    dataclasses.replace(random_strategy(rng, devs, grouping.group_names, BATCH), bucket_bytes=1 << 24)]
     assert _bucketed(graph, strategies[-3], cluster, grouping), "expected a bucket of several gradients"
-    for i, s in enumerate(strategies):
-        err = check(local_cluster, graph, s, cluster, grouping, model, seed=i)
-        assert err <= TOL, f"strategy {i} ({s.to_json()}): relative error {err:.3g}"
-    COUNT[(model, optimizer)] = len(strategies)
+    # all-reduce among CPU devices: the exchange (the default) above; CollectiveReduceV2 here
+    runs = [(s, "exchange") for s in strategies] + [(strategies[0], "collective"), (strategies[-2], "collective")]
+    for i, (s, how) in enumerate(runs):
+        err = check(local_cluster, graph, s, cluster, grouping, model, seed=i, cpu_all_reduce=how)
+        assert err <= TOL, f"strategy {i} ({s.to_json()}, {how}): relative error {err:.3g}"
+    COUNT[(model, optimizer)] = len(runs)
     print(f"equivalence: {model}/{optimizer}: {len(strategies)} strategies equal (<= {TOL})")
 
 
@@ -260,12 +263,14 @@ def received_per_task(lc, step, batch):
 @pytest.mark.parametrize("model", ["mlp", "attention"])
 def test_lowering_sends_the_messages_the_real_step_sends(local_cluster, model):
     """The simulator times the messages the step really sends: per receiving task, the
-    PlacedGraph's TRANSFER tasks equal the cross-task _Recv ops of the partition graphs. A
+    PlacedGraph's TRANSFER tasks, plus 2(n-1) per participant of each all-reduce (among CPU
+    devices an exchange: n-1 shards in, then n-1 sums in), equal the cross-task _Recv ops of the
+    partition graphs. A
     model-parallel step's learning rate is read on every task and crosses none (TensorFlow
     replicates small constants: tfplace.lowering.graph_index CLS_SMALL_CONST). Feeds reach the master
     (task 0) first: an input group that starts on task 1 costs each input a whole-batch hop there,
     and its instances on other tasks are read where they run, not where they were cut."""
-    from tfplace.lowering.placed_graph import TASK_TRANSFER
+    from tfplace.lowering.placed_graph import TASK_COLLECTIVE, TASK_TRANSFER
     from tfplace.formats.strategy import Strategy, decision
     cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
     graph = model_graph(model, "sgd")
@@ -290,6 +295,11 @@ def test_lowering_sends_the_messages_the_real_step_sends(local_cluster, model):
         for t in np.nonzero(p.task_kind == TASK_TRANSFER)[0]:
             task = cluster.devices[int(p.task_device[t])].task
             sent[task] = sent.get(task, 0) + 1
+        for t in np.nonzero(p.task_kind == TASK_COLLECTIVE)[0]:
+            parts = p.part_dev[p.part_ptr[t]:p.part_ptr[t + 1]]
+            for d in parts:  # the exchange: n-1 shards in, then n-1 sums in
+                task = cluster.devices[int(d)].task
+                sent[task] = sent.get(task, 0) + 2 * (len(parts) - 1)
         assert sent == received_per_task(local_cluster, step, BATCH), f"strategy {i}: {s.to_json()}"
 
 

@@ -146,7 +146,8 @@ def test_the_collective_cpu_curve_gives_every_size_instance_keys_of_its_own():
         g = tf.Graph()
         with g.as_default():
             x0 = tf.constant(0.0)
-            probe.collective_chain(devs, probe.CURVE_CHAIN, 3, True, nbytes // 4, key_base=probe.CURVE_KEY_BASE)(x0)
+            probe.collective_chain(devs, probe.CURVE_CHAIN, 3, True, nbytes // 4, key_base=probe.CURVE_KEY_BASE,
+                                   all_reduce="collective")(x0)
         keys_by_size[nbytes] = {int(tf.get_static_value(n.inputs[3])) for n in g.get_operations()
                                 if n.type == "CollectiveReduceV2"}  # inputs: input, group size, group key, instance key
         assert len(keys_by_size[nbytes]) == probe.CURVE_CHAIN

@@ -125,7 +125,7 @@ class LinkCosts:
     ordered device pairs i*D+j), pair_bw[D, D] (bottleneck, inf on the diagonal), pair_lat[D, D].
     Collective groups (memoised by ring-ordered participants): coll_parts[c], coll_links[c]
     (distinct links used by the ring's hops), coll_bw[c] (min over links of bandwidth / number of
-    hops using the link), coll_lat[c] (slowest hop latency), coll_n[c].
+    hops using the link), coll_lat[c] (slowest hop latency), coll_steps[c] (latency steps).
     """
 
     def __init__(self, cluster: Cluster, profile: Optional[Profile], device_ports: bool):
@@ -170,6 +170,7 @@ class LinkCosts:
         self.coll_links: List[Tuple[int, ...]] = []
         self.coll_bw: List[float] = []
         self.coll_lat: List[float] = []
+        self.coll_steps: List[float] = []
 
     def ring_order(self, devices: Sequence[int]) -> Tuple[int, ...]:
         """Participants in ring order: by host, then device index (NCCL keeps hosts contiguous)."""
@@ -191,15 +192,22 @@ class LinkCosts:
             self.coll_links.append(tuple(sorted(count)))
             self.coll_bw.append(min(self.link_bw[x] / c for x, c in count.items()))
             self.coll_lat.append(max(self.pair_lat[a, b] for a, b in hops))
+            # latency steps: a ring's 2(n-1); the rewrite's exchange among CPU devices
+            # (tfplace.ir.node_defs.exchange_all_reduce) sends each round's messages at once
+            n = len(parts)
+            self.coll_steps.append(2.0 if all(self.is_cpu[x] for x in parts) else 2.0 * (n - 1))
         return cid
 
     def collective_seconds(self, cid: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-        """Ring all-reduce time 2(n-1)/n * S / B_eff + 2(n-1) * latency per collective, or the
-        profile's fitted `latency + S / bandwidth` for that group size when it has one."""
+        """All-reduce time 2(n-1)/n * S / B_eff + steps * latency per collective (steps: 2(n-1)
+        for a ring, 2 for the exchange among CPU devices; the bytes each participant sends are
+        the same), or the profile's fitted `latency + S / bandwidth` for that group size when it
+        has one."""
         n = np.array([len(p) for p in self.coll_parts], dtype=np.float64)[cid]
         bw = np.array(self.coll_bw)[cid]
         lat = np.array(self.coll_lat)[cid]
-        out = 2.0 * (n - 1.0) / n * nbytes / bw + 2.0 * (n - 1.0) * lat
+        steps = np.array(self.coll_steps)[cid]
+        out = 2.0 * (n - 1.0) / n * nbytes / bw + steps * lat
         for size, (f_lat, f_bw) in self.fits.items():
             sel = n == size
             out[sel] = f_lat + nbytes[sel] / f_bw

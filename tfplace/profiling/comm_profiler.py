@@ -8,12 +8,14 @@ step moves S bytes from task 1 to task 0 through TensorFlow's own transport (gRP
 time is the `RecvTensor` record of the step's trace on task 0 (the receiving side times the whole
 transfer, request to last byte).
 
-All-reduce: every task of a group holds a float32 variable of S bytes and runs
-`CollectiveReduceV2(merge_op=Add, final_op=Id)` on it (the op the rewrite emits), and a tiny
-slice op consumes each result. The collective is asynchronous: its own trace record ends when
-the kernel is launched, not when the reduction is done. So its time is taken from the trace's
-absolute start times (one host, one clock): from the last participant's collective start (before
-that the group cannot progress) to the last participant's consumer start (the result is there).
+All-reduce: every task of a group holds a float32 variable of S bytes, reads it (an Identity
+named `allreduce...`) and all-reduces it with the nodes the rewrite emits
+(tfplace.ir.node_defs.import_all_reduce; `all_reduce` picks the implementation, the rewrite's
+CPU default unless told), and a tiny slice op consumes each result. A collective is
+asynchronous (its own trace record ends when the kernel is launched) and an exchange is many
+ops, so the time is taken from the trace's absolute start times (one host, one clock): from the
+last participant's read (before that the group cannot progress) to the last participant's
+consumer start (the result is there).
 
 Sizes sweep 4 KiB ... `max_bytes` by factors of 4; per size the minimum over `repeats` traced
 steps is kept (interference only adds time). The fit `t = latency + bytes / bandwidth` is a
@@ -33,6 +35,7 @@ import numpy as np
 
 from tfplace.formats.errors import InputError
 from tfplace.formats.profile import CommModel, LinearCost
+from tfplace.ir.node_defs import CPU_ALL_REDUCE, import_all_reduce
 
 DEFAULT_MIN_BYTES = 4 << 10
 DEFAULT_MAX_BYTES = 64 << 20
@@ -131,7 +134,8 @@ def measure_comm(sizes: Optional[Sequence[int]] = None, group_sizes: Sequence[in
     return _measure(cluster, sizes, group_sizes, repeats, warmup, progress, started)
 
 
-def _measure(lc, sizes, group_sizes, repeats, warmup, progress, started) -> CommMeasurement:
+def _measure(lc, sizes, group_sizes, repeats, warmup, progress, started,
+             all_reduce: str = CPU_ALL_REDUCE[0]) -> CommMeasurement:
     import tensorflow as tf
 
     total = len(sizes) * (1 + len(group_sizes)) * (repeats + warmup)
@@ -150,13 +154,15 @@ def _measure(lc, sizes, group_sizes, repeats, warmup, progress, started) -> Comm
                 p2p_fetch[s] = tf.identity(v.read_value(), name=f"p2p_dst_{s}")[:1]
             for g in group_sizes:
                 instance += 1
-                outs = []
-                for t in range(g):
-                    with tf.device(lc.task_device(t)):
+                values, devices = [], [lc.task_device(t) for t in range(g)]
+                for t, dev in enumerate(devices):
+                    with tf.device(dev):
                         x = tf.Variable(tf.ones([n]), name=f"ar{g}_{s}_t{t}")
-                        y = tf.raw_ops.CollectiveReduceV2(
-                            input=x.read_value(), group_size=g, group_key=g, instance_key=instance,
-                            ordering_token=[], merge_op="Add", final_op="Id", name=f"allreduce{g}_{s}_t{t}")
+                        values.append(tf.identity(x.read_value(), name=f"allreduce{g}_{s}_t{t}"))
+                sums = import_all_reduce(values, devices, "float32", all_reduce, g, instance, f"ar{g}_{s}")
+                outs = []
+                for t, (dev, y) in enumerate(zip(devices, sums)):
+                    with tf.device(dev):
                         outs.append(tf.slice(y, [0], [1], name=f"ardone{g}_{s}_t{t}"))
                 ar_fetch[(g, s)] = outs
         init = tf.compat.v1.global_variables_initializer()
@@ -174,7 +180,7 @@ def _measure(lc, sizes, group_sizes, repeats, warmup, progress, started) -> Comm
                 ar_points[g].append((s, secs))
     model = CommModel(p2p=fit_linear(p2p_points), allreduce={g: fit_linear(ar_points[g]) for g in group_sizes})
     conditions = {"cluster": f"LocalCluster({lc.num_tasks} tasks on {lc.host})", "transport": "grpc",
-                  "sizes_bytes": list(sizes), "repeats": repeats, "warmup": warmup, "statistic": "min",
+                  "all_reduce": all_reduce, "sizes_bytes": list(sizes), "repeats": repeats, "warmup": warmup, "statistic": "min",
                   "p2p_points": [[b, float(f"{t:.4g}")] for b, t in p2p_points],
                   "allreduce_points": {str(g): [[b, float(f"{t:.4g}")] for b, t in pts] for g, pts in ar_points.items()},
                   "fit": "relative-residual soft-L1 least squares, t = latency + bytes / bandwidth",

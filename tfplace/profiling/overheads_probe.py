@@ -29,6 +29,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tfplace.ir.node_defs import CPU_ALL_REDUCE, import_all_reduce
+
 BIG_MESSAGE_BYTES = 1 << 20  # the message / all-reduce size of the per-byte figures in `raw`
 # all-reduce sizes of the collective CPU curve (runtime_overheads.collective_cpu_s): the tiny
 # models' gradients are 0.1-64 KB, ResNet-50's up to 9.4 MB, 100 MB in all. The 16 MiB point
@@ -202,9 +204,11 @@ def add_chain(devs, k: int, task: int = 0):
     return build
 
 
-def collective_chain(devs, k: int, group: int, reduce: bool, elements: int = 4, key_base=None):
+def collective_chain(devs, k: int, group: int, reduce: bool, elements: int = 4, key_base=None,
+                     all_reduce: str = CPU_ALL_REDUCE[0]):
     """A step builder (step_costs): k all-reduces of a value of 4 * elements bytes across the
-    first `group` tasks of `devs`, each task's chained to its previous one by a control edge like
+    first `group` tasks of `devs` (as the rewrite emits them: tfplace.ir.node_defs, `all_reduce`
+    the implementation), each task's chained to its previous one by a control edge like
     the rewrite's priority chains (or, without `reduce`, the same chain of Identity ops, which
     pass their input on: the difference is all the all-reduce costs, its output buffer included,
     as the rewrite puts an all-reduce where the original graph has none);
@@ -219,13 +223,19 @@ def collective_chain(devs, k: int, group: int, reduce: bool, elements: int = 4, 
         prev = {d: [] for d in members}
         bases = {d: seed_tensor(d, elements=elements) for d in members}
         for i in range(k):
+            values = []
             for d in members:
                 with tf.device(d), tf.control_dependencies(prev[d]):
-                    v = bases[d] + float(i)
-                    y = tf.raw_ops.CollectiveReduceV2(
-                        input=v, group_size=group, group_key=20 + group,
-                        instance_key=base_key + i,
-                        ordering_token=[], merge_op="Add", final_op="Id") if reduce else tf.identity(v)
+                    values.append(bases[d] + float(i))  # after the previous one: the chain
+            if reduce:
+                ys = import_all_reduce(values, members, "float32", all_reduce, 20 + group, base_key + i,
+                                       f"chain{group}_{elements}_{i}")
+            else:
+                ys = []
+                for d, v in zip(members, values):
+                    with tf.device(d):
+                        ys.append(tf.identity(v))
+            for d, y in zip(members, ys):
                 prev[d] = [y.op]
                 outs.append(y)
         return outs
@@ -327,12 +337,12 @@ def measure_overheads(lc, cluster, comm: dict, reps: int = REPS, fan: int = FAN,
             outs = [x0]
             bases = [seed_tensor(d) for d in devs]
             for i in range(k):
+                values = []
                 for d, base in zip(devs, bases):
                     with tf.device(d):
-                        v = base + float(i)
-                        outs.append(tf.raw_ops.CollectiveReduceV2(
-                            input=v, group_size=len(devs), group_key=7, instance_key=1000 + i, ordering_token=[],
-                            merge_op="Add", final_op="Id") if reduce else v)
+                        values.append(base + float(i))
+                outs.extend(import_all_reduce(values, devs, "float32", CPU_ALL_REDUCE[0], 7, 1000 + i, f"burst_{i}")
+                            if reduce else values)
             return outs
         return build
 

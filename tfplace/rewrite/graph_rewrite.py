@@ -21,9 +21,14 @@ Every decision comes from `tfplace.lowering.lower.lower`; this module only trans
              buffer is cut (StridedSlice) on the source device first. Resource handles are never
              copied: the reader refers to the handle directly.
   RESPLIT    slices of the overlapping inputs, concatenated on the task's device.
-  SUM        AddN on its device. COLLECTIVE: one CollectiveReduceV2 (merge Add, final Id; "nccl"
-             hint on GPUs) per participant, one group key per participant set, one instance key
-             per collective task.
+  SUM        AddN on its device. COLLECTIVE: among GPUs (or with cpu_all_reduce="collective") one
+             CollectiveReduceV2 (merge Add, final Id; "nccl" hint on GPUs) per participant, one
+             group key per participant set, one instance key per collective task; among CPU
+             devices an exchange over Send/Recv (`nodes.exchange_all_reduce`: each participant's
+             packed gradients cut into n shards, shard j summed on participant j, the sums
+             concatenated everywhere), which TF's gRPC runtime moves faster than its collectives.
+             A bucket of several gradients is packed (flattened, concatenated) first and unpacked
+             after.
   weights    where a replica's partial value (a weight gradient, a batch statistic) first enters
              an aggregation (SUM, COLLECTIVE or an update instance), it is multiplied by the
              PlacedGraph's task_weight (samples/B) if tensor_weight_mean, else used as is.
@@ -106,7 +111,7 @@ def rewrite(graph, strategy: Strategy, cluster: Cluster, **kwargs):
 
 def rewrite_step(graph, strategy: Strategy, cluster: Cluster, *, grouping=None, profile=None,
                  placed: Optional[PlacedGraph] = None, key_base: Optional[int] = None,
-                 init_op: Optional[str] = None) -> RewrittenStep:
+                 init_op: Optional[str] = None, cpu_all_reduce: str = rn.CPU_ALL_REDUCE[0]) -> RewrittenStep:
     """Lowers `strategy` (unless `placed` is given) and emits it as TF ops.
 
     Args:
@@ -116,7 +121,12 @@ def rewrite_step(graph, strategy: Strategy, cluster: Cluster, *, grouping=None, 
         priority ties (default: tfplace.profiling.structural, ties in the graph's op order).
       key_base: first collective instance key (default: derived from graph and strategy).
       init_op: the variable initializer op (default: the bundle's `init_op`, else "init").
+      cpu_all_reduce: how an all-reduce among CPU devices is emitted: "exchange" (shards over
+        Send/Recv, the default) or "collective" (CollectiveReduceV2, as on GPUs).
     """
+    if cpu_all_reduce not in rn.CPU_ALL_REDUCE:
+        raise InputError("argument", "cpu_all_reduce", f"unknown value {cpu_all_reduce!r}",
+                         f"use one of {', '.join(rn.CPU_ALL_REDUCE)}")
     if not isinstance(graph, OpGraph):
         from tfplace.ir.loader import load_op_graph
         graph = load_op_graph(graph)
@@ -145,13 +155,14 @@ def rewrite_step(graph, strategy: Strategy, cluster: Cluster, *, grouping=None, 
                          "pass the OpGraph and grouping the strategy was lowered with")
     if key_base is None:
         key_base = 1 + zlib.crc32(repr((graph.names, strategy.to_json())).encode()) % (2 ** 29)
-    return _Emitter(graph, placed, cluster, key_base, init_op).run()
+    return _Emitter(graph, placed, cluster, key_base, init_op, cpu_all_reduce).run()
 
 
 class _Emitter:
     def __init__(self, graph: OpGraph, placed: PlacedGraph, cluster: Cluster, key_base: int,
-                 init_op: Optional[str] = None):
+                 init_op: Optional[str] = None, cpu_all_reduce: str = rn.CPU_ALL_REDUCE[0]):
         self.g, self.p, self.key_base, self.init_override = graph, placed, key_base, init_op
+        self.cpu_all_reduce = cpu_all_reduce
         self.dev = [cluster.devices[cluster.device_index(n)].tf_device for n in placed.device_names]
         self.gpu = [not is_cpu_kind(cluster.devices[cluster.device_index(n)].kind) for n in placed.device_names]
         # the host CPU of each device's task (seed arithmetic of random ops: host-memory inputs)
@@ -407,6 +418,9 @@ class _Emitter:
         dtype = self.g.tensor_dtype[p.task_tensor[t]]
         gkey = rn.group_key([self.dev[d] for d in parts])
         ikey = self.key_base + t
+        if self.cpu_all_reduce == "exchange" and len(parts) > 1 and not any(self.gpu[d] for d in parts):
+            self._exchange(t, parts, dtype)
+            return
         if not self._bucketed(t):
             by_dev = {int(p.buf_device[b]): int(b) for b in self.reads(t)}
             for d in parts:
@@ -423,6 +437,20 @@ class _Emitter:
             srcs = [self.weighted(by_dev_tensor[(d, x)], d) for x in tensors]
             self.add(*rn.bucket_all_reduce(name, self.dev[d], srcs, [f"t{x}" for x in tensors], len(parts), gkey,
                                            ikey, dtype, self.gpu[d]))
+            self.task_node[(t, d)] = name
+
+    def _exchange(self, t: int, parts: List[int], dtype: str) -> None:
+        """Collective task t among CPU devices as an exchange of shards over Send/Recv
+        (nodes.exchange_all_reduce): TF's CPU collectives move every ring step through a RecvBuf
+        RPC, slower than its Send/Recv on the same link (benchmarks/parity_bench.md)."""
+        p = self.p
+        by_dev_tensor = {(int(p.buf_device[b]), int(p.buf_tensor[b])): int(b) for b in self.reads(t)}
+        tensors = sorted({x for _, x in by_dev_tensor})
+        names = [f"tfplace/allreduce_{t}/d{d}" for d in parts]
+        srcs = [[self.weighted(by_dev_tensor[(d, x)], d) for x in tensors] for d in parts]
+        out_names = [f"t{x}" for x in tensors] if self._bucketed(t) else None
+        self.add(*rn.exchange_all_reduce(names, [self.dev[d] for d in parts], srcs, out_names, dtype))
+        for d, name in zip(parts, names):
             self.task_node[(t, d)] = name
 
     # ---- dependencies --------------------------------------------------------------------------

@@ -1,58 +1,19 @@
-"""NodeDef builders for the rewrite pass (tfplace.rewrite.graph_rewrite): constants, slices, concatenation,
-weighted sums, collective all-reduce, variable reads and assignments, and the per-replica seeds
-of random ops (`reseed_replica`, the one place that lists random ops and derives their seeds).
-Each returns NodeDefs (protos) and never decides what a strategy means; that is the lowering's job.
+"""NodeDef builders of the rewrite pass (tfplace.rewrite.graph_rewrite): slices, weighted partials,
+variable reads and assignments, and the per-replica seeds of random ops (`reseed_replica`, the
+one place that lists random ops and derives their seeds); the builders it shares with the
+profilers (constants, concatenation, sums, the all-reduce) live in tfplace.ir.node_defs and are
+re-exported here. Each returns NodeDefs (protos) and never decides what a strategy means; that
+is the lowering's job.
 
 All builders take the full TF device string of the device the node runs on.
 """
 
 from __future__ import annotations
 
-import zlib
 from typing import List, Sequence
 
-import numpy as np
-
-
-def _tf():
-    import tensorflow as tf  # deferred so that importing tfplace stays TF-free
-    return tf
-
-
-def dtype_enum(dtype_name: str) -> int:
-    return _tf().as_dtype(dtype_name).as_datatype_enum
-
-
-def node(name: str, op: str, device: str, inputs: Sequence[str] = (), **attrs):
-    """A NodeDef; attrs are AttrValue protos or python values (int/float/str/bool/dtype enum via
-    the `type_` prefix: `type_T=enum`)."""
-    from tensorflow.core.framework import attr_value_pb2, node_def_pb2
-    n = node_def_pb2.NodeDef(name=name, op=op, device=device)
-    n.input.extend(inputs)
-    for key, value in attrs.items():
-        if key.startswith("type_"):
-            n.attr[key[5:]].CopyFrom(attr_value_pb2.AttrValue(type=value))
-        elif isinstance(value, attr_value_pb2.AttrValue):
-            n.attr[key].CopyFrom(value)
-        elif isinstance(value, bool):
-            n.attr[key].b = value
-        elif isinstance(value, int):
-            n.attr[key].i = value
-        elif isinstance(value, float):
-            n.attr[key].f = value
-        elif isinstance(value, str):
-            n.attr[key].s = value.encode()
-        else:
-            raise TypeError(f"attr {key}: unsupported value {value!r}")
-    return n
-
-
-def const(name: str, device: str, value, dtype_name: str):
-    tf = _tf()
-    from tensorflow.core.framework import attr_value_pb2
-    proto = tf.make_tensor_proto(np.asarray(value, dtype=tf.as_dtype(dtype_name).as_numpy_dtype))
-    return node(name, "Const", device, value=attr_value_pb2.AttrValue(tensor=proto),
-                type_dtype=dtype_enum(dtype_name))
+from tfplace.ir.node_defs import (CPU_ALL_REDUCE, add_n, all_reduce, bucket_all_reduce, concat, const,  # noqa: F401
+                                  dtype_enum, exchange_all_reduce, group_key, identity, node, _tf)
 
 
 def batch_slice(name: str, device: str, src: str, axis: int, start: int, stop: int, dtype_name: str) -> List:
@@ -66,72 +27,10 @@ def batch_slice(name: str, device: str, src: str, axis: int, start: int, stop: i
                  type_T=dtype_enum(dtype_name), type_Index=dtype_enum("int32"), begin_mask=mask, end_mask=mask)]
 
 
-def concat(name: str, device: str, srcs: Sequence[str], axis: int, dtype_name: str) -> List:
-    if len(srcs) == 1:
-        return [node(name, "Identity", device, [srcs[0]], type_T=dtype_enum(dtype_name))]
-    return [const(name + "/axis", device, axis, "int32"),
-            node(name, "ConcatV2", device, list(srcs) + [name + "/axis"], N=len(srcs),
-                 type_T=dtype_enum(dtype_name), type_Tidx=dtype_enum("int32"))]
-
-
-def identity(name: str, device: str, src: str, dtype_name: str):
-    return node(name, "Identity", device, [src], type_T=dtype_enum(dtype_name))
-
-
 def scaled(name: str, device: str, src: str, weight: float, dtype_name: str) -> List:
     """src * weight on `device` (the aggregation weight of one replica's partial value)."""
     return [const(name + "/weight", device, weight, dtype_name),
             node(name, "Mul", device, [src, name + "/weight"], type_T=dtype_enum(dtype_name))]
-
-
-def add_n(name: str, device: str, srcs: Sequence[str], dtype_name: str):
-    if len(srcs) == 1:
-        return identity(name, device, srcs[0], dtype_name)
-    return node(name, "AddN", device, list(srcs), N=len(srcs), type_T=dtype_enum(dtype_name))
-
-
-def group_key(devices: Sequence[str]) -> int:
-    """A stable collective group key per participant set (TF requires one device set per key)."""
-    return 1 + zlib.crc32("|".join(sorted(devices)).encode()) % (2 ** 30)
-
-
-def all_reduce(name: str, device: str, src: str, size: int, gkey: int, ikey: int, dtype_name: str,
-               nccl: bool) -> List:
-    """One participant of a sum all-reduce (CollectiveReduceV2, merge Add, final Id)."""
-    return [const(name + "/group_size", device, size, "int32"), const(name + "/group_key", device, gkey, "int32"),
-            const(name + "/instance_key", device, ikey, "int32"),
-            node(name, "CollectiveReduceV2", device,
-                 [src, name + "/group_size", name + "/group_key", name + "/instance_key"],
-                 type_T=dtype_enum(dtype_name), merge_op="Add", final_op="Id",
-                 communication_hint="nccl" if nccl else "auto", Nordering_token=0)]
-
-
-def bucket_all_reduce(name: str, device: str, srcs: Sequence[str], out_names: Sequence[str], size: int, gkey: int,
-                      ikey: int, dtype_name: str, nccl: bool) -> List:
-    """One participant of a sum all-reduce of several tensors at once: each flattened, all
-    concatenated, one CollectiveReduceV2 (`name`), split back into pieces and reshaped to each
-    source's shape as `name/<out_names[i]>` (every participant lists the same tensors in the same
-    order). The pieces' sizes and shapes are read from the sources at run time."""
-    i32 = dtype_enum("int32")
-    T = dtype_enum(dtype_name)
-    out = [const(name + "/flat_shape", device, [-1], "int32")]
-    flat, sizes = [], []
-    for i, src in enumerate(srcs):
-        out += [node(f"{name}/flat_{i}", "Reshape", device, [src, name + "/flat_shape"], type_T=T, type_Tshape=i32),
-                node(f"{name}/size_{i}", "Size", device, [src], type_T=T, type_out_type=i32),
-                node(f"{name}/shape_{i}", "Shape", device, [src], type_T=T, type_out_type=i32)]
-        flat.append(f"{name}/flat_{i}")
-        sizes.append(f"{name}/size_{i}")
-    out += concat(name + "/packed", device, flat, 0, dtype_name)
-    out += all_reduce(name, device, name + "/packed", size, gkey, ikey, dtype_name, nccl)
-    out += [node(name + "/sizes", "Pack", device, sizes, N=len(sizes), type_T=i32, axis=0),
-            const(name + "/split_axis", device, 0, "int32"),
-            node(name + "/split", "SplitV", device, [name, name + "/sizes", name + "/split_axis"],
-                 num_split=len(srcs), type_T=T, type_Tlen=i32)]
-    for i, piece in enumerate(out_names):
-        out.append(node(f"{name}/{piece}", "Reshape", device, [f"{name}/split:{i}", f"{name}/shape_{i}"],
-                        type_T=T, type_Tshape=i32))
-    return out
 
 
 def read_variable(name: str, device: str, handle: str, dtype_name: str, control: Sequence[str] = ()):
@@ -218,3 +117,4 @@ def reseed_replica(replica, k: int, host_device: str) -> List:
            node(name, "AddV2", host_device, [replica.input[index], name + "/offset"], type_T=dtype_enum(dtype))]
     replica.input[index] = name
     return out
+

@@ -1,0 +1,194 @@
+"""NodeDef builders shared by the rewrite (tfplace.rewrite) and the profilers (tfplace.profiling):
+NodeDefs, constants, concatenation, sums, and the all-reduce as the rewrite emits it (one
+CollectiveReduceV2 per participant, or the exchange of shards over Send/Recv that CPU devices
+use), with `import_all_reduce` to put the same nodes into a graph being built. They build
+protos and decide nothing about a strategy. All builders take the full TF device string of the
+device the node runs on.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+# how an all-reduce among CPU devices is emitted; the first is the default (graph_rewrite.rewrite_step)
+CPU_ALL_REDUCE = ("exchange", "collective")
+
+
+def _tf():
+    import tensorflow as tf  # deferred so that importing tfplace stays TF-free
+    return tf
+
+
+def dtype_enum(dtype_name: str) -> int:
+    return _tf().as_dtype(dtype_name).as_datatype_enum
+
+
+def node(name: str, op: str, device: str, inputs: Sequence[str] = (), **attrs):
+    """A NodeDef; attrs are AttrValue protos or python values (int/float/str/bool/dtype enum via
+    the `type_` prefix: `type_T=enum`)."""
+    from tensorflow.core.framework import attr_value_pb2, node_def_pb2
+    n = node_def_pb2.NodeDef(name=name, op=op, device=device)
+    n.input.extend(inputs)
+    for key, value in attrs.items():
+        if key.startswith("type_"):
+            n.attr[key[5:]].CopyFrom(attr_value_pb2.AttrValue(type=value))
+        elif isinstance(value, attr_value_pb2.AttrValue):
+            n.attr[key].CopyFrom(value)
+        elif isinstance(value, bool):
+            n.attr[key].b = value
+        elif isinstance(value, int):
+            n.attr[key].i = value
+        elif isinstance(value, float):
+            n.attr[key].f = value
+        elif isinstance(value, str):
+            n.attr[key].s = value.encode()
+        else:
+            raise TypeError(f"attr {key}: unsupported value {value!r}")
+    return n
+
+
+def const(name: str, device: str, value, dtype_name: str):
+    tf = _tf()
+    from tensorflow.core.framework import attr_value_pb2
+    proto = tf.make_tensor_proto(np.asarray(value, dtype=tf.as_dtype(dtype_name).as_numpy_dtype))
+    return node(name, "Const", device, value=attr_value_pb2.AttrValue(tensor=proto),
+                type_dtype=dtype_enum(dtype_name))
+
+
+def concat(name: str, device: str, srcs: Sequence[str], axis: int, dtype_name: str) -> List:
+    if len(srcs) == 1:
+        return [node(name, "Identity", device, [srcs[0]], type_T=dtype_enum(dtype_name))]
+    return [const(name + "/axis", device, axis, "int32"),
+            node(name, "ConcatV2", device, list(srcs) + [name + "/axis"], N=len(srcs),
+                 type_T=dtype_enum(dtype_name), type_Tidx=dtype_enum("int32"))]
+
+
+def identity(name: str, device: str, src: str, dtype_name: str):
+    return node(name, "Identity", device, [src], type_T=dtype_enum(dtype_name))
+
+
+def add_n(name: str, device: str, srcs: Sequence[str], dtype_name: str):
+    if len(srcs) == 1:
+        return identity(name, device, srcs[0], dtype_name)
+    return node(name, "AddN", device, list(srcs), N=len(srcs), type_T=dtype_enum(dtype_name))
+
+
+def group_key(devices: Sequence[str]) -> int:
+    """A stable collective group key per participant set (TF requires one device set per key)."""
+    return 1 + zlib.crc32("|".join(sorted(devices)).encode()) % (2 ** 30)
+
+
+def all_reduce(name: str, device: str, src: str, size: int, gkey: int, ikey: int, dtype_name: str,
+               nccl: bool) -> List:
+    """One participant of a sum all-reduce (CollectiveReduceV2, merge Add, final Id)."""
+    return [const(name + "/group_size", device, size, "int32"), const(name + "/group_key", device, gkey, "int32"),
+            const(name + "/instance_key", device, ikey, "int32"),
+            node(name, "CollectiveReduceV2", device,
+                 [src, name + "/group_size", name + "/group_key", name + "/instance_key"],
+                 type_T=dtype_enum(dtype_name), merge_op="Add", final_op="Id",
+                 communication_hint="nccl" if nccl else "auto", Nordering_token=0)]
+
+
+def pack(name: str, device: str, srcs: Sequence[str], dtype_name: str) -> List:
+    """`name/packed`: the sources flattened and concatenated, in order (a 1-D tensor)."""
+    i32, T = dtype_enum("int32"), dtype_enum(dtype_name)
+    out = [const(name + "/flat_shape", device, [-1], "int32")]
+    for i, src in enumerate(srcs):
+        out.append(node(f"{name}/flat_{i}", "Reshape", device, [src, name + "/flat_shape"], type_T=T, type_Tshape=i32))
+    return out + concat(name + "/packed", device, [f"{name}/flat_{i}" for i in range(len(srcs))], 0, dtype_name)
+
+
+def unpack(name: str, device: str, flat: str, srcs: Sequence[str], out_names: Sequence[str], dtype_name: str) -> List:
+    """The inverse of `pack` applied to `flat` (a tensor of the packed length): `name/<out_names[i]>`
+    has the shape of srcs[i]; sizes and shapes are read from the sources at run time."""
+    i32, T = dtype_enum("int32"), dtype_enum(dtype_name)
+    out = []
+    for i, src in enumerate(srcs):
+        out += [node(f"{name}/size_{i}", "Size", device, [src], type_T=T, type_out_type=i32),
+                node(f"{name}/shape_{i}", "Shape", device, [src], type_T=T, type_out_type=i32)]
+    out += [node(name + "/sizes", "Pack", device, [f"{name}/size_{i}" for i in range(len(srcs))], N=len(srcs),
+                 type_T=i32, axis=0),
+            const(name + "/split_axis", device, 0, "int32"),
+            node(name + "/split", "SplitV", device, [flat, name + "/sizes", name + "/split_axis"],
+                 num_split=len(srcs), type_T=T, type_Tlen=i32)]
+    for i, piece in enumerate(out_names):
+        out.append(node(f"{name}/{piece}", "Reshape", device, [f"{name}/split:{i}", f"{name}/shape_{i}"],
+                        type_T=T, type_Tshape=i32))
+    return out
+
+
+def bucket_all_reduce(name: str, device: str, srcs: Sequence[str], out_names: Sequence[str], size: int, gkey: int,
+                      ikey: int, dtype_name: str, nccl: bool) -> List:
+    """One participant of a sum all-reduce of several tensors at once: each flattened, all
+    concatenated, one CollectiveReduceV2 (`name`), split back into pieces and reshaped to each
+    source's shape as `name/<out_names[i]>` (every participant lists the same tensors in the same
+    order)."""
+    return (pack(name, device, srcs, dtype_name)
+            + all_reduce(name, device, name + "/packed", size, gkey, ikey, dtype_name, nccl)
+            + unpack(name, device, name, srcs, out_names, dtype_name))
+
+
+def exchange_all_reduce(names: Sequence[str], devices: Sequence[str], srcs: Sequence[Sequence[str]],
+                        out_names: Optional[Sequence[str]], dtype_name: str) -> List:
+    """A sum all-reduce over Send/Recv among n participants (reduce-scatter, then all-gather):
+    participant i packs its tensors `srcs[i]` (on `devices[i]`) into one 1-D tensor and cuts it
+    into n shards (the last takes the remainder); shard j of every participant is summed on
+    participant j (AddN, in participant order); each participant concatenates the n sums as
+    `names[i]` and unpacks them as `names[i]/<out_names[k]>`. With out_names None (one tensor),
+    `names[i]` is the sum in its source's shape. Every participant ends with the same values.
+    Each shard crosses between two tasks twice, as in a ring, in two rounds of parallel messages
+    instead of 2(n-1) steps of a ring."""
+    i32, T = dtype_enum("int32"), dtype_enum(dtype_name)
+    n = len(devices)
+    out: List = []
+    for name, dev, parts in zip(names, devices, srcs):
+        out += pack(name, dev, parts, dtype_name)
+        out += [node(name + "/length", "Size", dev, [name + "/packed"], type_T=T, type_out_type=i32),
+                const(name + "/parts", dev, n, "int32"),
+                const(name + "/parts_but_one", dev, n - 1, "int32"),
+                node(name + "/shard", "FloorDiv", dev, [name + "/length", name + "/parts"], type_T=i32),
+                node(name + "/shards_but_one", "Mul", dev, [name + "/shard", name + "/parts_but_one"], type_T=i32),
+                node(name + "/last_shard", "Sub", dev, [name + "/length", name + "/shards_but_one"], type_T=i32),
+                node(name + "/shard_sizes", "Pack", dev, [name + "/shard"] * (n - 1) + [name + "/last_shard"], N=n,
+                     type_T=i32, axis=0),
+                const(name + "/shard_axis", dev, 0, "int32"),
+                node(name + "/shards", "SplitV", dev, [name + "/packed", name + "/shard_sizes", name + "/shard_axis"],
+                     num_split=n, type_T=T, type_Tlen=i32)]
+    sums = [f"{names[j]}/shard_sum" for j in range(n)]
+    for j, dev in enumerate(devices):
+        out.append(add_n(sums[j], dev, [f"{names[i]}/shards:{j}" for i in range(n)], dtype_name))
+    for name, dev, parts in zip(names, devices, srcs):
+        if out_names is None:
+            out += concat(name + "/sum", dev, sums, 0, dtype_name)
+            out += [node(name + "/shape_0", "Shape", dev, [parts[0]], type_T=T, type_out_type=i32),
+                    node(name, "Reshape", dev, [name + "/sum", name + "/shape_0"], type_T=T, type_Tshape=i32)]
+        else:
+            out += concat(name, dev, sums, 0, dtype_name)
+            out += unpack(name, dev, name, parts, out_names, dtype_name)
+    return out
+
+
+def import_all_reduce(values, devices: Sequence[str], dtype_name: str, implementation: str, group_key: int,
+                      instance_key: int, name: str) -> list:
+    """Graph mode, for the profilers: all-reduces the TF tensors `values` (values[i] on devices[i])
+    with the nodes the rewrite emits for `implementation` ("exchange": `exchange_all_reduce`;
+    "collective": `all_reduce`), imported into the default graph under the prefix `name`.
+    Returns the summed tensors in participant order."""
+    tf = _tf()
+    from tensorflow.core.framework import graph_pb2
+    ins = [f"in_{i}" for i in range(len(devices))]
+    outs = [f"d{i}" for i in range(len(devices))]
+    gd = graph_pb2.GraphDef()
+    gd.node.extend(node(x, "Placeholder", d, type_dtype=dtype_enum(dtype_name)) for x, d in zip(ins, devices))
+    if implementation == "exchange":
+        gd.node.extend(exchange_all_reduce(outs, devices, [[x] for x in ins], None, dtype_name))
+    elif implementation == "collective":
+        for o, d, x in zip(outs, devices, ins):
+            gd.node.extend(all_reduce(o, d, x, len(devices), group_key, instance_key, dtype_name, False))
+    else:
+        raise ValueError(f"unknown all-reduce implementation {implementation!r}")
+    return tf.compat.v1.import_graph_def(gd, input_map={f"{x}:0": v for x, v in zip(ins, values)},
+                                         return_elements=[o + ":0" for o in outs], name=name)
