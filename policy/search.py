@@ -12,6 +12,7 @@ in the pool, baseline or not:
             boundary, merges stages)
   micro     split every share in two micro-batches, or merge them back
   priority  set the execution priority
+  bucket    set the gradient bucket size (strategy-wide; BUCKET_CHOICES_BYTES)
 Memory moves (chosen most of the time while the base strategy is OOM; they read the base's
 per-device peak memory, so the search cuts the worst excess before it looks at time):
   mb_split  double the micro-batches of groups on the most over-full device (activations scale
@@ -31,6 +32,7 @@ little. Accept-if-better (on the effective time, OOM penalty folded in).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -38,14 +40,15 @@ import numpy as np
 
 from tfplace.formats.strategy import GroupDecision, Strategy
 
-MOVES = ("shift", "shift", "shift", "drop", "sync", "copy", "copy", "micro", "priority")
+MOVES = ("shift", "shift", "shift", "drop", "sync", "copy", "copy", "micro", "priority", "bucket")
+# the gradient bucket sizes the `bucket` move chooses from (1 = one all-reduce per gradient)
+BUCKET_CHOICES_BYTES = (1, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 MEMORY_MOVES = ("mb_split", "mb_split", "offload", "offload", "offload", "ps_free", "drop_full")
 
 
 def explicit(strategy: Strategy, group_names: Sequence[str]) -> Strategy:
     """The same strategy with every group listed (no default)."""
-    return Strategy(strategy.global_batch_size, strategy.max_groups, None,
-                    {g: strategy.decision_for(g) for g in group_names}, strategy.graph)
+    return dataclasses.replace(strategy, default=None, groups={g: strategy.decision_for(g) for g in group_names})
 
 
 def strategy_key(s: Strategy) -> str:
@@ -90,6 +93,9 @@ def neighbour(rng: np.random.Generator, strategy: Strategy, group_names: Sequenc
     groups = dict(strategy.groups)
     g = len(group_names)
     move = MOVES[int(rng.integers(len(MOVES)))]
+    if move == "bucket":
+        size = int(rng.choice([b for b in BUCKET_CHOICES_BYTES if b != strategy.effective_bucket_bytes]))
+        return dataclasses.replace(strategy, bucket_bytes=size)
     scope = _scope(rng, g)
     changed = False
     if move in ("shift", "drop"):
@@ -167,7 +173,7 @@ def neighbour(rng: np.random.Generator, strategy: Strategy, group_names: Sequenc
                 changed = True
     if not changed:
         return None
-    return Strategy(strategy.global_batch_size, strategy.max_groups, None, groups, strategy.graph)
+    return dataclasses.replace(strategy, default=None, groups=groups)
 
 
 def _with_micro(d: GroupDecision, factor: int) -> GroupDecision:
@@ -252,7 +258,7 @@ def memory_neighbour(rng: np.random.Generator, strategy: Strategy, group_names: 
             changed = True
     if not changed:
         return None
-    return Strategy(strategy.global_batch_size, strategy.max_groups, None, groups, strategy.graph)
+    return dataclasses.replace(strategy, default=None, groups=groups)
 
 
 def group_memory_bytes(task) -> np.ndarray:

@@ -1,5 +1,7 @@
 """Strategy-level search (policy/search.py) on the tiny fake graphs and clusters."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -194,3 +196,24 @@ def test_memory_partition_seeds_enter_the_pool():
     climber = S.HillClimber(task, pool, np.random.default_rng(0))
     assert climber.seed_memory_partitions() == len(S.memory_partitions(task))
     assert any(e.source.startswith("memory partition") for e in pool.entries)
+
+
+def test_the_bucket_move_sets_the_bucket_size_and_the_other_moves_keep_it():
+    """The search chooses the gradient bucket size: the `bucket` move sets one of the choices
+    (never the current size), and every other move carries the strategy's size along."""
+    names, devs = ["g0", "g1", "g2"], ["a", "b"]
+    base = S.explicit(dataclasses.replace(even_strategy(devs, 8, 3), bucket_bytes=16 << 20), names)
+    rng = np.random.default_rng(0)
+    moved = {"bucket": set(), "other": 0}
+    for _ in range(400):
+        cand = S.neighbour(rng, base, names, devs)
+        if cand is None:
+            continue
+        if cand.groups == base.groups:
+            assert cand.effective_bucket_bytes in S.BUCKET_CHOICES_BYTES
+            assert cand.effective_bucket_bytes != 16 << 20
+            moved["bucket"].add(cand.effective_bucket_bytes)
+        else:
+            assert cand.bucket_bytes == 16 << 20
+            moved["other"] += 1
+    assert moved["bucket"] == set(S.BUCKET_CHOICES_BYTES) - {16 << 20} and moved["other"] > 0

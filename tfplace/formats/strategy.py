@@ -47,10 +47,12 @@ from tfplace.formats.jsonio import FieldReader, write_json
 FORMAT = "tfplace.strategy"
 SYNC_METHODS = ("allreduce", "ps")
 #: Gradient bucket size when a strategy gives none (bytes); 1: one all-reduce per gradient. 4 MiB:
-#: DP all-reduce on the 3-task local CPU cluster, ResNet-50 (32x32, batch 24): 1089 ms per step with
-#: one all-reduce per gradient, 700 ms with 1 MiB buckets, 604 ms with 4 MiB, 621 ms with 32 MiB;
-#: the tiny transformer: 99.8 -> 17.4 ms (4 MiB, every gradient in one bucket).
-DEFAULT_BUCKET_BYTES = 4 << 20
+#: DP all-reduce on the 3-task local CPU cluster, ResNet-50 (32x32, batch 24), all-reduce as the
+#: exchange over Send/Recv: 352 ms per step with 4 MiB buckets, 334 ms with 16 MiB, 322 ms with
+#: 64 MiB (Horovod even 306 ms; benchmarks/parity_bench.md); with CollectiveReduceV2 before it,
+#: 1089 ms with one all-reduce per gradient, 604 ms with 4 MiB. 64 MiB is also Horovod's fusion
+#: threshold. The tiny transformer's gradients fit in one bucket at any of these sizes.
+DEFAULT_BUCKET_BYTES = 64 << 20
 #: Samples a replica of a batch-statistics group needs at least when a strategy gives no
 #: `min_batch_per_replica`: 2 is the least for which a batch variance exists (one sample makes
 #: every normalised activation 0); 1 turns the check off.
