@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/parity_bench.py [--models resnet50_s32,tiny_transformer,resnet50_s224]
         [--batch-size 24] [--cluster clusters/local_cpu.json] [--rounds 3] [--steps 8] [--warmup 3]
-        [--bucket-bytes 1,4194304] [--all-reduce exchange,collective] [--json out.json]
+        [--bucket-bytes 67108864] [--all-reduce exchange,collective] [--json out.json]
 
 Per model and round, on fresh processes each time: tfplace DP-even all-reduce (the rewrite of
 `even_strategy`, one run per --bucket-bytes value and --all-reduce implementation; bucket 1 = one
@@ -24,6 +24,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tfplace.formats.strategy import DEFAULT_BUCKET_BYTES  # noqa: E402
 MODELS = {  # name -> (zoo model, export options)
     "resnet50_s32": ("resnet50", {"image_size": 32}),
     "resnet50_s224": ("resnet50", {"image_size": 224}),
@@ -68,8 +69,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--bucket-bytes", default=f"1,{4 << 20}", help="tfplace runs, one per bucket size")
-    p.add_argument("--all-reduce", default="exchange", help="tfplace runs, one per CPU all-reduce implementation")
+    p.add_argument("--bucket-bytes", default=str(DEFAULT_BUCKET_BYTES), help="tfplace runs, one per bucket size")
+    p.add_argument("--all-reduce", default="exchange,collective", help="tfplace runs, one per CPU all-reduce implementation")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
