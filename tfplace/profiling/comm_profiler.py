@@ -169,7 +169,10 @@ def _measure(lc, sizes, group_sizes, repeats, warmup, progress, started,
     trace = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
     p2p_points: List[Tuple[int, float]] = []
     ar_points: Dict[int, List[Tuple[int, float]]] = {g: [] for g in group_sizes}
-    with lc.session(graph=graph) as sess:
+    from tfplace.runtime.step_runner import step_session_config
+    # as the runtime runs a step: Grappler off (with it on, a slice of the exchange's concatenated
+    # sums would let it skip shards)
+    with lc.session(graph=graph, config=step_session_config(None, lc)) as sess:
         lc.run(sess, init)
         for s in sizes:
             p2p_points.append((s, _time(lc, sess, p2p_fetch[s], trace, "RecvTensor", repeats, warmup, bar,
