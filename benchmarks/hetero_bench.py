@@ -1,16 +1,19 @@
 """The heterogeneous comparison: a planned strategy against Horovod, for real, on the emulated cluster.
 
     .venv/bin/python benchmarks/hetero_bench.py [--models tiny_mlp,tiny_transformer,resnet50_s32]
-        [--batch-size 24] [--search-seconds 20] [--steps 5] [--warmup 2] [--out runs/hetero_bench]
+        [--batch-size 24] [--search-seconds 20] [--steps 30] [--warmup 20] [--out runs/hetero_bench]
 
 On clusters/local_cpu_hetero.json (task 0 alone on core 0; tasks 1 and 2 on core 1 at half a
 core each; every TF task and every Horovod rank under that emulation), per model:
-  1. plan: the pool of every baseline, then --search-seconds of strategy search, all scored by
-     the simulator with the cluster's bundled runtime overheads (local_cpu_hetero.overheads.json)
-     and the profile activate simulates with; the best strategy is written as a file;
-  2. run, through activate (fresh servers, the same emulation): the planned strategy,
-     tfplace DP-even and DP-proportional (all-reduce), Horovod even and Horovod proportional;
-  3. print measured and simulated step times and the plan's speed-up over each Horovod run.
+  1. profile: the model measured on the cluster's kinds as their devices are emulated
+     (tfplace.cli.activate.measure_graph_profile, what activate's "profile": "measure" runs);
+  2. plan: the pool of every baseline, then --search-seconds of strategy search, all scored by
+     the simulator with that profile and the cluster's bundled runtime overheads
+     (local_cpu_hetero.overheads.json); the best strategy is written as a file;
+  3. run, through activate (fresh servers, the same emulation, its profile measured again): the
+     planned strategy, tfplace DP-even and DP-proportional (all-reduce), Horovod even and Horovod
+     proportional;
+  4. print measured and simulated step times and the plan's speed-up over each Horovod run.
 Which component found the plan (a baseline, or the search) is printed with it. A benchmark: it
 reports numbers and never fails on timing.
 """
@@ -33,10 +36,9 @@ MODELS = {"tiny_mlp": ("tiny_mlp", {}), "tiny_transformer": ("tiny_transformer",
 RUN_BASELINES = ("dp_even_allreduce", "dp_proportional_allreduce", "horovod_even", "horovod_proportional")
 
 
-def plan(bundle: str, cluster, overheads, batch: int, search_s: float, seed: int = 0):
+def plan(bundle: str, cluster, overheads, profile, batch: int, search_s: float, seed: int = 0):
     """(best PoolEntry, best baseline PoolEntry): the pool seeded with every baseline, then strategy
-    search for `search_s` seconds, scored with the overheads and activate's profile."""
-    from tfplace.cli.activate import simulation_profile
+    search for `search_s` seconds, scored with the overheads and `profile`."""
     from tfplace.ir.grouping import make_grouping
     from tfplace.ir.loader import load_op_graph
     from tfplace.policy import search
@@ -45,7 +47,7 @@ def plan(bundle: str, cluster, overheads, batch: int, search_s: float, seed: int
     graph = load_op_graph(bundle)
     max_groups = 16
     task = PlacementTask(os.path.basename(bundle), graph, make_grouping(graph, max_groups), cluster,
-                         simulation_profile(graph, cluster), batch, max_groups, overheads=overheads)
+                         profile, batch, max_groups, overheads=overheads)
     pool = seed_pool(task, 16)
     climber = search.HillClimber(task, pool, np.random.default_rng(seed))
     end = time.monotonic() + search_s
@@ -56,11 +58,11 @@ def plan(bundle: str, cluster, overheads, batch: int, search_s: float, seed: int
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="tiny_mlp,tiny_transformer", help=f"comma-separated, of {sorted(MODELS)}")
+    p.add_argument("--models", default="tiny_mlp,tiny_transformer,resnet50_s32", help=f"comma-separated, of {sorted(MODELS)}")
     p.add_argument("--batch-size", type=int, default=24)
     p.add_argument("--search-seconds", type=float, default=20.0)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "hetero_bench"))
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -75,12 +77,15 @@ def main(argv=None) -> int:
     for name in args.models.split(","):
         model, opts = MODELS[name]
         bundle = ensure_bundle(model, batch_size=args.batch_size, **opts)
-        best, baseline = plan(bundle, cluster, overheads, args.batch_size, args.search_seconds)
+        profile = activate.measure_graph_profile(bundle, args.batch_size, cluster,
+                                                 os.path.join(args.out, f"{name}.profile.json"), overheads)
+        best, baseline = plan(bundle, cluster, overheads, profile, args.batch_size, args.search_seconds)
         print(f"{name}: plan {best.time_s * 1e3:.2f} ms simulated, found by {best.source}; best baseline "
               f"{baseline.source} {baseline.time_s * 1e3:.2f} ms", flush=True)
         path = os.path.join(args.out, f"{name}_plan.json")
         save_strategy(best.strategy, path)
         config = {"format": "tfplace.activate_config", "version": 1, "cluster": CLUSTER, "overheads": OVERHEADS,
+                  "profile": "measure",
                   "strategies": [{"name": f"plan_{name}", "strategy": path, "graph": bundle}],
                   "baselines": list(RUN_BASELINES), "steps": args.steps, "warmup_steps": args.warmup,
                   "output_dir": os.path.join(args.out, name), "trace": False}

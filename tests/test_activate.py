@@ -154,3 +154,107 @@ def test_quota_kinds_get_the_cpu_profile_over_their_share():
             assert profile.seconds(op, "CPU_half", 8) == pytest.approx(2 * profile.seconds(op, "CPU", 8))
     w = _speed_weights(cluster)
     assert w[1] == w[2] == pytest.approx(w[0] / 2)
+
+
+@pytest.mark.multiprocess
+def test_profile_of_a_cluster_measures_each_kind_as_its_devices_are_emulated(tmp_path):
+    """`python -m tfplace.profile --cluster C`: one profile, every kind of C, each measured pinned
+    to its devices' cores and under their quota (the conditions record both, and the quota kind's
+    op times carry the slowdown measured under it)."""
+    import subprocess
+    import sys
+    out = tmp_path / "p.json"
+    done = subprocess.run([sys.executable, "-m", "tfplace.profile", "--graph", "tiny_mlp", "--batch-sizes", "2,4",
+                           "--repeats", "2", "--cluster", os.path.join(ROOT, "clusters", "local_cpu_hetero.json"),
+                           "--out", str(out), "--quiet"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open(out) as f:
+        prof = json.load(f)
+    by_kind = prof["conditions"]["by_kind"]
+    assert set(by_kind) == {"CPU", "CPU_half"}
+    assert by_kind["CPU"]["emulation"] == {"cpus": [0]}
+    half = by_kind["CPU_half"]["emulation"]
+    assert half["cpus"] == [1] and half["cpu_fraction"] == 0.5 and half["throttle_wall_per_cpu_s"] > 1.2
+    assert all(set(per) == {"CPU", "CPU_half"} for per in prof["ops"].values())
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--kind", "CPU"], "--cluster sets each kind"),
+    (["--cpu-fraction", "0.5"], "--cluster sets each kind"),
+    (["--device", "GPU:0"], "--cluster sets each kind"),
+])
+def test_profile_of_a_cluster_refuses_per_kind_flags(tmp_path, capsys, argv, says):
+    from tfplace.cli import common
+    from tfplace.cli import profile
+    status = common.call(profile, ["--graph", "tiny_mlp", "--cluster",
+                                   os.path.join(ROOT, "clusters", "local_cpu_hetero.json"),
+                                   "--out", str(tmp_path / "p.json")] + argv)
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and says in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("cluster, field", [
+    ("two_kind_4gpu.json", "devices[0].kind"),  # a GPU kind is measured on its GPU
+])
+def test_profile_of_a_cluster_refuses_what_it_cannot_emulate(tmp_path, capsys, cluster, field):
+    from tfplace.cli import common
+    from tfplace.cli import profile
+    status = common.call(profile, ["--graph", "tiny_mlp", "--cluster", os.path.join(ROOT, "clusters", cluster),
+                                   "--out", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and cluster in err and field in err, err
+
+
+def test_a_kind_with_two_quotas_is_refused():
+    from tfplace.cli.profile import cluster_kind_settings
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.formats.errors import InputError
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu_hetero.json"))
+    assert cluster_kind_settings(cluster) == [("CPU", [0], None), ("CPU_half", [1], 0.5)]
+    import dataclasses
+    devices = list(cluster.devices)
+    devices[2] = dataclasses.replace(devices[2], emulation=dataclasses.replace(devices[2].emulation, cpu_fraction=0.25))
+    with pytest.raises(InputError, match=r"devices\[2\].emulation.cpu_fraction"):
+        cluster_kind_settings(dataclasses.replace(cluster, devices=tuple(devices)))
+
+
+def test_activate_simulates_with_the_profile_it_measured(tmp_path, monkeypatch):
+    """"profile": "measure": each graph's simulated time comes from the profile measured on the
+    cluster (here a stand-in that says every op takes 1 ms), with the overheads file's comm fit."""
+    from tfplace import testing
+    from tfplace.cli import activate
+    from tfplace.formats.profile import save_profile
+    from tfplace.ir.loader import load_op_graph
+    calls = []
+
+    def fake_profile_cluster(graph, cluster, out, batch_sizes, **kw):
+        calls.append((os.path.basename(graph), list(batch_sizes)))
+        save_profile(testing.uniform_profile(load_op_graph(graph), cluster.kinds, 1e-3), out)
+        return out
+
+    monkeypatch.setattr("tfplace.cli.profile.profile_cluster", fake_profile_cluster)
+    ran = []
+    monkeypatch.setattr(activate, "_run_one", lambda job, cluster, lc, config, overheads=None, profiles=None:
+                        ran.append(profiles[job["graph"]]) or {"step_times_s": [1.0], "simulated_s": 1.0, "timeline": ""})
+    monkeypatch.setattr(activate, "_running_cluster", lambda lc, cluster, out: None)
+    cfg = _write(tmp_path / "a.txt", {
+        "format": "tfplace.activate_config", "cluster": os.path.join(ROOT, "clusters", "local_cpu_hetero.json"),
+        "baselines": ["single", "horovod_even"], "graphs": [{"model": "tiny_mlp", "batch_size": 16}],
+        "profile": "measure", "overheads": os.path.join(ROOT, "clusters", "local_cpu_hetero.overheads.json"),
+        "output_dir": str(tmp_path / "out"), "trace": False})
+    activate.run(cfg, out=io.StringIO())
+    assert calls == [("tiny_mlp_b16_sgd.json", [1, 2, 4, 8, 16])]  # once per graph, not for Horovod
+    assert len(ran) == 2 and ran[0] is ran[1]
+    assert ran[0].comm is not None and 3 in ran[0].comm.allreduce  # the overheads' comm fit
+    assert (tmp_path / "out" / "profiles" / "tiny_mlp_b16_sgd.profile.json").exists()
+
+
+@pytest.mark.parametrize("value", ["measured", 3, ""])
+def test_activate_profile_takes_two_values(tmp_path, value):
+    from tfplace.formats.config import load_activate_config
+    from tfplace.formats.errors import InputError
+    cfg = _write(tmp_path / "a.txt", {"format": "tfplace.activate_config", "baselines": ["single"],
+                                      "graphs": [{"model": "tiny_mlp", "batch_size": 16}], "profile": value})
+    with pytest.raises(InputError, match="profile"):
+        load_activate_config(cfg)

@@ -28,6 +28,7 @@ import json
 import os
 import statistics
 import sys
+import time
 import traceback
 from typing import Any, Dict, List, Optional
 
@@ -128,7 +129,52 @@ def _jobs(config: ActivateConfig, errors: Dict[str, Any]) -> List[Dict[str, Any]
     return jobs
 
 
-def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None) -> Dict[str, Any]:
+def profile_batch_sizes(batch: int) -> List[int]:
+    """The per-device batch sizes a graph of global batch `batch` is profiled at: the powers of
+    two below it and the batch itself (a replica holds at most the global batch)."""
+    return sorted({b for b in (1 << k for k in range(batch.bit_length())) if b <= batch} | {batch})
+
+
+def measure_graph_profile(graph: str, batch: int, cluster: Cluster, path: str, overheads=None):
+    """The Profile of the bundle `graph` measured on `cluster`'s kinds as their devices are
+    emulated (tfplace.cli.profile.profile_cluster, at profile_batch_sizes(batch)), written to
+    `path`; with `overheads`, its comm fit (raw.comm, the fit its collective_s was measured
+    against) is the profile's."""
+    import dataclasses as dc
+    from tfplace.cli.profile import profile_cluster
+    from tfplace.formats.profile import comm_from_json, load_profile
+    profile_cluster(graph, cluster, path, profile_batch_sizes(batch))
+    profile = load_profile(path)
+    comm = (overheads.raw or {}).get("comm") if overheads is not None else None
+    if comm and profile.comm is None:
+        profile = dc.replace(profile, comm=comm_from_json(comm, f"{overheads.source or 'overheads'}: raw"))
+    return profile
+
+
+def measured_profiles(jobs, cluster: Cluster, config: ActivateConfig, overheads, out) -> Dict[str, Any]:
+    """With "profile": "measure": {bundle: Profile} of every graph a simulated entry runs
+    (measure_graph_profile into <output_dir>/profiles/<stem>.profile.json, at the largest batch
+    it runs with), before any server starts. Empty otherwise."""
+    if config.profile != "measure":
+        return {}
+    batches: Dict[str, int] = {}
+    for job in jobs:
+        if job.get("error") is None and not (job["kind"] == "baseline" and job["baseline"].startswith("horovod")):
+            batch = job["batch"] if job["kind"] == "baseline" else job["strategy"].global_batch_size
+            batches[job["graph"]] = max(batch, batches.get(job["graph"], 0))
+    folder = os.path.join(config.output_dir, "profiles")
+    os.makedirs(folder, exist_ok=True)
+    profiles = {}
+    for graph, batch in batches.items():
+        path = os.path.join(folder, os.path.splitext(os.path.basename(graph))[0] + ".profile.json")
+        started = time.monotonic()
+        profiles[graph] = measure_graph_profile(graph, batch, cluster, path, overheads)
+        print(f"profiled {os.path.basename(graph)} on {len(profiles[graph].kinds)} kinds in "
+              f"{time.monotonic() - started:.1f} s: {path}", file=out, flush=True)
+    return profiles
+
+
+def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None, profiles=None) -> Dict[str, Any]:
     from tfplace.baselines.problem import with_overheads
     from tfplace.simulator import simulate
     from tfplace.ir.loader import load_op_graph
@@ -144,7 +190,7 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None) 
         res = run_horovod(job["graph"], per, steps=config.steps, warmup_steps=config.warmup_steps,
                           emulation_per_rank=emulation, source=config.cluster, device_names=cluster.device_names)
         return {"step_times_s": list(res.report.step_times_s), "simulated_s": None, "timeline": ""}
-    profile = simulation_profile(graph, cluster)
+    profile = (profiles or {}).get(job["graph"]) or simulation_profile(graph, cluster)
     strategy, grouping = job.get("strategy"), None
     if strategy is None:
         strategy, grouping = baseline_plan(job["baseline"], graph, cluster, profile, job["batch"],
@@ -183,6 +229,7 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
         if config.trace:
             common.check_outputs_in(config.output_dir, [f"{j['name']}.timeline.json" for j in jobs], config_path,
                                     "output_dir")
+        profiles = measured_profiles(jobs, cluster, config, overheads, out)
         rows: List[Dict[str, Any]] = []
         lc = None
         try:
@@ -191,7 +238,7 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
                 if job.get("error") is None:
                     try:
                         lc = _running_cluster(lc, cluster, out)
-                        row.update(_run_one(job, cluster, lc, config, overheads))
+                        row.update(_run_one(job, cluster, lc, config, overheads, profiles))
                         t = row["step_times_s"]
                         row["mean_s"], row["std_s"] = statistics.fmean(t), statistics.pstdev(t)
                         sim = row["simulated_s"]

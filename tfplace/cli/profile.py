@@ -5,6 +5,12 @@ measure communication on a local cluster.
         --batch-sizes 2,4,8 --repeats 3 --warmup 1 --derive V100,P100,GTX1080Ti --out profile.json
     python -m tfplace.profile --comm-only --out profile.json      # add/replace the comm fits
     python -m tfplace.profile --graph G.json --roofline V100,T4 --batch-sizes 8,16 --out p.json
+    python -m tfplace.profile --graph tiny_mlp --cluster clusters/local_cpu_hetero.json --out p.json
+
+With --cluster (a CPU-emulated cluster file), every device kind of the cluster is measured as
+its devices run: pinned to the cores and under the CPU quota the kind's first device declares in
+its `emulation` (one child `python -m tfplace.profile` per kind, merged into --out); what
+activate runs on that cluster, simulated with that profile (activate's "profile": "measure").
 
 Writes profile.json (format: tfplace.formats.profile). Progress goes to stderr, a summary to
 stdout. Bad arguments and bad input exit with status 2 and one line naming the argument (or the
@@ -18,7 +24,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from absl import flags
 
@@ -36,6 +42,8 @@ def define_flags() -> None:
     flags.DEFINE_string("graph", None, "bundle metadata JSON (<stem>.json beside <stem>.pb), a zoo model name, "
                         "or a training step .pb/.pbtxt/.meta (imported into a cached bundle)")
     common.define_step_flags()
+    flags.DEFINE_string("cluster", None, "a CPU-emulated cluster file: measure each of its device kinds pinned "
+                        "and limited as its devices' emulation says (instead of --kind/--cpus/--cpu-fraction)")
     flags.DEFINE_string("device", "CPU", "CPU, GPU or GPU:<k>")
     flags.DEFINE_string("kind", "", "device kind that keys the profile (default CPU for CPUs)")
     flags.DEFINE_list("batch-sizes", ["8", "16", "32"], "per-device batch sizes, comma-separated")
@@ -70,6 +78,13 @@ def define_flags() -> None:
     common.int_list_flag("batch-sizes", minimum=1)
     common.int_list_flag("cpus", minimum=0)
     common.graph_flag("graph")
+    common.input_file_flag("cluster")
+    flags.register_multi_flags_validator(
+        ["cluster", "kind", "cpus", "cpu-fraction", "comm-only", "roofline", "derive", "device"],
+        lambda v: not v["cluster"] or not (v["kind"] or v["cpus"] or v["cpu-fraction"] or v["comm-only"]
+                                           or v["roofline"] or v["derive"] or v["device"].upper() != "CPU"),
+        message="--cluster sets each kind, its cores and its quota from the cluster file. Fix: leave out --kind, "
+                "--cpus, --cpu-fraction, --device, --comm-only, --roofline and --derive, or leave out --cluster")
     common.device_kinds_flag("derive")
     common.device_kinds_flag("roofline")
     common.flag_check("device", _check_device)
@@ -118,8 +133,71 @@ def main(argv) -> int:
         return 130
 
 
+def cluster_kind_settings(cluster) -> List[Tuple[str, Optional[List[int]], Optional[float]]]:
+    """(kind, cores, CPU quota) per device kind of `cluster`, in device order, from the kind's first
+    device's emulation. Raises InputError naming the cluster file for a kind that is not a CPU
+    (a GPU kind is profiled on a GPU: --device GPU:k --kind K) or whose devices declare different
+    quotas (one profile per kind cannot describe both)."""
+    from tfplace.formats.cluster import is_cpu_kind
+    source = cluster.source or cluster.name
+    out, quota = [], {}
+    for i, d in enumerate(cluster.devices):
+        fraction = d.emulation.cpu_fraction if d.emulation else None
+        if not is_cpu_kind(d.kind):
+            raise InputError(source, f"devices[{i}].kind", f"{d.kind!r} is not a CPU kind: --cluster measures "
+                             "CPU-emulated clusters", "profile a GPU kind on its GPU with --device GPU:k --kind K")
+        if d.kind in quota:
+            if quota[d.kind] != fraction:
+                raise InputError(source, f"devices[{i}].emulation.cpu_fraction",
+                                 f"{fraction} differs from {quota[d.kind]} of another {d.kind!r} device",
+                                 "give devices of one kind the same quota, or different kind names")
+            continue
+        quota[d.kind] = fraction
+        out.append((d.kind, list(d.emulation.cpus) if d.emulation and d.emulation.cpus else None, fraction))
+    return out
+
+
+def profile_cluster(graph: str, cluster, out: str, batch_sizes, *, repeats: int = 5, warmup: int = 2,
+                    statistic: str = "min", threads: int = 0, inter_threads: int = 1, quiet: bool = True,
+                    stdout=None) -> str:
+    """Measures every kind of `cluster` (cluster_kind_settings) for the bundle `graph` into the
+    profile file `out`, one child `python -m tfplace.profile` per kind (a process is pinned for
+    good, so each kind gets its own), the first writing `out`, the others merging into it.
+    Raises InputError for an unusable cluster (before anything runs), RuntimeError naming the
+    kind when a child fails. Returns out."""
+    import subprocess
+    settings = cluster_kind_settings(cluster)
+    for i, (kind, cpus, fraction) in enumerate(settings):
+        cmd = [sys.executable, "-m", "tfplace.profile", "--graph", graph, "--kind", kind, "--out", out,
+               "--batch-sizes", ",".join(str(b) for b in batch_sizes), "--repeats", str(repeats),
+               "--warmup", str(warmup), "--statistic", statistic, "--threads", str(threads),
+               "--inter-threads", str(inter_threads)]
+        cmd += ["--cpus", ",".join(map(str, cpus))] if cpus else []
+        cmd += ["--cpu-fraction", str(fraction)] if fraction else []
+        cmd += (["--merge"] if i else []) + (["--quiet"] if quiet else [])
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if stdout is not None:
+            stdout.write(done.stdout)
+        if done.returncode != 0:
+            raise RuntimeError(f"profiling kind {kind} of {cluster.source or cluster.name} failed "
+                               f"(exit {done.returncode}):\n{done.stdout[-2000:]}")
+    return out
+
+
 def _run(args) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.cluster:
+        from tfplace.formats.cluster import load_cluster
+        cluster = load_cluster(args.cluster)
+        graph = common.resolve_graph(args.graph, "argument --graph", bundle=True, **common.step_options(args))
+        cluster_kind_settings(cluster)  # refuses a cluster it cannot measure before anything runs
+        started = time.monotonic()
+        profile_cluster(graph, cluster, args.out, [int(b) for b in args.batch_sizes], repeats=args.repeats,
+                        warmup=args.warmup, statistic=args.statistic, threads=args.threads,
+                        inter_threads=args.inter_threads, quiet=args.quiet, stdout=sys.stdout)
+        print(f"profiled {len(cluster_kind_settings(cluster))} kinds of {args.cluster} into {args.out} "
+              f"in {time.monotonic() - started:.1f} s")
+        return 0
     from tfplace.profiling import profiler
     from tfplace.emulation.allocator import steady_allocator
     from tfplace.formats.profile import Profile, load_profile, save_profile

@@ -394,7 +394,13 @@ class ActivateConfig:
     warmup_steps: int = 5
     trace: bool = True
     overheads: Optional[str] = None  # the cluster's runtime-overheads file, for the simulated column
+    # the op costs of the simulated column: "device_model" (the bundled / roofline profile) or
+    # "measure" (each graph profiled on the cluster's kinds, as its devices' emulation runs them)
+    profile: str = "device_model"
     source: str = dataclasses.field(default="", compare=False)
+
+
+ACTIVATE_PROFILES = ("device_model", "measure")
 
 
 def _entry_name(s: FieldReader, i: int) -> str:
@@ -433,7 +439,7 @@ def load_activate_config(path: Union[str, os.PathLike], strict: bool = True,
     r = FieldReader.from_file(path, expected_format=ACTIVATE_FORMAT)
     bases = [os.path.dirname(os.path.abspath(r.source)), REPO_ROOT]
     r.expect_keys(("cluster", "strategies", "baselines", "graphs", "steps", "warmup_steps",
-                   "output_dir", "trace", "overheads"))
+                   "output_dir", "trace", "overheads", "profile"))
     cluster = r.get_path("cluster", bases, default=None, what="cluster file") or \
         os.path.join(REPO_ROOT, "clusters", "local_cpu.json")
     load_cluster(cluster)
@@ -452,7 +458,11 @@ def load_activate_config(path: Union[str, os.PathLike], strict: bool = True,
         steps=r.get("steps", int, default=ActivateConfig.steps, **_pos),
         warmup_steps=r.get("warmup_steps", int, default=ActivateConfig.warmup_steps, **_non_neg),
         trace=r.get("trace", bool, default=ActivateConfig.trace),
-        overheads=r.get_path("overheads", bases, default=None, what="runtime-overheads file"), source=r.source)
+        overheads=r.get_path("overheads", bases, default=None, what="runtime-overheads file"),
+        profile=r.get("profile", str, default=ActivateConfig.profile, check=lambda v: v in ACTIVATE_PROFILES,
+                      must=f"be one of {', '.join(ACTIVATE_PROFILES)}",
+                      fix='write "measure" to profile each graph on the cluster, or leave the key out'),
+        source=r.source)
     check_unique_names(config)  # always: a shared name would mix two entries' results
     if strict:
         for _, error in validate_entries(config):

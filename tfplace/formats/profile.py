@@ -29,6 +29,7 @@ order the rewrite chains a device's ops in is the order the profile timed them i
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import re
@@ -160,6 +161,12 @@ def _points(r: FieldReader, points: FieldReader) -> Tuple[Tuple[int, ...], Tuple
         raise InputError(r.source, points.path, "no measurements", "remove the kind or add measurements")
     pts.sort()
     return tuple(b for b, _ in pts), tuple(s for _, s in pts)
+
+
+def comm_from_json(obj: Mapping[str, Any], source: str) -> CommModel:
+    """A CommModel from the JSON form of a profile's "comm" section (e.g. an overheads file's
+    raw.comm); InputError naming `source` when it is malformed."""
+    return _comm(FieldReader(json.loads(json.dumps(obj, default=dict)), source, "comm"))
 
 
 def _comm(c: FieldReader) -> CommModel:
