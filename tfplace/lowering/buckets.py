@@ -11,8 +11,9 @@ gradient is ready and overlaps the rest of the backward pass.
 
 A bucket is one COLLECTIVE task that reads several buffers per participant and writes one
 output buffer per (participant, gradient); the rewrite emits it as flatten + concat, one
-CollectiveReduceV2, split + reshape (tfplace.rewrite.graph_rewrite), so the simulator costs the
-collective the rewrite runs: the ring all-reduce (or the profile's fit) at the bucket's bytes.
+all-reduce (CollectiveReduceV2 among GPUs, the exchange of shards among CPU devices), split +
+reshape (tfplace.rewrite.graph_rewrite), so the simulator costs the all-reduce the rewrite runs
+(LinkCosts.collective_seconds, or the profile's fit) at the bucket's bytes.
 Only collectives whose outputs are read by update ops, and whose gradients are not made downstream
 of any update-side op, are packed: then no member can wait for another member's result.
 
