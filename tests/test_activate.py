@@ -235,8 +235,8 @@ def test_activate_simulates_with_the_profile_it_measured(tmp_path, monkeypatch):
 
     monkeypatch.setattr("tfplace.cli.profile.profile_cluster", fake_profile_cluster)
     ran = []
-    monkeypatch.setattr(activate, "_run_one", lambda job, cluster, lc, config, overheads=None, profiles=None:
-                        ran.append(profiles[job["graph"]]) or {"step_times_s": [1.0], "simulated_s": 1.0, "timeline": ""})
+    monkeypatch.setattr(activate, "_run_one", lambda job, cluster, lc, config, overheads=None:
+                        ran.append(job["profile"]) or {"step_times_s": [1.0], "simulated_s": 1.0, "timeline": ""})
     monkeypatch.setattr(activate, "_running_cluster", lambda lc, cluster, out: None)
     cfg = _write(tmp_path / "a.txt", {
         "format": "tfplace.activate_config", "cluster": os.path.join(ROOT, "clusters", "local_cpu_hetero.json"),
@@ -245,7 +245,7 @@ def test_activate_simulates_with_the_profile_it_measured(tmp_path, monkeypatch):
         "output_dir": str(tmp_path / "out"), "trace": False})
     activate.run(cfg, out=io.StringIO())
     assert calls == [("tiny_mlp_b16_sgd.json", [1, 2, 4, 8, 16])]  # once per graph, not for Horovod
-    assert len(ran) == 2 and ran[0] is ran[1]
+    assert len(ran) == 2 and ran[0] is ran[1] and ran[0] is not None
     assert ran[0].comm is not None and 3 in ran[0].comm.allreduce  # the overheads' comm fit
     assert (tmp_path / "out" / "profiles" / "tiny_mlp_b16_sgd.profile.json").exists()
 

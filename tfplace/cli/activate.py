@@ -174,7 +174,7 @@ def measured_profiles(jobs, cluster: Cluster, config: ActivateConfig, overheads,
     return profiles
 
 
-def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None, profiles=None) -> Dict[str, Any]:
+def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None) -> Dict[str, Any]:
     from tfplace.baselines.problem import with_overheads
     from tfplace.simulator import simulate
     from tfplace.ir.loader import load_op_graph
@@ -190,7 +190,7 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None, 
         res = run_horovod(job["graph"], per, steps=config.steps, warmup_steps=config.warmup_steps,
                           emulation_per_rank=emulation, source=config.cluster, device_names=cluster.device_names)
         return {"step_times_s": list(res.report.step_times_s), "simulated_s": None, "timeline": ""}
-    profile = (profiles or {}).get(job["graph"]) or simulation_profile(graph, cluster)
+    profile = job.get("profile") or simulation_profile(graph, cluster)  # measured_profiles' when measured
     strategy, grouping = job.get("strategy"), None
     if strategy is None:
         strategy, grouping = baseline_plan(job["baseline"], graph, cluster, profile, job["batch"],
@@ -230,6 +230,8 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
             common.check_outputs_in(config.output_dir, [f"{j['name']}.timeline.json" for j in jobs], config_path,
                                     "output_dir")
         profiles = measured_profiles(jobs, cluster, config, overheads, out)
+        for job in jobs:
+            job["profile"] = profiles.get(job.get("graph"))
         rows: List[Dict[str, Any]] = []
         lc = None
         try:
@@ -238,7 +240,7 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
                 if job.get("error") is None:
                     try:
                         lc = _running_cluster(lc, cluster, out)
-                        row.update(_run_one(job, cluster, lc, config, overheads, profiles))
+                        row.update(_run_one(job, cluster, lc, config, overheads))
                         t = row["step_times_s"]
                         row["mean_s"], row["std_s"] = statistics.fmean(t), statistics.pstdev(t)
                         sim = row["simulated_s"]
