@@ -4,6 +4,7 @@ import os
 import pytest
 
 from tfplace.formats.cluster import load_cluster
+from tfplace.formats.errors import InputError
 from tfplace.rewrite.graph_rewrite import rewrite_step
 from tfplace.formats.strategy import Strategy, decision, even_strategy
 from tfplace.testing import tiny_graph
@@ -25,8 +26,20 @@ def test_replicas_on_real_devices_and_updates_pinned():
         assert n.device in devices, n.name
         if n.op.startswith("ResourceApply"):
             assert nodes[n.input[0].split(":")[0]].device == n.device  # pinned with its variable
-    assert sum(1 for n in nodes.values() if n.op == "CollectiveReduceV2") > 0
+    # all-reduces among CPU devices are exchanges: a shard summed on every participant
+    sums = [n for n in nodes.values() if n.name.endswith("/shard_sum")]
+    assert sums and {n.device for n in sums} == devices
+    assert not any(n.op == "CollectiveReduceV2" for n in nodes.values())
     assert step.train_op in nodes and step.init_op in nodes and step.loss
+
+
+def test_the_collective_implementation_emits_collective_reduce():
+    graph, cluster, _ = _step()
+    step = rewrite_step(graph, even_strategy(cluster.device_names, 12, 4), cluster, cpu_all_reduce="collective")
+    ops = [n.op for n in step.graph_def.node]
+    assert ops.count("CollectiveReduceV2") > 0 and not any(n.name.endswith("/shard_sum") for n in step.graph_def.node)
+    with pytest.raises(InputError, match="cpu_all_reduce"):
+        rewrite_step(graph, even_strategy(cluster.device_names, 12, 4), cluster, cpu_all_reduce="ring")
 
 
 def test_ps_has_no_collectives_and_sends_back():
@@ -174,7 +187,9 @@ def _ancestors(nodes, name):
     return seen
 
 
-def test_every_collective_participant_runs_in_the_step():
+@pytest.mark.parametrize("how, marks", [("collective", lambda n: n.op == "CollectiveReduceV2"),
+                                         ("exchange", lambda n: n.name.endswith("/shard_sum"))])
+def test_every_collective_participant_runs_in_the_step(how, marks):
     # The loss-side group all-reduces a bias gradient between cpu0 and cpu1, but only its
     # consumer on cpu1 reads the result: cpu0's participant had no reader and nothing later on
     # cpu0 was chained after it, so TF pruned it from the train op's subgraph and cpu1's
@@ -186,8 +201,8 @@ def test_every_collective_participant_runs_in_the_step():
     groups = {"query/kernel": decision({"cpu1": [6, 6]}), "key/bias": decision({"cpu2": [6, 6]}),
               "value/kernel": decision({"cpu1": [1, 1], "cpu2": 10}),
               "gradients/Mean_grad/BroadcastTo": decision({"cpu1": [2, 3], "cpu0": 7})}
-    step = rewrite_step(graph, Strategy(12, 4, None, groups), cluster, grouping=grouping)
+    step = rewrite_step(graph, Strategy(12, 4, None, groups), cluster, grouping=grouping, cpu_all_reduce=how)
     nodes = {n.name: n for n in step.graph_def.node}
-    collectives = [n for n in nodes if nodes[n].op == "CollectiveReduceV2"]
+    collectives = [n for n in nodes if marks(nodes[n])]
     assert collectives
     assert set(collectives) <= _ancestors(nodes, step.train_op)
