@@ -13,6 +13,10 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+# shard boundaries of the exchange fall on multiples of this many elements (64 bytes of float32):
+# TensorFlow's SplitV hands out views of its input only when every piece starts aligned, and
+# copies all of them otherwise (ResNet-50's 100 MB of gradients, on every participant)
+SHARD_ALIGN_ELEMENTS = 16
 # how an all-reduce among CPU devices is emitted; the first is the default (graph_rewrite.rewrite_step)
 CPU_ALL_REDUCE = ("exchange", "collective")
 
@@ -24,6 +28,11 @@ def _tf():
 
 def dtype_enum(dtype_name: str) -> int:
     return _tf().as_dtype(dtype_name).as_datatype_enum
+
+
+def dtype_size(dtype_name: str) -> int:
+    """Bytes per element of a TF dtype name."""
+    return _tf().as_dtype(dtype_name).size
 
 
 def node(name: str, op: str, device: str, inputs: Sequence[str] = (), **attrs):
@@ -92,64 +101,103 @@ def all_reduce(name: str, device: str, src: str, size: int, gkey: int, ikey: int
                  communication_hint="nccl" if nccl else "auto", Nordering_token=0)]
 
 
-def pack(name: str, device: str, srcs: Sequence[str], dtype_name: str) -> List:
-    """`name/packed`: the sources flattened and concatenated, in order (a 1-D tensor)."""
+def padding_elements(elements: int) -> int:
+    """Zeros `pack` puts after a piece of `elements` elements so that the next piece starts on a
+    multiple of SHARD_ALIGN_ELEMENTS (0 for an unknown size, given as a negative number)."""
+    return (-int(elements)) % SHARD_ALIGN_ELEMENTS if elements >= 0 else 0
+
+
+def pack(name: str, device: str, srcs: Sequence[str], dtype_name: str, pads: Optional[Sequence[int]] = None) -> List:
+    """`name/packed`: the sources flattened and concatenated, in order (a 1-D tensor), source i
+    followed by pads[i] zeros (`padding_elements`: every piece then starts and ends aligned, so
+    that splitting the packed tensor again hands out views instead of copies)."""
     i32, T = dtype_enum("int32"), dtype_enum(dtype_name)
+    pads = list(pads) if pads is not None else [0] * len(srcs)
     out = [const(name + "/flat_shape", device, [-1], "int32")]
+    inputs = []
     for i, src in enumerate(srcs):
         out.append(node(f"{name}/flat_{i}", "Reshape", device, [src, name + "/flat_shape"], type_T=T, type_Tshape=i32))
-    return out + concat(name + "/packed", device, [f"{name}/flat_{i}" for i in range(len(srcs))], 0, dtype_name)
+        inputs.append(f"{name}/flat_{i}")
+        if pads[i] > 0:
+            zeros = f"{name}/zeros_{pads[i]}"
+            if zeros not in inputs:
+                out.append(const(zeros, device, np.zeros(pads[i]), dtype_name))
+            inputs.append(zeros)
+    return out + concat(name + "/packed", device, inputs, 0, dtype_name)
 
 
-def unpack(name: str, device: str, flat: str, srcs: Sequence[str], out_names: Sequence[str], dtype_name: str) -> List:
-    """The inverse of `pack` applied to `flat` (a tensor of the packed length): `name/<out_names[i]>`
-    has the shape of srcs[i]; sizes and shapes are read from the sources at run time."""
+def unpack(name: str, device: str, flat: str, srcs: Sequence[str], out_names: Sequence[str], dtype_name: str,
+           pads: Optional[Sequence[int]] = None) -> List:
+    """The inverse of `pack` (same sources and pads) applied to `flat` (a tensor of the packed
+    length): `name/<out_names[i]>` has the shape of srcs[i]; sizes and shapes are read from the
+    sources at run time. The split takes each source with its padding (a view when aligned); a
+    padded piece is then cut to its size (a copy of that piece alone)."""
     i32, T = dtype_enum("int32"), dtype_enum(dtype_name)
-    out = []
+    pads = list(pads) if pads is not None else [0] * len(srcs)
+    out, sizes = [], []
     for i, src in enumerate(srcs):
         out += [node(f"{name}/size_{i}", "Size", device, [src], type_T=T, type_out_type=i32),
                 node(f"{name}/shape_{i}", "Shape", device, [src], type_T=T, type_out_type=i32)]
-    out += [node(name + "/sizes", "Pack", device, [f"{name}/size_{i}" for i in range(len(srcs))], N=len(srcs),
-                 type_T=i32, axis=0),
+        sizes.append(f"{name}/size_{i}")
+        if pads[i] > 0:
+            out += [const(f"{name}/pad_{i}", device, pads[i], "int32"),
+                    node(f"{name}/padded_size_{i}", "AddV2", device, [f"{name}/size_{i}", f"{name}/pad_{i}"],
+                         type_T=i32)]
+            sizes[-1] = f"{name}/padded_size_{i}"
+    out += [node(name + "/sizes", "Pack", device, sizes, N=len(sizes), type_T=i32, axis=0),
             const(name + "/split_axis", device, 0, "int32"),
             node(name + "/split", "SplitV", device, [flat, name + "/sizes", name + "/split_axis"],
-                 num_split=len(srcs), type_T=T, type_Tlen=i32)]
+                 num_split=len(sizes), type_T=T, type_Tlen=i32)]
     for i, piece in enumerate(out_names):
-        out.append(node(f"{name}/{piece}", "Reshape", device, [f"{name}/split:{i}", f"{name}/shape_{i}"],
-                        type_T=T, type_Tshape=i32))
+        src = f"{name}/split:{i}"
+        if pads[i] > 0:
+            out += [const(f"{name}/begin_{i}", device, [0], "int32"),
+                    node(f"{name}/length_{i}", "Reshape", device, [f"{name}/size_{i}", name + "/flat_shape_1"],
+                         type_T=i32, type_Tshape=i32),
+                    node(f"{name}/cut_{i}", "Slice", device, [src, f"{name}/begin_{i}", f"{name}/length_{i}"],
+                         type_T=T, type_Index=i32)]
+            src = f"{name}/cut_{i}"
+        out.append(node(f"{name}/{piece}", "Reshape", device, [src, f"{name}/shape_{i}"], type_T=T, type_Tshape=i32))
+    if any(p > 0 for p in pads):
+        out.append(const(name + "/flat_shape_1", device, [1], "int32"))
     return out
 
 
 def bucket_all_reduce(name: str, device: str, srcs: Sequence[str], out_names: Sequence[str], size: int, gkey: int,
-                      ikey: int, dtype_name: str, nccl: bool) -> List:
+                      ikey: int, dtype_name: str, nccl: bool, pads: Optional[Sequence[int]] = None) -> List:
     """One participant of a sum all-reduce of several tensors at once: each flattened, all
     concatenated, one CollectiveReduceV2 (`name`), split back into pieces and reshaped to each
     source's shape as `name/<out_names[i]>` (every participant lists the same tensors in the same
-    order)."""
-    return (pack(name, device, srcs, dtype_name)
+    order; `pads` as in `pack`)."""
+    return (pack(name, device, srcs, dtype_name, pads)
             + all_reduce(name, device, name + "/packed", size, gkey, ikey, dtype_name, nccl)
-            + unpack(name, device, name, srcs, out_names, dtype_name))
+            + unpack(name, device, name, srcs, out_names, dtype_name, pads))
 
 
 def exchange_all_reduce(names: Sequence[str], devices: Sequence[str], srcs: Sequence[Sequence[str]],
-                        out_names: Optional[Sequence[str]], dtype_name: str) -> List:
+                        out_names: Optional[Sequence[str]], dtype_name: str,
+                        pads: Optional[Sequence[int]] = None) -> List:
     """A sum all-reduce over Send/Recv among n participants (reduce-scatter, then all-gather):
     participant i packs its tensors `srcs[i]` (on `devices[i]`) into one 1-D tensor and cuts it
-    into n shards (the last takes the remainder); shard j of every participant is summed on
+    into n shards (of a multiple of SHARD_ALIGN_ELEMENTS elements; the last takes the rest); shard j of every participant is summed on
     participant j (AddN, in participant order); each participant concatenates the n sums as
     `names[i]` and unpacks them as `names[i]/<out_names[k]>`. With out_names None (one tensor),
-    `names[i]` is the sum in its source's shape. Every participant ends with the same values.
+    `names[i]` is the sum in its source's shape. `pads`: as in `pack` (with them every shard
+    starts aligned and is a view, not a copy). Every participant ends with the same values.
     Each shard crosses between two tasks twice, as in a ring, in two rounds of parallel messages
     instead of 2(n-1) steps of a ring."""
     i32, T = dtype_enum("int32"), dtype_enum(dtype_name)
     n = len(devices)
     out: List = []
     for name, dev, parts in zip(names, devices, srcs):
-        out += pack(name, dev, parts, dtype_name)
+        out += pack(name, dev, parts, dtype_name, pads)
         out += [node(name + "/length", "Size", dev, [name + "/packed"], type_T=T, type_out_type=i32),
-                const(name + "/parts", dev, n, "int32"),
+                const(name + "/parts_x_align", dev, n * SHARD_ALIGN_ELEMENTS, "int32"),
+                const(name + "/align", dev, SHARD_ALIGN_ELEMENTS, "int32"),
                 const(name + "/parts_but_one", dev, n - 1, "int32"),
-                node(name + "/shard", "FloorDiv", dev, [name + "/length", name + "/parts"], type_T=i32),
+                node(name + "/aligned_shards", "FloorDiv", dev, [name + "/length", name + "/parts_x_align"],
+                     type_T=i32),
+                node(name + "/shard", "Mul", dev, [name + "/aligned_shards", name + "/align"], type_T=i32),
                 node(name + "/shards_but_one", "Mul", dev, [name + "/shard", name + "/parts_but_one"], type_T=i32),
                 node(name + "/last_shard", "Sub", dev, [name + "/length", name + "/shards_but_one"], type_T=i32),
                 node(name + "/shard_sizes", "Pack", dev, [name + "/shard"] * (n - 1) + [name + "/last_shard"], N=n,
@@ -163,11 +211,11 @@ def exchange_all_reduce(names: Sequence[str], devices: Sequence[str], srcs: Sequ
     for name, dev, parts in zip(names, devices, srcs):
         if out_names is None:
             out += concat(name + "/sum", dev, sums, 0, dtype_name)
-            out += [node(name + "/shape_0", "Shape", dev, [parts[0]], type_T=T, type_out_type=i32),
-                    node(name, "Reshape", dev, [name + "/sum", name + "/shape_0"], type_T=T, type_Tshape=i32)]
+            out += unpack(name, dev, name + "/sum", parts, ["value"], dtype_name, pads)
+            out.append(identity(name, dev, name + "/value", dtype_name))
         else:
             out += concat(name, dev, sums, 0, dtype_name)
-            out += unpack(name, dev, name, parts, out_names, dtype_name)
+            out += unpack(name, dev, name, parts, out_names, dtype_name, pads)
     return out
 
 

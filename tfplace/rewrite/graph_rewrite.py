@@ -432,12 +432,20 @@ class _Emitter:
         # a bucket: on every participant the same gradients in the same (tensor) order
         by_dev_tensor = {(int(p.buf_device[b]), int(p.buf_tensor[b])): int(b) for b in self.reads(t)}
         tensors = sorted({x for _, x in by_dev_tensor})
+        pads = self._pads([by_dev_tensor[(parts[0], x)] for x in tensors], dtype)
         for d in parts:
             name = f"tfplace/allreduce_{t}/d{d}"
             srcs = [self.weighted(by_dev_tensor[(d, x)], d) for x in tensors]
             self.add(*rn.bucket_all_reduce(name, self.dev[d], srcs, [f"t{x}" for x in tensors], len(parts), gkey,
-                                           ikey, dtype, self.gpu[d]))
+                                           ikey, dtype, self.gpu[d], pads))
             self.task_node[(t, d)] = name
+
+    def _pads(self, bufs: List[int], dtype: str) -> List[int]:
+        """Zeros after each packed buffer (nodes.padding_elements of its elements, from the
+        PlacedGraph's bytes): every piece of a packed bucket starts aligned."""
+        item = rn.dtype_size(dtype)
+        return [rn.padding_elements(int(self.p.buf_bytes[b]) // item if int(self.p.buf_bytes[b]) % item == 0 else -1)
+                for b in bufs]
 
     def _exchange(self, t: int, parts: List[int], dtype: str) -> None:
         """Collective task t among CPU devices as an exchange of shards over Send/Recv
@@ -449,7 +457,8 @@ class _Emitter:
         names = [f"tfplace/allreduce_{t}/d{d}" for d in parts]
         srcs = [[self.weighted(by_dev_tensor[(d, x)], d) for x in tensors] for d in parts]
         out_names = [f"t{x}" for x in tensors] if self._bucketed(t) else None
-        self.add(*rn.exchange_all_reduce(names, [self.dev[d] for d in parts], srcs, out_names, dtype))
+        pads = self._pads([by_dev_tensor[(parts[0], x)] for x in tensors], dtype)
+        self.add(*rn.exchange_all_reduce(names, [self.dev[d] for d in parts], srcs, out_names, dtype, pads))
         for d, name in zip(parts, names):
             self.task_node[(t, d)] = name
 
