@@ -175,12 +175,13 @@ def profile_cluster(graph: str, cluster, out: str, batch_sizes, *, repeats: int 
         cmd += ["--cpus", ",".join(map(str, cpus))] if cpus else []
         cmd += ["--cpu-fraction", str(fraction)] if fraction else []
         cmd += (["--merge"] if i else []) + (["--quiet"] if quiet else [])
-        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # the child's progress (stderr) shows as it goes; its summary (stdout) is passed on after
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if stdout is not None:
             stdout.write(done.stdout)
         if done.returncode != 0:
             raise RuntimeError(f"profiling kind {kind} of {cluster.source or cluster.name} failed "
-                               f"(exit {done.returncode}):\n{done.stdout[-2000:]}")
+                               f"(exit {done.returncode}; its error is above):\n{done.stdout[-2000:]}")
     return out
 
 

@@ -13,9 +13,10 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-# shard boundaries of the exchange fall on multiples of this many elements (64 bytes of float32):
-# TensorFlow's SplitV hands out views of its input only when every piece starts aligned, and
-# copies all of them otherwise (ResNet-50's 100 MB of gradients, on every participant)
+# packed pieces and the exchange's shards start and end on multiples of this many elements (64
+# bytes of float32): TensorFlow's SplitV hands out views of its input only when every piece
+# starts and ends aligned, and copies all of them otherwise (ResNet-50's 100 MB of gradients, on
+# every participant)
 SHARD_ALIGN_ELEMENTS = 16
 # how an all-reduce among CPU devices is emitted; the first is the default (graph_rewrite.rewrite_step)
 CPU_ALL_REDUCE = ("exchange", "collective")
