@@ -46,7 +46,7 @@ from tfplace.formats.jsonio import FieldReader, write_json
 
 FORMAT = "tfplace.strategy"
 SYNC_METHODS = ("allreduce", "ps")
-#: Gradient bucket size when a strategy gives none (bytes); 1: one all-reduce per gradient. 4 MiB:
+#: Gradient bucket size when a strategy gives none (bytes); 1: one all-reduce per gradient. 64 MiB:
 #: DP all-reduce on the 3-task local CPU cluster, ResNet-50 (32x32, batch 24), all-reduce as the
 #: exchange over Send/Recv: 352 ms per step with 4 MiB buckets, 334 ms with 16 MiB, 322 ms with
 #: 64 MiB (Horovod even 306 ms; benchmarks/parity_bench.md); with CollectiveReduceV2 before it,
