@@ -183,7 +183,8 @@ def _measure(lc, sizes, group_sizes, repeats, warmup, progress, started,
                 ar_points[g].append((s, secs))
     model = CommModel(p2p=fit_linear(p2p_points), allreduce={g: fit_linear(ar_points[g]) for g in group_sizes})
     conditions = {"cluster": f"LocalCluster({lc.num_tasks} tasks on {lc.host})", "transport": "grpc",
-                  "all_reduce": all_reduce, "sizes_bytes": list(sizes), "repeats": repeats, "warmup": warmup, "statistic": "min",
+                  "all_reduce": all_reduce, "sizes_bytes": list(sizes), "repeats": repeats, "warmup": warmup,
+                  "statistic": "min",
                   "p2p_points": [[b, float(f"{t:.4g}")] for b, t in p2p_points],
                   "allreduce_points": {str(g): [[b, float(f"{t:.4g}")] for b, t in pts] for g, pts in ar_points.items()},
                   "fit": "relative-residual soft-L1 least squares, t = latency + bytes / bandwidth",
