@@ -24,7 +24,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from tfplace.formats.strategy import DEFAULT_BUCKET_BYTES  # noqa: E402
+from tfplace.formats.strategy import DEFAULT_BUCKET_BYTES_CPU  # noqa: E402
 MODELS = {  # name -> (zoo model, export options)
     "resnet50_s32": ("resnet50", {"image_size": 32}),
     "resnet50_s224": ("resnet50", {"image_size": 224}),
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--bucket-bytes", default=str(DEFAULT_BUCKET_BYTES), help="tfplace runs, one per bucket size")
+    p.add_argument("--bucket-bytes", default=str(DEFAULT_BUCKET_BYTES_CPU), help="tfplace runs, one per bucket size")
     p.add_argument("--all-reduce", default="exchange,collective", help="tfplace runs, one per CPU all-reduce implementation")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)

@@ -94,7 +94,7 @@ def neighbour(rng: np.random.Generator, strategy: Strategy, group_names: Sequenc
     g = len(group_names)
     move = MOVES[int(rng.integers(len(MOVES)))]
     if move == "bucket":
-        size = int(rng.choice([b for b in BUCKET_CHOICES_BYTES if b != strategy.effective_bucket_bytes]))
+        size = int(rng.choice([b for b in BUCKET_CHOICES_BYTES if b != strategy.bucket_bytes]))
         return dataclasses.replace(strategy, bucket_bytes=size)
     scope = _scope(rng, g)
     changed = False

@@ -210,9 +210,9 @@ def test_the_bucket_move_sets_the_bucket_size_and_the_other_moves_keep_it():
         if cand is None:
             continue
         if cand.groups == base.groups:
-            assert cand.effective_bucket_bytes in S.BUCKET_CHOICES_BYTES
-            assert cand.effective_bucket_bytes != 16 << 20
-            moved["bucket"].add(cand.effective_bucket_bytes)
+            assert cand.bucket_bytes in S.BUCKET_CHOICES_BYTES
+            assert cand.bucket_bytes != 16 << 20
+            moved["bucket"].add(cand.bucket_bytes)
         else:
             assert cand.bucket_bytes == 16 << 20
             moved["other"] += 1

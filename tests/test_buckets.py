@@ -81,3 +81,36 @@ def test_a_bad_bucket_size_is_one_error_naming_the_field(tmp_path, value):
     with pytest.raises(InputError) as err:
         load_strategy(path)
     assert f"{path}: bucket_bytes" in str(err.value) and "Fix:" in str(err.value)
+
+
+@pytest.mark.parametrize("cpu_only, size", [(True, 64 << 20), (False, 4 << 20)])
+def test_the_default_bucket_size_follows_the_devices(cpu_only, size):
+    """Without bucket_bytes, all-reduces among CPU devices only use DEFAULT_BUCKET_BYTES_CPU
+    (64 MiB, measured against Horovod) and those among GPUs DEFAULT_BUCKET_BYTES_GPU (4 MiB, the
+    simulator's best for ResNet-50 on the HeteroG testbed); a given size wins on both."""
+    from tfplace.formats.strategy import DEFAULT_BUCKET_BYTES_CPU, DEFAULT_BUCKET_BYTES_GPU
+    s = even_strategy(["a", "b"], 8, 4)
+    assert s.bucket_bytes_among(cpu_only) == size
+    assert (DEFAULT_BUCKET_BYTES_CPU, DEFAULT_BUCKET_BYTES_GPU) == (64 << 20, 4 << 20)
+    assert dataclasses.replace(s, bucket_bytes=1000).bucket_bytes_among(cpu_only) == 1000
+
+
+def test_a_gpu_cluster_packs_with_the_gpu_default():
+    """ResNet-50's 100 MB of gradients on GPUs: buckets of at most 4 MiB unless one gradient is
+    larger (many collectives); the same strategy at 64 MiB packs them into two."""
+    from tfplace.graph_defs.export import ensure_bundle
+    from tfplace.ir.loader import load_op_graph
+    from tfplace.profiling.device_model import default_profile
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "two_kind_4gpu.json"))
+    graph = load_op_graph(ensure_bundle("resnet50", batch_size=16, image_size=32))
+    grouping = make_grouping(graph, 16)
+    profile = default_profile(graph, cluster.kinds)
+    s = even_strategy(list(cluster.device_names), 16, 16)
+    p = lower(graph, grouping, cluster, s, profile)
+    big = _collective_outputs(lower(graph, grouping, cluster, dataclasses.replace(s, bucket_bytes=64 << 20),
+                                    profile))[1]
+    coll = np.nonzero(p.task_kind == TASK_COLLECTIVE)[0]
+    assert len(big) == 2 and len(coll) > 20
+    for t in coll:  # a bucket over 4 MiB is one gradient larger than that
+        grads = {int(p.buf_tensor[b]) for b in range(p.out_ptr[t], p.out_ptr[t + 1])}
+        assert p.task_bytes[t] <= 4 << 20 or len(grads) == 1, (p.task_bytes[t], len(grads))

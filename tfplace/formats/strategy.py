@@ -20,7 +20,8 @@ the `ps_device`, which reduces, updates and sends back (`"sync": "ps"`). `priori
 first) orders the group's ops on each device. Groups not listed take `default`.
 `bucket_bytes` (optional, > 0): all-reduced gradients with the same devices are packed into
 buckets of at most this many bytes, one collective each, in the order the backward pass makes
-them (tfplace.lowering.buckets); absent: DEFAULT_BUCKET_BYTES. 1 gives one collective per gradient.
+them (tfplace.lowering.buckets); absent: DEFAULT_BUCKET_BYTES_CPU among CPU devices,
+DEFAULT_BUCKET_BYTES_GPU otherwise. 1 gives one collective per gradient.
 `min_batch_per_replica` (optional, >= 1): every micro-batch of a group that computes batch
 statistics (training-mode batch norm) holds at least this many samples (or the whole global
 batch, when that is smaller): batch norm over one sample normalises every activation to its
@@ -46,13 +47,16 @@ from tfplace.formats.jsonio import FieldReader, write_json
 
 FORMAT = "tfplace.strategy"
 SYNC_METHODS = ("allreduce", "ps")
-#: Gradient bucket size when a strategy gives none (bytes); 1: one all-reduce per gradient. 64 MiB:
-#: DP all-reduce on the 3-task local CPU cluster, ResNet-50 (32x32, batch 24), all-reduce as the
-#: exchange over Send/Recv: 352 ms per step with 4 MiB buckets, 334 ms with 16 MiB, 322 ms with
-#: 64 MiB (Horovod even 306 ms; benchmarks/parity_bench.md); with CollectiveReduceV2 before it,
-#: 1089 ms with one all-reduce per gradient, 604 ms with 4 MiB. 64 MiB is also Horovod's fusion
-#: threshold. The tiny transformer's gradients fit in one bucket at any of these sizes.
-DEFAULT_BUCKET_BYTES = 64 << 20
+#: Gradient bucket size when a strategy gives none (bytes), by the devices an all-reduce runs among.
+#: Among CPU devices 64 MiB, measured: DP all-reduce on the 3-task local CPU cluster, ResNet-50
+#: (32x32, batch 24), the exchange over Send/Recv: 352 ms per step with 4 MiB buckets, 334 ms with
+#: 16 MiB, 322 ms with 64 MiB (Horovod even 306 ms; benchmarks/parity_bench.md); a CPU task gains
+#: little from overlapping the all-reduce with the backward pass. Among GPUs 4 MiB, simulated (no
+#: GPU measured here): DP-even batch 64 on clusters/heterog_testbed.json, ResNet-50 63.9 ms at 1 and
+#: 4 MiB, 64.7 at 16, 66.3 at 25, 74.3 at 64 MiB (a bucket's all-reduce waits for its last
+#: gradient, so large buckets overlap less); VGG-19 206.7 at 4 MiB, 205.2 at 64 MiB.
+DEFAULT_BUCKET_BYTES_CPU = 64 << 20
+DEFAULT_BUCKET_BYTES_GPU = 4 << 20
 #: Samples a replica of a batch-statistics group needs at least when a strategy gives no
 #: `min_batch_per_replica`: 2 is the least for which a batch variance exists (one sample makes
 #: every normalised activation 0); 1 turns the check off.
@@ -115,7 +119,8 @@ class Strategy:
       groups: group name -> decision.
       graph: model/graph name it was made for (informational).
       source: file it came from (for messages).
-      bucket_bytes: gradient bucket size in bytes (> 0), or None for DEFAULT_BUCKET_BYTES.
+      bucket_bytes: gradient bucket size in bytes (> 0), or None for the default by device kind
+        (bucket_bytes_among).
       min_batch_per_replica: least samples per micro-batch of a batch-statistics group (>= 1), or
         None for DEFAULT_MIN_BATCH_PER_REPLICA.
     """
@@ -150,10 +155,12 @@ class Strategy:
         for field, d in self.decisions():
             check_decision(d, src, field, self.global_batch_size)
 
-    @property
-    def effective_bucket_bytes(self) -> int:
-        """The bucket size the lowering uses: bucket_bytes, or DEFAULT_BUCKET_BYTES."""
-        return DEFAULT_BUCKET_BYTES if self.bucket_bytes is None else int(self.bucket_bytes)
+    def bucket_bytes_among(self, cpu_only: bool) -> int:
+        """The bucket size the lowering uses for all-reduces among CPU devices only (`cpu_only`)
+        or among devices with a GPU: bucket_bytes, or that kind's default."""
+        if self.bucket_bytes is not None:
+            return int(self.bucket_bytes)
+        return DEFAULT_BUCKET_BYTES_CPU if cpu_only else DEFAULT_BUCKET_BYTES_GPU
 
     @property
     def effective_min_batch_per_replica(self) -> int:

@@ -204,10 +204,10 @@ class Lowerer:
         lay_of, sync, prio = self._decisions(strategy, batch)
         sig_pat = self._resolve(batch, lay_of, sync)
         placed = assemble(self.index, self, lay_of, sync, prio, sig_pat, batch)
-        bucket = strategy.effective_bucket_bytes
-        if bucket > 1:
+        sizes = (strategy.bucket_bytes_among(True), strategy.bucket_bytes_among(False))
+        if max(sizes) > 1:
             update_op, after_update = self._update_side()
-            placed = bucket_collectives(placed, self.links, update_op, after_update, self.graph.tensor_dtype, bucket,
+            placed = bucket_collectives(placed, self.links, update_op, after_update, self.graph.tensor_dtype, sizes,
                                         self.mem_bw, self.options.aux_launch_s)
         return placed
 
