@@ -129,6 +129,11 @@ def _jobs(config: ActivateConfig, errors: Dict[str, Any]) -> List[Dict[str, Any]
     return jobs
 
 
+def _is_horovod(job) -> bool:
+    """A Horovod baseline entry: run by Horovod's own workers, not simulated."""
+    return job["kind"] == "baseline" and job["baseline"].startswith("horovod")
+
+
 def profile_batch_sizes(batch: int) -> List[int]:
     """The per-device batch sizes a graph of global batch `batch` is profiled at: the powers of
     two below it and the batch itself (a replica holds at most the global batch)."""
@@ -159,7 +164,7 @@ def measured_profiles(jobs, cluster: Cluster, config: ActivateConfig, overheads,
         return {}
     batches: Dict[str, int] = {}
     for job in jobs:
-        if job.get("error") is None and not (job["kind"] == "baseline" and job["baseline"].startswith("horovod")):
+        if job.get("error") is None and not _is_horovod(job):
             batch = job["batch"] if job["kind"] == "baseline" else job["strategy"].global_batch_size
             batches[job["graph"]] = max(batch, batches.get(job["graph"], 0))
     folder = os.path.join(config.output_dir, "profiles")
@@ -181,7 +186,7 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None) 
     from tfplace.rewrite.graph_rewrite import rewrite_step
     from tfplace.runtime.step_runner import StepRunner, random_feed
     graph = load_op_graph(job["graph"])
-    if job["kind"] == "baseline" and job["baseline"].startswith("horovod"):
+    if _is_horovod(job):
         from tfplace.baselines.horovod_runner import even_batches, proportional_batches, run_horovod
         n, b = cluster.num_devices, job["batch"]
         per = even_batches(b, n) if job["baseline"] == "horovod_even" else \

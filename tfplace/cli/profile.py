@@ -191,12 +191,11 @@ def _run(args) -> int:
         from tfplace.formats.cluster import load_cluster
         cluster = load_cluster(args.cluster)
         graph = common.resolve_graph(args.graph, "argument --graph", bundle=True, **common.step_options(args))
-        cluster_kind_settings(cluster)  # refuses a cluster it cannot measure before anything runs
         started = time.monotonic()
         profile_cluster(graph, cluster, args.out, [int(b) for b in args.batch_sizes], repeats=args.repeats,
                         warmup=args.warmup, statistic=args.statistic, threads=args.threads,
                         inter_threads=args.inter_threads, quiet=args.quiet, stdout=sys.stdout)
-        print(f"profiled {len(cluster_kind_settings(cluster))} kinds of {args.cluster} into {args.out} "
+        print(f"profiled {len(cluster.kinds)} kinds of {args.cluster} into {args.out} "
               f"in {time.monotonic() - started:.1f} s")
         return 0
     from tfplace.profiling import profiler

@@ -221,8 +221,8 @@ def exchange_all_reduce(names: Sequence[str], devices: Sequence[str], srcs: Sequ
     return out
 
 
-def import_all_reduce(values, devices: Sequence[str], dtype_name: str, implementation: str, group_key: int,
-                      instance_key: int, name: str) -> list:
+def import_all_reduce(values, devices: Sequence[str], dtype_name: str, implementation: str, gkey: int,
+                      ikey: int, name: str) -> list:
     """Graph mode, for the profilers: all-reduces the TF tensors `values` (values[i] on devices[i])
     with the nodes the rewrite emits for `implementation` ("exchange": `exchange_all_reduce`;
     "collective": `all_reduce`), imported into the default graph under the prefix `name`.
@@ -237,7 +237,7 @@ def import_all_reduce(values, devices: Sequence[str], dtype_name: str, implement
         gd.node.extend(exchange_all_reduce(outs, devices, [[x] for x in ins], None, dtype_name))
     elif implementation == "collective":
         for o, d, x in zip(outs, devices, ins):
-            gd.node.extend(all_reduce(o, d, x, len(devices), group_key, instance_key, dtype_name, False))
+            gd.node.extend(all_reduce(o, d, x, len(devices), gkey, ikey, dtype_name, False))
     else:
         raise ValueError(f"unknown all-reduce implementation {implementation!r}")
     return tf.compat.v1.import_graph_def(gd, input_map={f"{x}:0": v for x, v in zip(ins, values)},

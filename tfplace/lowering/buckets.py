@@ -31,15 +31,14 @@ from tfplace.lowering.placed_graph import TASK_COLLECTIVE, TASK_COMPUTE, PlacedG
 
 
 def plan_buckets(placed: PlacedGraph, update_op: np.ndarray, after_update: np.ndarray, tensor_dtype: Sequence[str],
-                 bucket_bytes, is_cpu: Sequence[bool] = ()) -> List[List[int]]:
+                 sizes: Tuple[int, int], is_cpu: Sequence[bool]) -> List[List[int]]:
     """The buckets of two or more collectives (task ids, in backward order); collectives not
     listed stay alone. update_op [N] bool: ops that update variables (or only feed updates);
     after_update [N] bool: ops downstream of one of them (their gradients are never packed);
-    tensor_dtype [T]: each tensor's dtype name; bucket_bytes: one size, or (size among CPU
-    devices only, size among devices with a GPU) with is_cpu [D] saying which devices are CPUs."""
+    tensor_dtype [T]: each tensor's dtype name; sizes: the bucket bytes among CPU devices only
+    and among devices with a GPU (Strategy.bucket_bytes_among), is_cpu [D] which devices are CPUs."""
     p = placed
     coll = np.nonzero(p.task_kind == TASK_COLLECTIVE)[0]
-    sizes = (bucket_bytes, bucket_bytes) if np.isscalar(bucket_bytes) else tuple(bucket_bytes)
     if len(coll) < 2 or max(sizes) <= 1:
         return []
     # who reads each collective's outputs: every reader must be an update op's instance
@@ -60,7 +59,7 @@ def plan_buckets(placed: PlacedGraph, update_op: np.ndarray, after_update: np.nd
         groups.setdefault((parts, tensor_dtype[int(p.task_tensor[t])]), []).append(t)
     buckets = []
     for (parts, _), members in groups.items():
-        limit = sizes[0] if all(is_cpu[d] for d in parts) and len(is_cpu) else sizes[1]
+        limit = sizes[0] if all(is_cpu[d] for d in parts) else sizes[1]
         if limit <= 1:
             continue
         members.sort(key=lambda t: (int(p.task_priority[t]), t))
@@ -150,9 +149,9 @@ def merge_collectives(placed: PlacedGraph, buckets: Sequence[Sequence[int]], lin
 
 
 def bucket_collectives(placed: PlacedGraph, links, update_op: np.ndarray, after_update: np.ndarray,
-                       tensor_dtype: Sequence[str], bucket_bytes, memory_bandwidth: np.ndarray,
+                       tensor_dtype: Sequence[str], sizes: Tuple[int, int], memory_bandwidth: np.ndarray,
                        launch_s: float) -> PlacedGraph:
     """plan_buckets (the CPU/GPU sizes split by links.is_cpu) + merge_collectives (see the module
     docstring)."""
-    buckets = plan_buckets(placed, update_op, after_update, tensor_dtype, bucket_bytes, links.is_cpu)
+    buckets = plan_buckets(placed, update_op, after_update, tensor_dtype, sizes, links.is_cpu)
     return merge_collectives(placed, buckets, links, memory_bandwidth, launch_s)

@@ -10,8 +10,7 @@ transfer, request to last byte).
 
 All-reduce: every task of a group holds a float32 variable of S bytes, reads it (an Identity
 named `allreduce...`) and all-reduces it with the nodes the rewrite emits
-(tfplace.ir.node_defs.import_all_reduce; `all_reduce` picks the implementation, the rewrite's
-CPU default unless told), and a tiny slice op consumes each result. A collective is
+(tfplace.ir.node_defs.import_all_reduce, the rewrite's CPU implementation), and a tiny slice op consumes each result. A collective is
 asynchronous (its own trace record ends when the kernel is launched) and an exchange is many
 ops, so the time is taken from the trace's absolute start times (one host, one clock): from the
 last participant's read (before that the group cannot progress) to the last participant's
@@ -134,8 +133,7 @@ def measure_comm(sizes: Optional[Sequence[int]] = None, group_sizes: Sequence[in
     return _measure(cluster, sizes, group_sizes, repeats, warmup, progress, started)
 
 
-def _measure(lc, sizes, group_sizes, repeats, warmup, progress, started,
-             all_reduce: str = CPU_ALL_REDUCE[0]) -> CommMeasurement:
+def _measure(lc, sizes, group_sizes, repeats, warmup, progress, started) -> CommMeasurement:
     import tensorflow as tf
 
     total = len(sizes) * (1 + len(group_sizes)) * (repeats + warmup)
@@ -159,7 +157,7 @@ def _measure(lc, sizes, group_sizes, repeats, warmup, progress, started,
                     with tf.device(dev):
                         x = tf.Variable(tf.ones([n]), name=f"ar{g}_{s}_t{t}")
                         values.append(tf.identity(x.read_value(), name=f"allreduce{g}_{s}_t{t}"))
-                sums = import_all_reduce(values, devices, "float32", all_reduce, g, instance, f"ar{g}_{s}")
+                sums = import_all_reduce(values, devices, "float32", CPU_ALL_REDUCE[0], g, instance, f"ar{g}_{s}")
                 outs = []
                 for t, (dev, y) in enumerate(zip(devices, sums)):
                     with tf.device(dev):
@@ -183,7 +181,7 @@ def _measure(lc, sizes, group_sizes, repeats, warmup, progress, started,
                 ar_points[g].append((s, secs))
     model = CommModel(p2p=fit_linear(p2p_points), allreduce={g: fit_linear(ar_points[g]) for g in group_sizes})
     conditions = {"cluster": f"LocalCluster({lc.num_tasks} tasks on {lc.host})", "transport": "grpc",
-                  "all_reduce": all_reduce, "sizes_bytes": list(sizes), "repeats": repeats, "warmup": warmup,
+                  "all_reduce": CPU_ALL_REDUCE[0], "sizes_bytes": list(sizes), "repeats": repeats, "warmup": warmup,
                   "statistic": "min",
                   "p2p_points": [[b, float(f"{t:.4g}")] for b, t in p2p_points],
                   "allreduce_points": {str(g): [[b, float(f"{t:.4g}")] for b, t in pts] for g, pts in ar_points.items()},

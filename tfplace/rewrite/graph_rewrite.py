@@ -416,28 +416,25 @@ class _Emitter:
         p = self.p
         parts = [int(x) for x in p.part_dev[p.part_ptr[t]:p.part_ptr[t + 1]]]
         dtype = self.g.tensor_dtype[p.task_tensor[t]]
-        gkey = rn.group_key([self.dev[d] for d in parts])
-        ikey = self.key_base + t
-        if self.cpu_all_reduce == "exchange" and len(parts) > 1 and not any(self.gpu[d] for d in parts):
-            self._exchange(t, parts, dtype)
-            return
-        if not self._bucketed(t):
-            by_dev = {int(p.buf_device[b]): int(b) for b in self.reads(t)}
-            for d in parts:
-                name = f"tfplace/allreduce_{t}/d{d}"
-                self.add(*rn.all_reduce(name, self.dev[d], self.weighted(by_dev[d], d), len(parts), gkey, ikey,
-                                        dtype, self.gpu[d]))
-                self.task_node[(t, d)] = name
-            return
-        # a bucket: on every participant the same gradients in the same (tensor) order
+        # on every participant the same gradients (one, or a bucket's) in the same (tensor) order
         by_dev_tensor = {(int(p.buf_device[b]), int(p.buf_tensor[b])): int(b) for b in self.reads(t)}
         tensors = sorted({x for _, x in by_dev_tensor})
+        names = [f"tfplace/allreduce_{t}/d{d}" for d in parts]
+        srcs = [[self.weighted(by_dev_tensor[(d, x)], d) for x in tensors] for d in parts]
+        out_names = [f"t{x}" for x in tensors] if self._bucketed(t) else None
         pads = self._pads([by_dev_tensor[(parts[0], x)] for x in tensors], dtype)
-        for d in parts:
-            name = f"tfplace/allreduce_{t}/d{d}"
-            srcs = [self.weighted(by_dev_tensor[(d, x)], d) for x in tensors]
-            self.add(*rn.bucket_all_reduce(name, self.dev[d], srcs, [f"t{x}" for x in tensors], len(parts), gkey,
-                                           ikey, dtype, self.gpu[d], pads))
+        if self.cpu_all_reduce == "exchange" and len(parts) > 1 and not any(self.gpu[d] for d in parts):
+            # TF's CPU collectives move every ring step through a RecvBuf RPC, slower than its
+            # Send/Recv on the same link (benchmarks/parity_bench.md)
+            self.add(*rn.exchange_all_reduce(names, [self.dev[d] for d in parts], srcs, out_names, dtype, pads))
+        else:
+            gkey, ikey = rn.group_key([self.dev[d] for d in parts]), self.key_base + t
+            for d, name, src in zip(parts, names, srcs):
+                self.add(*(rn.all_reduce(name, self.dev[d], src[0], len(parts), gkey, ikey, dtype, self.gpu[d])
+                           if out_names is None else
+                           rn.bucket_all_reduce(name, self.dev[d], src, out_names, len(parts), gkey, ikey, dtype,
+                                                self.gpu[d], pads)))
+        for d, name in zip(parts, names):
             self.task_node[(t, d)] = name
 
     def _pads(self, bufs: List[int], dtype: str) -> List[int]:
@@ -446,21 +443,6 @@ class _Emitter:
         item = rn.dtype_size(dtype)
         return [rn.padding_elements(int(self.p.buf_bytes[b]) // item if int(self.p.buf_bytes[b]) % item == 0 else -1)
                 for b in bufs]
-
-    def _exchange(self, t: int, parts: List[int], dtype: str) -> None:
-        """Collective task t among CPU devices as an exchange of shards over Send/Recv
-        (nodes.exchange_all_reduce): TF's CPU collectives move every ring step through a RecvBuf
-        RPC, slower than its Send/Recv on the same link (benchmarks/parity_bench.md)."""
-        p = self.p
-        by_dev_tensor = {(int(p.buf_device[b]), int(p.buf_tensor[b])): int(b) for b in self.reads(t)}
-        tensors = sorted({x for _, x in by_dev_tensor})
-        names = [f"tfplace/allreduce_{t}/d{d}" for d in parts]
-        srcs = [[self.weighted(by_dev_tensor[(d, x)], d) for x in tensors] for d in parts]
-        out_names = [f"t{x}" for x in tensors] if self._bucketed(t) else None
-        pads = self._pads([by_dev_tensor[(parts[0], x)] for x in tensors], dtype)
-        self.add(*rn.exchange_all_reduce(names, [self.dev[d] for d in parts], srcs, out_names, dtype, pads))
-        for d, name in zip(parts, names):
-            self.task_node[(t, d)] = name
 
     # ---- dependencies --------------------------------------------------------------------------
     def nodes_of(self, t: int) -> List[str]:
