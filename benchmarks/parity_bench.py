@@ -2,12 +2,14 @@
 
     .venv/bin/python benchmarks/parity_bench.py [--models resnet50_s32,tiny_transformer,resnet50_s224]
         [--batch-size 24] [--cluster clusters/local_cpu.json] [--rounds 3] [--steps 8] [--warmup 3]
-        [--bucket-bytes 67108864] [--all-reduce exchange,collective] [--json out.json]
+        [--bucket-bytes 67108864] [--all-reduce exchange,collective] [--ps-bucket-bytes 1,67108864]
+        [--json out.json]
 
 Per model and round, on fresh processes each time: tfplace DP-even all-reduce (the rewrite of
 `even_strategy`, one run per --bucket-bytes value and --all-reduce implementation; bucket 1 = one
-all-reduce per gradient; "exchange" = shards over Send/Recv, "collective" = CollectiveReduceV2) on a
-LocalCluster started from the cluster file (its emulation applied), then Horovod DP-even with the
+all-reduce per gradient; "exchange" = shards over Send/Recv, "collective" = CollectiveReduceV2), and
+tfplace DP-even with the first device as parameter server per --ps-bucket-bytes value (bucket 1 =
+one message per gradient and worker), each on a LocalCluster started from the cluster file (its emulation applied), then Horovod DP-even with the
 same per-rank batches under the same emulation. Rounds alternate the runs so a slow phase of the
 machine hits both alike. Prints each round's medians and, per model, the median over every timed
 step and tfplace / Horovod. A benchmark: it reports numbers and never fails on timing.
@@ -35,16 +37,18 @@ MODELS = {  # name -> (zoo model, export options)
 
 
 def tfplace_steps(bundle: str, cluster, batch: int, bucket_bytes: int, steps: int, warmup: int,
-                  all_reduce: str = "exchange"):
-    """Timed steps (seconds) of the rewritten DP-even all-reduce step, on fresh servers
-    (`all_reduce`: the rewrite's cpu_all_reduce)."""
+                  all_reduce: str = "exchange", sync: str = "allreduce"):
+    """Timed steps (seconds) of the rewritten DP-even step, on fresh servers (`all_reduce`: the
+    rewrite's cpu_all_reduce; `sync` "ps": the first device is the parameter server)."""
     from tfplace.formats.strategy import even_strategy
     from tfplace.ir.loader import load_op_graph
     from tfplace.rewrite.graph_rewrite import rewrite_step
     from tfplace.runtime.local_cluster import LocalCluster
     from tfplace.runtime.step_runner import StepRunner, random_feed
     graph = load_op_graph(bundle)
-    strategy = dataclasses.replace(even_strategy(list(cluster.device_names), batch, 64), bucket_bytes=bucket_bytes)
+    devices = list(cluster.device_names)
+    strategy = dataclasses.replace(even_strategy(devices, batch, 64, sync, devices[0] if sync == "ps" else None),
+                                   bucket_bytes=bucket_bytes)
     step = rewrite_step(graph, strategy, cluster, cpu_all_reduce=all_reduce)
     with LocalCluster.for_cluster(cluster) as lc, StepRunner(lc, step, timeout_s=600) as runner:
         runner.initialize()
@@ -71,19 +75,24 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--bucket-bytes", default=str(DEFAULT_BUCKET_BYTES_CPU), help="tfplace runs, one per bucket size")
     p.add_argument("--all-reduce", default="exchange,collective", help="tfplace runs, one per CPU all-reduce implementation")
+    p.add_argument("--ps-bucket-bytes", default="",
+                   help="also tfplace DP-even with the first device as parameter server, one run per bucket size "
+                        "(1: one message per gradient)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from tfplace.formats.cluster import load_cluster
     from tfplace.graph_defs.export import ensure_bundle
     cluster = load_cluster(args.cluster)
-    buckets = [int(x) for x in args.bucket_bytes.split(",")]
+    buckets = [int(x) for x in args.bucket_bytes.split(",") if x]
+    ps_buckets = [int(x) for x in args.ps_bucket_bytes.split(",") if x]
     out = {"cluster": os.path.relpath(args.cluster, ROOT), "batch_size": args.batch_size, "models": {}}
     for name in args.models.split(","):
         model, opts = MODELS[name]
         bundle = ensure_bundle(model, batch_size=args.batch_size, **opts)
         hows = args.all_reduce.split(",")
         runs = {f"tfplace_{how}_bucket_{b}": [] for how in hows for b in buckets}
+        runs.update({f"tfplace_ps_bucket_{b}": [] for b in ps_buckets})
         runs["horovod_even"] = []
         t0 = time.time()
         for r in range(args.rounds):
@@ -91,6 +100,9 @@ def main(argv=None) -> int:
                 for b in buckets:
                     runs[f"tfplace_{how}_bucket_{b}"] += tfplace_steps(bundle, cluster, args.batch_size, b, args.steps,
                                                                        args.warmup, how)
+            for b in ps_buckets:
+                runs[f"tfplace_ps_bucket_{b}"] += tfplace_steps(bundle, cluster, args.batch_size, b, args.steps,
+                                                                args.warmup, sync="ps")
             runs["horovod_even"] += horovod_steps(bundle, cluster, args.batch_size, args.steps, args.warmup,
                                                   args.cluster)
             print(f"{name} round {r}: " + ", ".join(f"{k} {statistics.median(v[-args.steps:]) * 1e3:.1f} ms"

@@ -156,6 +156,8 @@ def test_rewritten_step_equals_single_device(local_cluster, model, optimizer):
                    dataclasses.replace(uneven, bucket_bytes=600),
                    dataclasses.replace(random_strategy(rng, devs, grouping.group_names, BATCH), bucket_bytes=1 << 24)]
     assert _bucketed(graph, strategies[-3], cluster, grouping), "expected a bucket of several gradients"
+    # the PS strategy at the default size sends each worker's gradients to cpu1 in one message
+    assert _bucketed(graph, strategies[1], cluster, grouping, "transfer"), "expected a PS bucket"
     # all-reduce among CPU devices: the exchange (the default) above; CollectiveReduceV2 here
     runs = [(s, "exchange") for s in strategies] + [(strategies[0], "collective"), (strategies[-2], "collective")]
     for i, (s, how) in enumerate(runs):
@@ -228,14 +230,15 @@ def test_dropout_model_equals_single_device_with_noise_off(local_cluster, noise,
             assert draws[i].shape == draws[j].shape and not np.array_equal(draws[i], draws[j]), (random_op, i, j)
 
 
-def _bucketed(graph, strategy, cluster, grouping) -> bool:
-    """Whether the strategy's lowering packs several gradients into one collective."""
+def _bucketed(graph, strategy, cluster, grouping, kind="collective") -> bool:
+    """Whether the strategy's lowering packs several gradients into one collective (or, kind
+    "transfer", into one message to a PS)."""
     from tfplace.lowering.lower import lower
-    from tfplace.lowering.placed_graph import TASK_COLLECTIVE
+    from tfplace.lowering.placed_graph import TASK_COLLECTIVE, TASK_TRANSFER
     from tfplace.profiling.structural import structural_profile
     p = lower(graph, grouping, cluster, strategy, structural_profile(graph, cluster.kinds))
-    coll = np.nonzero(p.task_kind == TASK_COLLECTIVE)[0]
-    return any(len(set(p.buf_tensor[p.out_ptr[t]:p.out_ptr[t + 1]].tolist())) > 1 for t in coll)
+    tasks = np.nonzero(p.task_kind == (TASK_COLLECTIVE if kind == "collective" else TASK_TRANSFER))[0]
+    return any(len(set(p.buf_tensor[p.out_ptr[t]:p.out_ptr[t + 1]].tolist())) > 1 for t in tasks)
 
 
 def received_per_task(lc, step, batch):
@@ -263,7 +266,7 @@ def received_per_task(lc, step, batch):
 @pytest.mark.parametrize("model", ["mlp", "attention"])
 def test_lowering_sends_the_messages_the_real_step_sends(local_cluster, model):
     """The simulator times the messages the step really sends: per receiving task, the
-    PlacedGraph's TRANSFER tasks, plus 2(n-1) per participant of each all-reduce (among CPU
+    PlacedGraph's TRANSFER tasks (a PS bucket of several gradients is one), plus 2(n-1) per participant of each all-reduce (among CPU
     devices an exchange: n-1 shards in, then n-1 sums in), equal the cross-task _Recv ops of the
     partition graphs. A
     model-parallel step's learning rate is read on every task and crosses none (TensorFlow
@@ -288,6 +291,7 @@ def test_lowering_sends_the_messages_the_real_step_sends(local_cluster, model):
                               grouping.op_group).astype(np.int32), grouping.group_names + ("fed_inputs",),
                      np.append(grouping.group_batch_splittable, True))
     cases += [(Strategy(BATCH, GROUPS, decision({d: BATCH}), {"fed_inputs": split}), alone) for d in devs]
+    assert _bucketed(graph, strategies[2], cluster, grouping, "transfer"), "expected a PS bucket"
     for i, (s, g) in enumerate(cases):
         step = rewrite_step(graph, s, cluster, grouping=g)
         p = step.placed

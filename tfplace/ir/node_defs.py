@@ -128,17 +128,23 @@ def pack(name: str, device: str, srcs: Sequence[str], dtype_name: str, pads: Opt
 
 
 def unpack(name: str, device: str, flat: str, srcs: Sequence[str], out_names: Sequence[str], dtype_name: str,
-           pads: Optional[Sequence[int]] = None) -> List:
+           pads: Optional[Sequence[int]] = None, shapes: Optional[Sequence[Sequence[int]]] = None) -> List:
     """The inverse of `pack` (same sources and pads) applied to `flat` (a tensor of the packed
     length): `name/<out_names[i]>` has the shape of srcs[i]; sizes and shapes are read from the
-    sources at run time. The split takes each source with its padding (a view when aligned); a
-    padded piece is then cut to its size (a copy of that piece alone)."""
+    sources at run time, or, given `shapes` (each source's static shape), are constants, so that
+    `device` need not read the sources (a receiver on another device). The split takes each
+    source with its padding (a view when aligned); a padded piece is then cut to its size (a copy
+    of that piece alone)."""
     i32, T = dtype_enum("int32"), dtype_enum(dtype_name)
     pads = list(pads) if pads is not None else [0] * len(srcs)
     out, sizes = [], []
     for i, src in enumerate(srcs):
-        out += [node(f"{name}/size_{i}", "Size", device, [src], type_T=T, type_out_type=i32),
-                node(f"{name}/shape_{i}", "Shape", device, [src], type_T=T, type_out_type=i32)]
+        if shapes is None:
+            out += [node(f"{name}/size_{i}", "Size", device, [src], type_T=T, type_out_type=i32),
+                    node(f"{name}/shape_{i}", "Shape", device, [src], type_T=T, type_out_type=i32)]
+        else:
+            out += [const(f"{name}/size_{i}", device, int(np.prod(shapes[i], dtype=np.int64)), "int32"),
+                    const(f"{name}/shape_{i}", device, [int(x) for x in shapes[i]], "int32")]
         sizes.append(f"{name}/size_{i}")
         if pads[i] > 0:
             out += [const(f"{name}/pad_{i}", device, pads[i], "int32"),

@@ -46,7 +46,7 @@ from tfplace.formats.cluster import Cluster
 from tfplace.formats.errors import InputError
 from tfplace.ir.graph_ir import OpGraph
 from tfplace.lowering.assemble import assemble
-from tfplace.lowering.buckets import bucket_collectives
+from tfplace.lowering.buckets import bucket_gradients
 from tfplace.lowering.costs import ComputeCosts, LinkCosts, cpu_fractions, memory_bandwidth
 from tfplace.lowering.graph_index import LK_UPD, PM_AGG, ROLE_UPDATE, GraphIndex, run_order_rank
 from tfplace.lowering.layouts import LayoutTable
@@ -132,6 +132,7 @@ class Lowerer:
         self._last = None  # (batch, lay_of, sync, sig_pat) of the previous call
         self._coll_arrays = None
         self._update_cache = None  # _update_side
+        self._static_cache = None  # _static_tensor
         self._col_ids: Dict[Tuple[int, int, bool], int] = {}
         self._cols, self._stack = [], None
         self._entry_cols: Dict[int, np.ndarray] = {}
@@ -207,9 +208,24 @@ class Lowerer:
         sizes = (strategy.bucket_bytes_among(True), strategy.bucket_bytes_among(False))
         if max(sizes) > 1:
             update_op, after_update = self._update_side()
-            placed = bucket_collectives(placed, self.links, update_op, after_update, self.graph.tensor_dtype, sizes,
-                                        self.mem_bw, self.options.aux_launch_s)
+            placed = bucket_gradients(placed, self.links, update_op, after_update, self.graph.tensor_dtype,
+                                      self._static_tensor(), self._handle_dtype(), sizes, self.mem_bw,
+                                      self.options.aux_launch_s)
         return placed
+
+    def _static_tensor(self) -> np.ndarray:
+        """[T] bool: tensors of one shape at every batch size, fully known (no batch axis, no -1
+        dim): the rewrite can split a packed bucket of them on the receiver without asking the
+        sender for shapes."""
+        if self._static_cache is None:
+            g = self.graph
+            self._static_cache = np.array([g.tensor_batch_axis[t] < 0 and -1 not in g.tensor_shape[t]
+                                           for t in range(g.num_tensors)], dtype=bool)
+        return self._static_cache
+
+    def _handle_dtype(self) -> Dict[int, str]:
+        """Handle op -> dtype of the variables of a static shape (their PS send-backs can be packed)."""
+        return {v.op: v.dtype for v in self.graph.variables if -1 not in v.shape}
 
     def _update_side(self) -> Tuple[np.ndarray, np.ndarray]:
         """([N] ops of the update side, [N] ops downstream of one of them through data or control

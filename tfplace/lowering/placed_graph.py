@@ -99,6 +99,10 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
                                        (additive fields)
   feed        input_ops[I] int32       the graph's fed input ops, in the graph's order, and
               feed_bytes float         their bytes at the global batch (what the client feeds)
+  send-back   send_back_task[K], send_back_op[K] int32  a PS send-back that carries a bucket of
+  buckets                              variables (tfplace.lowering.buckets) lists every member's
+                                       handle op here; a send-back not listed carries its task_op
+                                       alone (empty: none; additive fields)
 
 Reading it to emit a graph (the rewrite): COMPUTE task k of op i is replica k of i on
 task_device, reading in_buf in port order; a buffer is (producer task, tensor) on buf_device;
@@ -168,6 +172,8 @@ class PlacedGraph:
     device_cpu_fraction: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     input_ops: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     feed_bytes: float = 0.0
+    send_back_task: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    send_back_op: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int32))
 
     def is_step_message(self, task: int) -> bool:
         """Whether `task` is one of the step's own messages (a feed slice or a device's "done")."""
@@ -199,6 +205,8 @@ class PlacedGraph:
                 raise ValueError(f"PlacedGraph.{name}: one entry per device (or none)")
         if len(self.static_bytes) != len(self.device_names):
             raise ValueError("PlacedGraph.static_bytes: one entry per device")
+        if len(self.send_back_task) != len(self.send_back_op):
+            raise ValueError("PlacedGraph: send_back_task/send_back_op lengths differ")
 
     @property
     def num_tasks(self) -> int:
@@ -207,6 +215,11 @@ class PlacedGraph:
     @property
     def num_devices(self) -> int:
         return len(self.device_names)
+
+    def send_back_ops(self, task: int) -> Tuple[int, ...]:
+        """The handle ops of the variables PS send-back `task` carries (send_back_task/op)."""
+        listed = self.send_back_op[self.send_back_task == task]
+        return tuple(int(x) for x in listed) if len(listed) else (int(self.task_op[task]),)
 
     def tasks_of_op(self, op: int) -> np.ndarray:
         """Task ids of op `op`'s instances (its replicas or mirrors)."""
@@ -273,16 +286,21 @@ def weighted_reads(kind, device, samples, read_task, read_buf, buf_task, buf_ten
     kind, device, samples [M]: the tasks; read_task, read_buf [R]: every data read; buf_task,
     buf_tensor, buf_device [B]: the buffers; tensor_batch_axis, tensor_weight_mean [T]."""
     m = len(kind)
-    first_in = np.full(m, -1, dtype=np.int64)  # a transfer's input buffer (its first read)
+    # a transfer's input buffer of each tensor it moves (one, or a bucket's: tfplace.lowering.buckets)
     x = kind[read_task] == TASK_TRANSFER
-    first_in[read_task[x][::-1]] = read_buf[x][::-1]
+    span = int(buf_tensor.max(initial=0)) + 1
+    x_key = read_task[x].astype(np.int64) * span + buf_tensor[read_buf[x]]
+    order = np.argsort(x_key, kind="stable")
+    x_key, x_buf = x_key[order], np.asarray(read_buf, dtype=np.int64)[x][order]
     origin = np.asarray(read_buf, dtype=np.int64).copy()
     for _ in range(m):
         up = buf_task[origin]
-        step = (kind[up] == TASK_TRANSFER) & (first_in[up] >= 0)
+        key = up.astype(np.int64) * span + buf_tensor[origin]
+        at = np.minimum(np.searchsorted(x_key, key), max(len(x_key) - 1, 0))
+        step = (kind[up] == TASK_TRANSFER) & (x_key[at] == key) if len(x_key) else np.zeros(len(origin), bool)
         if not step.any():
             break
-        origin[step] = first_in[up[step]]
+        origin[step] = x_buf[at[step]]
     src, tensor = buf_task[origin], buf_tensor[origin]
     weight = np.where(kind[src] == TASK_COMPUTE, samples[src] / batch, 1.0)
     raw = (kind[src] == TASK_COMPUTE) & (samples[src] > 0) & (tensor_batch_axis[tensor] < 0) & tensor_weight_mean[tensor]

@@ -19,7 +19,8 @@ Every decision comes from `tfplace.lowering.lower.lower`; this module only trans
              another device is an Identity there of that slice, read by all of its readers.
   TRANSFER   an Identity on the destination device (gRPC Send/Recv); a batched slice of a larger
              buffer is cut (StridedSlice) on the source device first. Resource handles are never
-             copied: the reader refers to the handle directly.
+             copied: the reader refers to the handle directly. A bucket of whole gradients (to a
+             PS) is packed on the source, sent as one tensor and split on the destination.
   RESPLIT    slices of the overlapping inputs, concatenated on the task's device.
   SUM        AddN on its device. COLLECTIVE: among GPUs (or with cpu_all_reduce="collective") one
              CollectiveReduceV2 (merge Add, final Id; "nccl" hint on GPUs) per participant, one
@@ -208,6 +209,8 @@ class _Emitter:
                 name = self.bname(int(p.in_buf[p.in_ptr[t]]))
             elif kind == TASK_COLLECTIVE and self._bucketed(t):
                 name = f"tfplace/allreduce_{t}/d{int(p.buf_device[b])}/t{int(p.buf_tensor[b])}:0"
+            elif kind == TASK_TRANSFER and self._bucketed(t):
+                name = f"tfplace/transfer_{t}/t{int(p.buf_tensor[b])}:0"
             elif kind == TASK_COLLECTIVE:
                 name = f"tfplace/allreduce_{t}/d{int(p.buf_device[b])}:0"
             else:
@@ -341,6 +344,9 @@ class _Emitter:
         dtype = self.buf_tensor_dtype(b_out)
         if dtype == "resource":
             return
+        if self._bucketed(t):
+            self.transfer_bucket(t, dtype)
+            return
         src = int(self.reads(t)[0])
         name = f"tfplace/transfer_{t}"
         tensor = int(p.task_tensor[t])
@@ -358,15 +364,54 @@ class _Emitter:
         self.add(rn.identity(name, self.dev[d], value, dtype))
         self.task_node[(t, d)] = name
 
-    def send_back(self, t: int) -> None:
-        """PS send-back: the updated variable from the server into the mirror on task_device."""
+    def transfer_bucket(self, t: int, dtype: str) -> None:
+        """A bucket of whole gradients from one device to another (tfplace.lowering.buckets): packed
+        on the sender, one tensor sent, split on the receiver with the static shapes (so that the
+        receiver reads nothing else of the sender's)."""
         p, g = self.p, self.g
-        h, d, s = int(p.task_op[t]), int(p.task_device[t]), int(p.task_src_device[t])
-        insts = {int(p.task_device[k]): k for k in p.tasks_of_op(h)}
-        var = next(v for v in g.variables if v.op == h)
+        d, s = int(p.task_device[t]), int(p.task_src_device[t])
+        by_tensor = {int(p.buf_tensor[b]): int(b) for b in self.reads(t)}
+        tensors = sorted(by_tensor)
+        srcs = [self.bname(by_tensor[x]) for x in tensors]
+        pads = self._pads([by_tensor[x] for x in tensors], dtype)
+        name = f"tfplace/transfer_{t}"
+        self.add(*rn.pack(name, self.dev[s], srcs, dtype, pads),
+                 *rn.unpack(name, self.dev[d], name + "/packed", srcs, [f"t{x}" for x in tensors], dtype, pads,
+                            shapes=[g.tensor_shape[x] for x in tensors]))
+        self.task_node[(t, d)] = name + "/split"
+
+    def send_back(self, t: int) -> None:
+        """PS send-back: the updated variable from the server into the mirror on task_device. A
+        bucket of variables (PlacedGraph.send_back_ops): each read on the server after the NoOp
+        `name/read` (which waits for the updates), packed, sent as one tensor, split on the mirror's
+        device with the variables' static shapes and assigned; the NoOp `name` there waits for every
+        assignment."""
+        p, g = self.p, self.g
+        d, s = int(p.task_device[t]), int(p.task_src_device[t])
         name = f"tfplace/sendback_{t}"
-        self.add(rn.read_variable(name + "/read", self.dev[s], self.inst(insts[s]), var.dtype),
-                 rn.assign_variable(name, self.dev[d], self.inst(insts[d]), name + "/read", var.dtype))
+        variables = {v.op: v for v in g.variables}
+        members = [variables[h] for h in p.send_back_ops(t)]
+
+        def handle(h: int, dev: int) -> str:
+            return self.inst(next(k for k in p.tasks_of_op(h) if int(p.task_device[k]) == dev))
+        if len(members) == 1:
+            var = members[0]
+            self.add(rn.read_variable(name + "/read", self.dev[s], handle(var.op, s), var.dtype),
+                     rn.assign_variable(name, self.dev[d], handle(var.op, d), name + "/read", var.dtype))
+        else:
+            dtype = members[0].dtype
+            reads = [f"{name}/read_{i}" for i in range(len(members))]
+            outs = [f"value_{i}" for i in range(len(members))]
+            pads = [rn.padding_elements(int(np.prod(v.shape, dtype=np.int64))) for v in members]
+            self.add(rn.no_op(name + "/read", self.dev[s], []),
+                     *[rn.read_variable(r, self.dev[s], handle(v.op, s), dtype, [name + "/read"])
+                       for r, v in zip(reads, members)],
+                     *rn.pack(name, self.dev[s], reads, dtype, pads),
+                     *rn.unpack(name, self.dev[d], name + "/packed", reads, outs, dtype, pads,
+                                shapes=[v.shape for v in members]),
+                     *[rn.assign_variable(f"{name}/assign_{i}", self.dev[d], handle(v.op, d), f"{name}/{o}", dtype)
+                       for i, (v, o) in enumerate(zip(members, outs))],
+                     rn.no_op(name, self.dev[d], [f"{name}/assign_{i}" for i in range(len(members))]))
         self.task_node[(t, d)] = name
         self.task_node[(t, s)] = name + "/read"
 
@@ -407,7 +452,8 @@ class _Emitter:
         return s_r / consumer_samples if s_r > 0 else 1.0
 
     def _bucketed(self, t: int) -> bool:
-        """Whether collective task t all-reduces a bucket of several gradients (tfplace.lowering.buckets)."""
+        """Whether collective or transfer task t moves a bucket of several gradients
+        (tfplace.lowering.buckets)."""
         p = self.p
         outs = p.buf_tensor[p.out_ptr[t]:p.out_ptr[t + 1]]
         return len(np.unique(outs)) > 1
