@@ -20,8 +20,10 @@ the `ps_device`, which reduces, updates and sends back (`"sync": "ps"`). `priori
 first) orders the group's ops on each device. Groups not listed take `default`.
 `bucket_bytes` (optional, > 0): all-reduced gradients with the same devices are packed into
 buckets of at most this many bytes, one collective each, in the order the backward pass makes
-them (tfplace.lowering.buckets); absent: DEFAULT_BUCKET_BYTES_CPU among CPU devices,
-DEFAULT_BUCKET_BYTES_GPU otherwise. 1 gives one collective per gradient.
+them; a worker's gradients to a PS, and the PS's updated variables back to a worker, likewise
+travel as one message per bucket (tfplace.lowering.buckets); absent: DEFAULT_BUCKET_BYTES_CPU
+among CPU devices, DEFAULT_BUCKET_BYTES_GPU otherwise. 1 gives one collective or message per
+gradient.
 `min_batch_per_replica` (optional, >= 1): every micro-batch of a group that computes batch
 statistics (training-mode batch norm) holds at least this many samples (or the whole global
 batch, when that is smaller): batch norm over one sample normalises every activation to its
