@@ -21,8 +21,8 @@ Parameter-server traffic is bucketed the same way, per (sender, receiver, dtype)
 of whole gradients to the PS (static shapes), whose outputs only feed the PS's SUM or update,
 become one TRANSFER per bucket that reads several buffers and writes one buffer per gradient;
 the send-backs of updated variables from the PS to a worker become one TRANSFER per bucket that
-depends on every member's updates (its variables: the rewrite finds them through those
-dependencies). The rewrite packs on the sender, sends one tensor and splits it on the receiver.
+depends on every member's updates (PlacedGraph.send_back_task/op list its variables). The
+rewrite packs on the sender, sends one tensor and splits it on the receiver.
 
 Pure: numpy only, no TensorFlow.
 """

@@ -13,7 +13,7 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
                                        HANDLER), the destination of a TRANSFER, -1 for a COLLECTIVE
               task_src_device[M] int32 source device of a TRANSFER, else -1
               task_op[M] int32         the op (COMPUTE), the producer op of task_tensor, or for
-                                       a PS send-back the variable's handle op
+                                       a PS send-back the variable's handle op (a bucket's first)
               task_tensor[M] int32     tensor moved / combined by a non-COMPUTE task; -1 for
                                        COMPUTE and for a PS send-back (a TRANSFER of an updated
                                        variable from the PS to a mirror, after every update)
@@ -106,7 +106,7 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
 
 Reading it to emit a graph (the rewrite): COMPUTE task k of op i is replica k of i on
 task_device, reading in_buf in port order; a buffer is (producer task, tensor) on buf_device;
-TRANSFER = Send/Recv of its one input; RESPLIT = slice/concat of its inputs (in range order) to
+TRANSFER = Send/Recv of its one input (a bucket: of each input, packed); RESPLIT = slice/concat of its inputs (in range order) to
 [task_lo, task_hi); SUM = add of its inputs; COLLECTIVE = all-reduce (sum) of its inputs, one
 output per participant. Scaling a replica's value of a weighted tensor by task_weight where the
 replica produces it makes every later SUM / COLLECTIVE a plain sum.

@@ -34,7 +34,8 @@ Every decision comes from `tfplace.lowering.lower.lower`; this module only trans
              an aggregation (SUM, COLLECTIVE or an update instance), it is multiplied by the
              PlacedGraph's task_weight (samples/B) if tensor_weight_mean, else used as is.
   PS         the send-back of a PS group is ReadVariableOp on the server (after the updates)
-             and AssignVariableOp into each other mirror.
+             and AssignVariableOp into each other mirror; a bucket of variables is read, packed,
+             sent as one tensor, split and assigned.
   control    dependencies of the PlacedGraph that are not data reads become control inputs
              (original control edges per replica, send-back after updates); a control message
              task (an edge across devices) becomes the control input it stands for.
