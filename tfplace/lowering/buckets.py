@@ -30,7 +30,7 @@ Pure: numpy only, no TensorFlow.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -55,35 +55,37 @@ def plan_buckets(placed: PlacedGraph, update_op: np.ndarray, after_update: np.nd
     ok_read = (p.task_kind[reader] == TASK_COMPUTE) & update_op[p.task_op[reader]]
     bad = np.zeros(p.num_tasks, dtype=bool)
     bad[producer[from_coll][~ok_read]] = True
-    groups: Dict[Tuple, List[int]] = {}
     # a gradient made downstream of an update-side op might wait for another collective
     bad[coll[after_update[p.task_op[coll]]]] = True
-    for t in coll.tolist():
-        if bad[t]:
-            continue
+    tasks = coll[~bad[coll]]
+    keys: Dict[Tuple, int] = {}
+    group, limit = [], []
+    for t in tasks.tolist():
         parts = tuple(p.part_dev[p.part_ptr[t]:p.part_ptr[t + 1]].tolist())
-        groups.setdefault((parts, tensor_dtype[int(p.task_tensor[t])]), []).append(t)
-    return _fill(p, {(parts, sizes[0] if all(is_cpu[d] for d in parts) else sizes[1]): members
-                     for (parts, _), members in groups.items()})
+        group.append(keys.setdefault((parts, tensor_dtype[int(p.task_tensor[t])]), len(keys)))
+        limit.append(sizes[0] if all(is_cpu[d] for d in parts) else sizes[1])
+    return _cut(p, tasks, np.array(group, dtype=np.int64), np.array(limit, dtype=np.float64))
 
 
-def _fill(p: PlacedGraph, groups: Dict[Tuple, List[int]]) -> List[List[int]]:
-    """Buckets of two or more tasks: per group, keyed (..., byte limit), its tasks in backward
-    order (priority) cut into runs of at most the limit's bytes (a larger task alone)."""
-    buckets = []
-    for key, members in groups.items():
-        limit = key[-1]
-        if limit <= 1:
-            continue
-        members.sort(key=lambda t: (int(p.task_priority[t]), t))
-        current, size = [], 0.0
-        for t in members:
-            nbytes = float(p.task_bytes[t])
-            if current and size + nbytes > limit:
-                buckets.append(current)
-                current, size = [], 0.0
-            current.append(t)
-            size += nbytes
+def _cut(p: PlacedGraph, tasks: np.ndarray, group: np.ndarray, limit: np.ndarray) -> List[List[int]]:
+    """Buckets of two or more tasks: `tasks` [K] grouped by `group` [K], each group's tasks in
+    backward order (priority, then id) cut into runs of at most `limit` [K] bytes (a larger task
+    alone); a limit <= 1 packs nothing."""
+    keep = limit > 1
+    tasks, group, limit = tasks[keep], group[keep], limit[keep]
+    order = np.lexsort((tasks, p.task_priority[tasks], group))
+    buckets: List[List[int]] = []
+    current: List[int] = []
+    size, current_group = 0.0, -1
+    for t, g, nbytes, lim in zip(tasks[order].tolist(), group[order].tolist(), p.task_bytes[tasks[order]].tolist(),
+                                 limit[order].tolist()):
+        if current and (g != current_group or size + nbytes > lim):
+            buckets.append(current)
+            current, size = [], 0.0
+        current.append(t)
+        size += nbytes
+        current_group = g
+    if current:
         buckets.append(current)
     return [b for b in buckets if len(b) >= 2]
 
@@ -94,49 +96,48 @@ def _readers(p: PlacedGraph) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def plan_transfer_buckets(placed: PlacedGraph, update_op: np.ndarray, after_update: np.ndarray,
-                          tensor_dtype: Sequence[str], static_tensor: np.ndarray, handle_dtype: Mapping[int, str],
-                          sizes: Tuple[int, int], is_cpu: Sequence[bool]) -> List[List[int]]:
+                          tensor_code: np.ndarray, handle_code: np.ndarray, sizes: Tuple[int, int],
+                          is_cpu: Sequence[bool]) -> List[List[int]]:
     """The buckets of two or more TRANSFERs (task ids, in backward order) between one pair of
     devices, of two sorts:
       gradients (to a PS, or to an update device outside an all-reduce): each moves a whole
-        tensor (no samples) of a static shape (`static_tensor` [T] bool), is no control or step
-        message, is not made by or downstream of an update-side op (a tensor that passes through
-        update-side Identities may come back as another member's input), and every reader of its
-        output is an update instance or a SUM whose readers all are;
+        tensor (no samples) that may be packed (`tensor_code` [T] >= 0: its dtype's code, for
+        tensors of a static shape), is no control or step message, is not made by or downstream
+        of an update-side op (a tensor that passes through update-side Identities may come back
+        as another member's input), and every reader of its output is an update instance or a
+        SUM whose readers all are;
       PS send-backs of updated variables (no output buffer; task_op the variable's handle op,
-        one of `handle_dtype`: handle op -> dtype, for variables of a static shape).
-    The size limit is sizes[0] when both ends are CPU devices, else sizes[1] (as plan_buckets)."""
+        `handle_code` [N] >= 0: its dtype's code, for variables of a static shape).
+    Members share sender, receiver, sort and dtype. The size limit is sizes[0] when both ends are
+    CPU devices, else sizes[1] (as plan_buckets)."""
     p = placed
-    xfer = np.nonzero(p.task_kind == TASK_TRANSFER)[0]
-    if len(xfer) < 2 or max(sizes) <= 1:
+    m = p.num_tasks
+    x = p.task_kind == TASK_TRANSFER
+    if int(x.sum()) < 2 or max(sizes) <= 1:
         return []
+    if len(p.task_control):
+        x &= ~p.task_control.astype(bool)
+    if p.step_message_start >= 0:
+        x[p.step_message_start:] = False
     reader, producer = _readers(p)
     upd_read = (p.task_kind[reader] == TASK_COMPUTE) & update_op[p.task_op[reader]]
     # SUM tasks whose every reader updates
     sum_ok = p.task_kind == TASK_SUM
     sum_ok[producer[~upd_read]] = False
     ok_read = upd_read | sum_ok[reader]
-    bad = np.zeros(p.num_tasks, dtype=bool)
+    bad = np.zeros(m, dtype=bool)
     bad[producer[~ok_read]] = True
     has_out = np.diff(p.out_ptr) > 0
-    groups: Dict[Tuple, List[int]] = {}
-    for t in xfer.tolist():
-        if p.is_control_message(t) or p.is_step_message(t):
-            continue
-        tensor, op = int(p.task_tensor[t]), int(p.task_op[t])
-        if not has_out[t]:  # a send-back
-            if op not in handle_dtype:
-                continue
-            sort = ("send_back", handle_dtype[op])
-        elif (bad[t] or p.task_samples[t] != 0 or update_op[op] or after_update[op] or not static_tensor[tensor]
-              or tensor_dtype[tensor] == "resource"):
-            continue
-        else:
-            sort = ("gradient", tensor_dtype[tensor])
-        src, dst = int(p.task_src_device[t]), int(p.task_device[t])
-        limit = sizes[0] if is_cpu[src] and is_cpu[dst] else sizes[1]
-        groups.setdefault((src, dst) + sort + (limit,), []).append(t)
-    return _fill(p, groups)
+    op = p.task_op.astype(np.int64)
+    code = np.where(has_out, tensor_code[np.maximum(p.task_tensor, 0)], handle_code[op])
+    grad = has_out & ~bad & (p.task_samples == 0) & ~update_op[op] & ~after_update[op]
+    tasks = np.nonzero(x & (code >= 0) & (grad | ~has_out))[0]
+    src, dst = p.task_src_device[tasks].astype(np.int64), p.task_device[tasks].astype(np.int64)
+    cpu = np.asarray(is_cpu, dtype=bool)
+    limit = np.where(cpu[src] & cpu[dst], sizes[0], sizes[1]).astype(np.float64)
+    d, c = len(cpu), int(code.max(initial=0)) + 1
+    group = ((src * d + dst) * 2 + has_out[tasks]) * c + code[tasks]  # (sender, receiver, sort, dtype)
+    return _cut(p, tasks, group.astype(np.int64), limit)
 
 
 def merge_buckets(placed: PlacedGraph, buckets: Sequence[Sequence[int]], links, memory_bandwidth: np.ndarray,
@@ -154,39 +155,54 @@ def merge_buckets(placed: PlacedGraph, buckets: Sequence[Sequence[int]], links, 
         return placed
     p = placed
     m = p.num_tasks
+    mem = np.concatenate([np.asarray(b, dtype=np.int64) for b in buckets])          # [K] members
+    mem_b = np.repeat(np.arange(len(buckets)), [len(b) for b in buckets])            # [K] their bucket
+    rep = np.full(len(buckets), m, dtype=np.int64)
+    np.minimum.at(rep, mem_b, mem)                                                   # [U] the kept task
     into = np.arange(m)
-    for b in buckets:
-        rep = min(b)
-        into[list(b)] = rep
+    into[mem] = rep[mem_b]
     keep = into == np.arange(m)
     new_id = np.cumsum(keep) - 1
     remap = new_id[into]
 
+    # per member: its own link-model seconds; per bucket: the model's at the total bytes and
+    # the slowest memory taking part
+    mem_bytes = p.task_bytes[mem]
+    total = np.bincount(mem_b, weights=mem_bytes, minlength=len(buckets))
+    own = np.zeros(len(mem))
+    model_s = np.zeros(len(buckets))
+    slowest_bw = np.zeros(len(buckets))
+    is_coll = p.task_kind[rep] == TASK_COLLECTIVE
+    for u in np.nonzero(is_coll)[0].tolist():
+        r = int(rep[u])
+        ends = p.part_dev[p.part_ptr[r]:p.part_ptr[r + 1]].tolist()
+        cid = links.collective(tuple(ends))
+        sel = mem_b == u
+        own[sel] = links.collective_seconds(np.full(int(sel.sum()), cid), mem_bytes[sel])
+        model_s[u] = links.collective_seconds(np.array([cid]), total[u:u + 1])[0]
+        slowest_bw[u] = float(np.min(memory_bandwidth[ends]))
+    xu = ~is_coll
+    src, dst = p.task_src_device[rep[xu]], p.task_device[rep[xu]]
+    lat, bw = links.pair_lat[src, dst], links.pair_bw[src, dst]
+    model_s[xu] = lat + total[xu] / bw
+    slowest_bw[xu] = np.minimum(memory_bandwidth[src], memory_bandwidth[dst])
+    xm = xu[mem_b]
+    m_src, m_dst = p.task_src_device[mem[xm]], p.task_device[mem[xm]]
+    own[xm] = links.pair_lat[m_src, m_dst] + mem_bytes[xm] / links.pair_bw[m_src, m_dst]
+    # what the members carried beyond their own model time (aggregation-weight multiplies)
+    extra_s = np.bincount(mem_b, weights=p.task_seconds[mem] - own, minlength=len(buckets))
+    pack_s = 2 * (launch_s + 2.0 * total / slowest_bw)
     seconds, nbytes, prio = p.task_seconds.copy(), p.task_bytes.copy(), p.task_priority.copy()
-    sb_task, sb_op = [remap[p.send_back_task]], [p.send_back_op]
-    for b in buckets:
-        members = np.asarray(sorted(b), dtype=np.int64)
-        rep = int(members[0])
-        total = float(p.task_bytes[members].sum())
-        if p.task_kind[rep] == TASK_COLLECTIVE:
-            ends = p.part_dev[p.part_ptr[rep]:p.part_ptr[rep + 1]].tolist()
-            cid = np.full(len(members), links.collective(tuple(ends)))
-            own = links.collective_seconds(cid, p.task_bytes[members])
-            model_s = float(links.collective_seconds(cid[:1], np.array([total]))[0])
-        else:
-            src, dst = int(p.task_src_device[rep]), int(p.task_device[rep])
-            ends = [src, dst]
-            if p.out_ptr[rep] == p.out_ptr[rep + 1]:  # PS send-backs: their variables, by handle op
-                sb_task.append(np.full(len(members), new_id[rep]))
-                sb_op.append(p.task_op[members])
-            lat, bw = float(links.pair_lat[src, dst]), float(links.pair_bw[src, dst])
-            own = lat + p.task_bytes[members] / bw
-            model_s = lat + total / bw
-        extra_s = float((p.task_seconds[members] - own).sum())
-        nbytes[rep] = total
-        prio[rep] = int(p.task_priority[members].min())
-        pack_s = 2 * (launch_s + 2.0 * total / float(np.min(memory_bandwidth[ends])))
-        seconds[rep] = model_s + extra_s + pack_s
+    seconds[rep] = model_s + extra_s + pack_s
+    nbytes[rep] = total
+    first_prio = np.full(len(buckets), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first_prio, mem_b, p.task_priority[mem].astype(np.int64))
+    prio[rep] = first_prio
+    # PS send-backs (TRANSFERs without output buffers): their variables, by handle op
+    sb = xm.copy()
+    sb[xm] = p.out_ptr[mem[xm]] == p.out_ptr[mem[xm] + 1]
+    sb_task = np.concatenate([remap[p.send_back_task], new_id[rep[mem_b[sb]]]])
+    sb_op = np.concatenate([p.send_back_op, p.task_op[mem[sb]]])
 
     # buffers: re-owned by the kept task, then sorted by it (out_ptr is CSR over tasks)
     owner = remap[p.buf_task]
@@ -223,16 +239,15 @@ def merge_buckets(placed: PlacedGraph, buckets: Sequence[Sequence[int]], links, 
         in_buf=buf_new[p.in_buf[rorder]].astype(np.int32), in_edge=p.in_edge[rorder],
         task_control=p.task_control[keep] if len(p.task_control) else p.task_control,
         task_hold_seconds=p.task_hold_seconds[keep] if len(p.task_hold_seconds) else p.task_hold_seconds,
-        step_message_start=step_start, send_back_task=np.concatenate(sb_task).astype(np.int32),
-        send_back_op=np.concatenate(sb_op).astype(np.int32))
+        step_message_start=step_start, send_back_task=sb_task.astype(np.int32), send_back_op=sb_op.astype(np.int32))
 
 
 def bucket_gradients(placed: PlacedGraph, links, update_op: np.ndarray, after_update: np.ndarray,
-                     tensor_dtype: Sequence[str], static_tensor: np.ndarray, handle_dtype: Mapping[int, str],
+                     tensor_dtype: Sequence[str], tensor_code: np.ndarray, handle_code: np.ndarray,
                      sizes: Tuple[int, int], memory_bandwidth: np.ndarray, launch_s: float) -> PlacedGraph:
     """plan_buckets + plan_transfer_buckets (the CPU/GPU sizes split by links.is_cpu), merged in
     one pass by merge_buckets (see the module docstring)."""
     buckets = (plan_buckets(placed, update_op, after_update, tensor_dtype, sizes, links.is_cpu)
-               + plan_transfer_buckets(placed, update_op, after_update, tensor_dtype, static_tensor, handle_dtype,
-                                       sizes, links.is_cpu))
+               + plan_transfer_buckets(placed, update_op, after_update, tensor_code, handle_code, sizes,
+                                       links.is_cpu))
     return merge_buckets(placed, buckets, links, memory_bandwidth, launch_s)

@@ -132,7 +132,7 @@ class Lowerer:
         self._last = None  # (batch, lay_of, sync, sig_pat) of the previous call
         self._coll_arrays = None
         self._update_cache = None  # _update_side
-        self._static_cache = None  # _static_tensor
+        self._packable_cache = None  # _packable
         self._col_ids: Dict[Tuple[int, int, bool], int] = {}
         self._cols, self._stack = [], None
         self._entry_cols: Dict[int, np.ndarray] = {}
@@ -209,23 +209,29 @@ class Lowerer:
         if max(sizes) > 1:
             update_op, after_update = self._update_side()
             placed = bucket_gradients(placed, self.links, update_op, after_update, self.graph.tensor_dtype,
-                                      self._static_tensor(), self._handle_dtype(), sizes, self.mem_bw,
-                                      self.options.aux_launch_s)
+                                      *self._packable(), sizes, self.mem_bw, self.options.aux_launch_s)
         return placed
 
-    def _static_tensor(self) -> np.ndarray:
-        """[T] bool: tensors of one shape at every batch size, fully known (no batch axis, no -1
-        dim): the rewrite can split a packed bucket of them on the receiver without asking the
-        sender for shapes."""
-        if self._static_cache is None:
+    def _packable(self) -> Tuple[np.ndarray, np.ndarray]:
+        """([T] tensor code, [N] handle-op code): a dtype code (>= 0) for the tensors and the
+        variables' handle ops whose values a PS bucket may carry (tfplace.lowering.buckets), -1
+        elsewhere. A tensor qualifies with one fully known shape at every batch size (no batch
+        axis, no -1 dim; the rewrite splits a packed bucket on the receiver with the static
+        shapes), a dtype of numbers; a handle op with its variable's shape fully known."""
+        if self._packable_cache is None:
             g = self.graph
-            self._static_cache = np.array([g.tensor_batch_axis[t] < 0 and -1 not in g.tensor_shape[t]
-                                           for t in range(g.num_tensors)], dtype=bool)
-        return self._static_cache
-
-    def _handle_dtype(self) -> Dict[int, str]:
-        """Handle op -> dtype of the variables of a static shape (their PS send-backs can be packed)."""
-        return {v.op: v.dtype for v in self.graph.variables if -1 not in v.shape}
+            codes: Dict[str, int] = {}
+            tensor_code = np.full(g.num_tensors, -1, dtype=np.int64)
+            for t in range(g.num_tensors):
+                dtype = g.tensor_dtype[t]
+                if g.tensor_batch_axis[t] < 0 and -1 not in g.tensor_shape[t] and dtype not in ("resource", "variant"):
+                    tensor_code[t] = codes.setdefault(dtype, len(codes))
+            handle_code = np.full(g.num_ops, -1, dtype=np.int64)
+            for v in g.variables:
+                if -1 not in v.shape:
+                    handle_code[v.op] = codes.setdefault(v.dtype, len(codes))
+            self._packable_cache = (tensor_code, handle_code)
+        return self._packable_cache
 
     def _update_side(self) -> Tuple[np.ndarray, np.ndarray]:
         """([N] ops of the update side, [N] ops downstream of one of them through data or control
