@@ -1,6 +1,7 @@
 """The all-reduce nodes the rewrite emits (tfplace.ir.node_defs), checked in one process on three
 logical CPU devices: the exchange sums what every participant holds, for sizes on and off the
-alignment boundary, one tensor or a packed bucket, with and without padding."""
+alignment boundary, one tensor or a packed bucket, with and without padding; and a PS bucket packed
+on one device and split on another with static shapes."""
 
 import numpy as np
 import pytest
@@ -72,3 +73,29 @@ def test_an_exchange_of_a_bucket_unpacks_every_sum_in_its_shape(shapes, padded):
 @pytest.mark.parametrize("elements, pad", [(0, 0), (1, 15), (15, 1), (16, 0), (17, 15), (1000, 8), (-1, 0)])
 def test_padding_ends_each_piece_on_the_boundary(elements, pad):
     assert nd.padding_elements(elements) == pad
+
+
+@pytest.mark.parametrize("shapes", [[(3, 5), (), (16,)], [(1000,), (4, 4), (33, 2), (1,)], [(2, 8)]])
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_bucket_packed_on_one_device_unpacks_on_another_with_static_shapes(shapes, padded):
+    """A PS bucket: packed on the sender, split on the receiver with constant sizes and shapes;
+    every value comes back unchanged in its shape, and no node on the receiver reads a source
+    (it would pull every unpacked tensor across on its own)."""
+    from tensorflow.core.framework import graph_pb2
+    rng = np.random.default_rng(len(shapes))
+    xs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    pads = [nd.padding_elements(int(np.prod(s))) for s in shapes] if padded else None
+    srcs = [f"in_{k}" for k in range(len(shapes))]
+    outs = [f"t{k}" for k in range(len(shapes))]
+    unpacked = nd.unpack("b", DEVICES[1], "b/packed", srcs, outs, "float32", pads, shapes=shapes)
+    assert not any(x.split(":")[0] in srcs for n in unpacked for x in n.input)
+
+    def build(tf):
+        gd = graph_pb2.GraphDef()
+        gd.node.extend(nd.const(s, DEVICES[0], x, "float32") for s, x in zip(srcs, xs))
+        gd.node.extend(nd.pack("b", DEVICES[0], srcs, "float32", pads) + unpacked)
+        tf.compat.v1.import_graph_def(gd, name="")
+        return [f"b/{o}:0" for o in outs]
+    for got, x in zip(_run(build), xs):
+        assert got.shape == x.shape
+        np.testing.assert_array_equal(got, x)
