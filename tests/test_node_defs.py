@@ -38,11 +38,16 @@ def test_an_exchange_of_one_tensor_is_the_sum_on_every_participant(elements):
         np.testing.assert_allclose(got, sum(xs), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("shapes", [[(3, 5), (16,), (7,)], [(1000,), (4, 4), (33, 2), (1,)], [(2, 8)]])
+@pytest.mark.parametrize("shapes", [[(3, 5), (16,), (7,)], [(1000,), (4, 4), (33, 2), (1,)], [(2, 8)],
+                                    [(40,), (2, 3), (57,), ()]])
 @pytest.mark.parametrize("padded", [False, True])
-def test_an_exchange_of_a_bucket_unpacks_every_sum_in_its_shape(shapes, padded):
+@pytest.mark.parametrize("static", [False, True])
+def test_an_exchange_of_a_bucket_unpacks_every_sum_in_its_shape(shapes, padded, static):
     """Sources of every shape come back summed, in their own shapes, whatever the padding; with
-    padding every piece of the packed tensor is a multiple of SHARD_ALIGN_ELEMENTS long."""
+    padding every piece of the packed tensor is a multiple of SHARD_ALIGN_ELEMENTS long. With the
+    element counts given (static) the sums are sliced out of the shards, no gather of the n sums
+    is emitted, and pieces that straddle two shards (the 40- and 57-element sources) still come
+    back whole."""
     from tensorflow.core.framework import graph_pb2
     rng = np.random.default_rng(len(shapes))
     xs = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in DEVICES]
@@ -58,7 +63,11 @@ def test_an_exchange_of_a_bucket_unpacks_every_sum_in_its_shape(shapes, padded):
         for i, d in enumerate(DEVICES):
             for k in range(len(shapes)):
                 gd.node.extend([nd.const(ins[i][k], d, xs[i][k], "float32")])
-        gd.node.extend(nd.exchange_all_reduce(names, DEVICES, ins, out_names, "float32", pads))
+        elements = [int(np.prod(s)) for s in shapes] if static else None
+        nodes = nd.exchange_all_reduce(names, DEVICES, ins, out_names, "float32", pads, elements)
+        gathers = [n for n in nodes if n.op == "ConcatV2" and sum(x.endswith("/shard_sum") for x in n.input) == 3]
+        assert len(gathers) == (0 if static else 3)
+        gd.node.extend(nodes)
         tf.compat.v1.import_graph_def(gd, name="")
         return [[f"{n}/{o}:0" for o in out_names] for n in names] + [[f"{n}/packed:0" for n in names]]
     *per_participant, packed = _run(build)

@@ -9,7 +9,7 @@ device the node runs on.
 from __future__ import annotations
 
 import zlib
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -84,6 +84,10 @@ def add_n(name: str, device: str, srcs: Sequence[str], dtype_name: str):
     if len(srcs) == 1:
         return identity(name, device, srcs[0], dtype_name)
     return node(name, "AddN", device, list(srcs), N=len(srcs), type_T=dtype_enum(dtype_name))
+
+
+def no_op(name: str, device: str, control: Sequence[str]):
+    return node(name, "NoOp", device, ["^" + c for c in dict.fromkeys(control)])
 
 
 def group_key(devices: Sequence[str]) -> int:
@@ -183,7 +187,7 @@ def bucket_all_reduce(name: str, device: str, srcs: Sequence[str], out_names: Se
 
 def exchange_all_reduce(names: Sequence[str], devices: Sequence[str], srcs: Sequence[Sequence[str]],
                         out_names: Optional[Sequence[str]], dtype_name: str,
-                        pads: Optional[Sequence[int]] = None) -> List:
+                        pads: Optional[Sequence[int]] = None, elements: Optional[Sequence[int]] = None) -> List:
     """A sum all-reduce over Send/Recv among n participants (reduce-scatter, then all-gather):
     participant i packs its tensors `srcs[i]` (on `devices[i]`) into one 1-D tensor and cuts it
     into n shards (of a multiple of SHARD_ALIGN_ELEMENTS elements; the last takes the rest);
@@ -193,7 +197,12 @@ def exchange_all_reduce(names: Sequence[str], devices: Sequence[str], srcs: Sequ
     `names[i]` is the sum in its source's shape. `pads`: as in `pack` (with them every shard
     starts and ends aligned and is a view, not a copy). Every participant ends with the same values.
     Each shard crosses between two tasks twice, as in a ring, in two rounds of parallel messages
-    instead of 2(n-1) steps of a ring."""
+    instead of 2(n-1) steps of a ring. Given `elements` (each source's element count, the same on
+    every participant), the shard bounds are known when the graph is built and nothing gathers
+    the n sums into one tensor: each output is sliced out of the sums that hold it (a view where
+    aligned; a concatenation of its own pieces only where it straddles two shards), and `names[i]`
+    is then a NoOp after every output and the shard summed on devices[i] (or, with out_names None,
+    the sum itself, after that shard)."""
     i32, T = dtype_enum("int32"), dtype_enum(dtype_name)
     n = len(devices)
     out: List = []
@@ -216,14 +225,67 @@ def exchange_all_reduce(names: Sequence[str], devices: Sequence[str], srcs: Sequ
     sums = [f"{names[j]}/shard_sum" for j in range(n)]
     for j, dev in enumerate(devices):
         out.append(add_n(sums[j], dev, [f"{names[i]}/shards:{j}" for i in range(n)], dtype_name))
-    for name, dev, parts in zip(names, devices, srcs):
-        if out_names is None:
+    for i, (name, dev, parts) in enumerate(zip(names, devices, srcs)):
+        if elements is not None:
+            pieces = ["value"] if out_names is None else list(out_names)
+            out += _slice_sums(name, dev, sums, parts, pieces, dtype_name, pads, elements)
+            # names[i] also waits for the shard summed on its own device, which an output may
+            # not read (a bucket smaller than n aligned pieces lies in the last shard): every
+            # participant of a fetched all-reduce then runs all of it, as TF prunes the rest
+            if out_names is None:
+                last = identity(name, dev, name + "/value", dtype_name)
+                last.input.append("^" + sums[i])
+            else:
+                last = no_op(name, dev, [f"{name}/{x}" for x in pieces] + [sums[i]])
+            out.append(last)
+        elif out_names is None:
             out += concat(name + "/sum", dev, sums, 0, dtype_name)
             out += unpack(name, dev, name + "/sum", parts, ["value"], dtype_name, pads)
             out.append(identity(name, dev, name + "/value", dtype_name))
         else:
             out += concat(name, dev, sums, 0, dtype_name)
             out += unpack(name, dev, name, parts, out_names, dtype_name, pads)
+    return out
+
+
+def shard_bounds(length: int, n: int) -> List[Tuple[int, int]]:
+    """[start, end) of the n shards `exchange_all_reduce` cuts a packed tensor of `length`
+    elements into: n-1 of a multiple of SHARD_ALIGN_ELEMENTS, the last with the rest."""
+    shard = length // (n * SHARD_ALIGN_ELEMENTS) * SHARD_ALIGN_ELEMENTS
+    return [(j * shard, (j + 1) * shard if j < n - 1 else length) for j in range(n)]
+
+
+def _slice_sums(name: str, device: str, sums: Sequence[str], srcs: Sequence[str], out_names: Sequence[str],
+                dtype_name: str, pads: Optional[Sequence[int]], elements: Sequence[int]) -> List:
+    """`name/<out_names[k]>`: source k's sum, cut out of the shard sums (`sums`, in shard order)
+    at the offsets `pack` gave it, and reshaped like srcs[k]."""
+    i32, T = dtype_enum("int32"), dtype_enum(dtype_name)
+    pads = list(pads) if pads is not None else [0] * len(srcs)
+    spans, at = [], 0
+    for e, pad in zip(elements, pads):
+        spans.append((at, at + int(e) + int(pad)))
+        at += int(e) + int(pad)
+    bounds = shard_bounds(at, len(sums))
+    out: List = []
+    for k, ((lo, hi), src, piece) in enumerate(zip(spans, srcs, out_names)):
+        base = f"{name}/{piece}"
+        cuts = []
+        for j, (a, b) in enumerate(bounds):
+            if max(lo, a) < min(hi, b):
+                cut = f"{base}/from_shard_{j}"
+                out += [const(cut + "/begin", device, [max(lo, a) - a], "int32"),
+                        const(cut + "/size", device, [min(hi, b) - max(lo, a)], "int32"),
+                        node(cut, "Slice", device, [sums[j], cut + "/begin", cut + "/size"], type_T=T, type_Index=i32)]
+                cuts.append(cut)
+        flat = cuts[0] if len(cuts) == 1 else base + "/joined"
+        if len(cuts) > 1:
+            out += concat(flat, device, cuts, 0, dtype_name)
+        if pads[k] > 0:
+            out += [const(base + "/begin", device, [0], "int32"), const(base + "/size", device, [int(elements[k])], "int32"),
+                    node(base + "/cut", "Slice", device, [flat, base + "/begin", base + "/size"], type_T=T, type_Index=i32)]
+            flat = base + "/cut"
+        out += [node(base + "/shape", "Shape", device, [src], type_T=T, type_out_type=i32),
+                node(base, "Reshape", device, [flat, base + "/shape"], type_T=T, type_Tshape=i32)]
     return out
 
 
@@ -240,7 +302,9 @@ def import_all_reduce(values, devices: Sequence[str], dtype_name: str, implement
     gd = graph_pb2.GraphDef()
     gd.node.extend(node(x, "Placeholder", d, type_dtype=dtype_enum(dtype_name)) for x, d in zip(ins, devices))
     if implementation == "exchange":
-        gd.node.extend(exchange_all_reduce(outs, devices, [[x] for x in ins], None, dtype_name))
+        shape = values[0].shape  # known: the rewrite's form, the sums sliced out of the shards
+        elements = [int(shape.num_elements())] if shape.is_fully_defined() else None
+        gd.node.extend(exchange_all_reduce(outs, devices, [[x] for x in ins], None, dtype_name, elements=elements))
     elif implementation == "collective":
         for o, d, x in zip(outs, devices, ins):
             gd.node.extend(all_reduce(o, d, x, len(devices), gkey, ikey, dtype_name, False))

@@ -147,10 +147,11 @@ def merge_buckets(placed: PlacedGraph, buckets: Sequence[Sequence[int]], links, 
     seconds the link model's at those bytes (a collective's `links.collective_seconds`, a
     transfer's path latency + bytes / bottleneck bandwidth; LinkCosts), plus what the members
     carried beyond their own model time (aggregation-weight multiplies), plus packing: the concat
-    and the split each read and write the bucket once on the slowest memory taking part
-    (`memory_bandwidth` [D], bytes/s) after a launch (`launch_s`); the earliest priority; every
-    input and output buffer and dependency of the members. Task ids after a removed one shift
-    down; buffers and reads stay grouped by task (CSR)."""
+    reads and writes the bucket once on the slowest memory taking part (`memory_bandwidth` [D],
+    bytes/s), and it and the split each cost a launch (`launch_s`; the split hands out views, and
+    the CPU exchange slices its sums out of the shards: tfplace.ir.node_defs); the earliest
+    priority; every input and output buffer and dependency of the members. Task ids after a
+    removed one shift down; buffers and reads stay grouped by task (CSR)."""
     if not buckets:
         return placed
     p = placed
@@ -191,7 +192,7 @@ def merge_buckets(placed: PlacedGraph, buckets: Sequence[Sequence[int]], links, 
     own[xm] = links.pair_lat[m_src, m_dst] + mem_bytes[xm] / links.pair_bw[m_src, m_dst]
     # what the members carried beyond their own model time (aggregation-weight multiplies)
     extra_s = np.bincount(mem_b, weights=p.task_seconds[mem] - own, minlength=len(buckets))
-    pack_s = 2 * (launch_s + 2.0 * total / slowest_bw)
+    pack_s = 2 * launch_s + 2.0 * total / slowest_bw
     seconds, nbytes, prio = p.task_seconds.copy(), p.task_bytes.copy(), p.task_priority.copy()
     seconds[rep] = model_s + extra_s + pack_s
     nbytes[rep] = total

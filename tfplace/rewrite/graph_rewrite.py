@@ -473,7 +473,8 @@ class _Emitter:
         if self.cpu_all_reduce == "exchange" and len(parts) > 1 and not any(self.gpu[d] for d in parts):
             # TF's CPU collectives move every ring step through a RecvBuf RPC, slower than its
             # Send/Recv on the same link (benchmarks/parity_bench.md)
-            self.add(*rn.exchange_all_reduce(names, [self.dev[d] for d in parts], srcs, out_names, dtype, pads))
+            self.add(*rn.exchange_all_reduce(names, [self.dev[d] for d in parts], srcs, out_names, dtype, pads,
+                                             self._elements([by_dev_tensor[(parts[0], x)] for x in tensors], dtype)))
         else:
             gkey, ikey = rn.group_key([self.dev[d] for d in parts]), self.key_base + t
             for d, name, src in zip(parts, names, srcs):
@@ -490,6 +491,19 @@ class _Emitter:
         item = rn.dtype_size(dtype)
         return [rn.padding_elements(int(self.p.buf_bytes[b]) // item if int(self.p.buf_bytes[b]) % item == 0 else -1)
                 for b in bufs]
+
+    def _elements(self, bufs: List[int], dtype: str) -> Optional[List[int]]:
+        """Each buffer's element count when every one is known for sure: the tensor's static
+        shape (no batch axis, no unknown dim) agreeing with the PlacedGraph's bytes; else None."""
+        g, item, out = self.g, rn.dtype_size(dtype), []
+        for b in bufs:
+            x = int(self.p.buf_tensor[b])
+            shape = g.tensor_shape[x]
+            count = int(np.prod(shape, dtype=np.int64))
+            if g.tensor_batch_axis[x] >= 0 or -1 in shape or count * item != int(self.p.buf_bytes[b]):
+                return None
+            out.append(count)
+        return out
 
     # ---- dependencies --------------------------------------------------------------------------
     def nodes_of(self, t: int) -> List[str]:

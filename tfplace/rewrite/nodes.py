@@ -14,7 +14,7 @@ from typing import List, Sequence
 
 from tfplace.ir.node_defs import (CPU_ALL_REDUCE, add_n, all_reduce, bucket_all_reduce, concat, const,  # noqa: F401
                                   dtype_enum, dtype_size, exchange_all_reduce, group_key, identity, node,
-                                  pack, padding_elements, unpack, _tf)
+                                  no_op, pack, padding_elements, unpack, _tf)
 
 
 def batch_slice(name: str, device: str, src: str, axis: int, start: int, stop: int, dtype_name: str) -> List:
@@ -43,10 +43,6 @@ def assign_variable(name: str, device: str, handle: str, value: str, dtype_name:
                     control: Sequence[str] = ()):
     return node(name, "AssignVariableOp", device, [handle, value] + ["^" + c for c in control],
                 type_dtype=dtype_enum(dtype_name))
-
-
-def no_op(name: str, device: str, control: Sequence[str]):
-    return node(name, "NoOp", device, ["^" + c for c in dict.fromkeys(control)])
 
 
 # ---- per-replica seeds of random ops -----------------------------------------------------------
