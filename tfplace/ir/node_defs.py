@@ -192,8 +192,8 @@ def exchange_all_reduce(names: Sequence[str], devices: Sequence[str], srcs: Sequ
     participant i packs its tensors `srcs[i]` (on `devices[i]`) into one 1-D tensor and cuts it
     into n shards (of a multiple of SHARD_ALIGN_ELEMENTS elements; the last takes the rest);
     shard j of every participant is summed on participant j (AddN, in participant order); each
-    participant concatenates the n sums as
-    `names[i]` and unpacks them as `names[i]/<out_names[k]>`. With out_names None (one tensor),
+    participant concatenates the n sums as `names[i]` and unpacks them as
+    `names[i]/<out_names[k]>`. With out_names None (one tensor),
     `names[i]` is the sum in its source's shape. `pads`: as in `pack` (with them every shard
     starts and ends aligned and is a view, not a copy). Every participant ends with the same values.
     Each shard crosses between two tasks twice, as in a ring, in two rounds of parallel messages

@@ -26,10 +26,10 @@ Every decision comes from `tfplace.lowering.lower.lower`; this module only trans
              CollectiveReduceV2 (merge Add, final Id; "nccl" hint on GPUs) per participant, one
              group key per participant set, one instance key per collective task; among CPU
              devices an exchange over Send/Recv (`nodes.exchange_all_reduce`: each participant's
-             packed gradients cut into n shards, shard j summed on participant j, the sums
-             concatenated everywhere), which TF's gRPC runtime moves faster than its collectives.
-             A bucket of several gradients is packed (flattened, concatenated) first and unpacked
-             after.
+             packed gradients cut into n shards, shard j summed on participant j, every sum sent
+             to every participant, and each gradient sliced out of the sums that hold it), which
+             TF's gRPC runtime moves faster than its collectives. A bucket of several gradients is
+             packed (flattened, concatenated) first and unpacked after.
   weights    where a replica's partial value (a weight gradient, a batch statistic) first enters
              an aggregation (SUM, COLLECTIVE or an update instance), it is multiplied by the
              PlacedGraph's task_weight (samples/B) if tensor_weight_mean, else used as is.
