@@ -39,15 +39,15 @@ def test_an_exchange_of_one_tensor_is_the_sum_on_every_participant(elements):
 
 
 @pytest.mark.parametrize("shapes", [[(3, 5), (16,), (7,)], [(1000,), (4, 4), (33, 2), (1,)], [(2, 8)],
-                                    [(40,), (2, 3), (57,), ()]])
+                                    [(40,), (2, 3), (57,), (), (0,)]])
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("static", [False, True])
 def test_an_exchange_of_a_bucket_unpacks_every_sum_in_its_shape(shapes, padded, static):
     """Sources of every shape come back summed, in their own shapes, whatever the padding; with
     padding every piece of the packed tensor is a multiple of SHARD_ALIGN_ELEMENTS long. With the
     element counts given (static) the sums are sliced out of the shards, no gather of the n sums
-    is emitted, and pieces that straddle two shards (the 40- and 57-element sources) still come
-    back whole."""
+    is emitted, and pieces that straddle two shards (the 40- and 57-element sources) and an empty
+    source still come back whole."""
     from tensorflow.core.framework import graph_pb2
     rng = np.random.default_rng(len(shapes))
     xs = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in DEVICES]

@@ -271,10 +271,10 @@ def _slice_sums(name: str, device: str, sums: Sequence[str], srcs: Sequence[str]
         base = f"{name}/{piece}"
         cuts = []
         for j, (a, b) in enumerate(bounds):
-            if max(lo, a) < min(hi, b):
+            if max(lo, a) < min(hi, b) or (lo == hi and j == len(bounds) - 1 and not cuts):  # (an empty source)
                 cut = f"{base}/from_shard_{j}"
-                out += [const(cut + "/begin", device, [max(lo, a) - a], "int32"),
-                        const(cut + "/size", device, [min(hi, b) - max(lo, a)], "int32"),
+                out += [const(cut + "/begin", device, [max(0, max(lo, a) - a)], "int32"),
+                        const(cut + "/size", device, [max(0, min(hi, b) - max(lo, a))], "int32"),
                         node(cut, "Slice", device, [sums[j], cut + "/begin", cut + "/size"], type_T=T, type_Index=i32)]
                 cuts.append(cut)
         flat = cuts[0] if len(cuts) == 1 else base + "/joined"
