@@ -95,3 +95,27 @@ def test_training_starts_from_init_policy_with_its_network_sizes(tmp_path):
     assert err.value.field == "network" and "init_policy" in err.value.problem
     shipped = load_train_config(_train_config(tmp_path, init_policy="pretrained"))
     assert shipped.init_policy == pretrained.PRETRAINED_PATH
+
+
+def test_a_training_run_reads_its_init_policy_once_and_a_changed_file_again(tmp_path, monkeypatch):
+    """Loading the config (network sizes) and starting the trainer (the weights) parse the file
+    once; a file written anew is parsed again, so an edited file is never served stale."""
+    from tfplace.formats import jsonio
+    from tfplace.formats.config import load_train_config
+    from tfplace.policy import train_lib
+    weights = str(tmp_path / "w.json")
+    pretrained.save_weights(pretrained.new_learner(SMALL), weights, SMALL, 16)
+    parsed = []
+    real = jsonio.FieldReader.from_file.__func__
+
+    def counting(cls, path, *a, **k):
+        if os.path.abspath(path) == os.path.abspath(weights):
+            parsed.append(path)
+        return real(cls, path, *a, **k)
+    monkeypatch.setattr(jsonio.FieldReader, "from_file", classmethod(counting))
+    config = load_train_config(_train_config(tmp_path, init_policy=weights))
+    train_lib.Trainer(config, log=lambda m: None, progress=False)
+    assert len(parsed) == 1
+    _edit(weights, lambda b: b["provenance"].update(seed=5, note="written again"))
+    _, again = pretrained.load_weights(weights)
+    assert len(parsed) == 2 and again.provenance["seed"] == 5

@@ -54,7 +54,28 @@ def _network_config(path: str, body: Dict[str, Any]) -> NetworkConfig:
 
 
 def read_weights(path: str) -> Tuple[PolicyWeights, list]:
-    """(what the file says, its variable list), checked for shape but not against a network."""
+    """(what the file says, its variable list), checked for shape but not against a network.
+    The last files read are kept while unchanged (same size and modification time): a training
+    run reads its init_policy when the config is loaded and again for the weights (2.7 MB of
+    JSON, about 0.3 s). The variable list is shared: callers read it, never change it."""
+    try:
+        st = os.stat(path)
+        key = (os.path.realpath(path), st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = None  # FieldReader.from_file says what is wrong with the path
+    if key is not None and key in _READ:
+        return _READ[key]
+    out = _read_weights(path)
+    if key is not None:
+        _READ.clear()  # one file: the shipped policy, or the one a config names
+        _READ[key] = out
+    return out
+
+
+_READ: Dict[Tuple[str, int, int], Tuple[PolicyWeights, list]] = {}
+
+
+def _read_weights(path: str) -> Tuple[PolicyWeights, list]:
     fix = f"give a file written by save_weights, e.g. by {PRETRAIN_COMMAND}"
     body = FieldReader.from_file(path).data
     if body.get("format") != FORMAT:
