@@ -146,6 +146,14 @@ class OpGraph:
     def num_tensors(self) -> int:
         return len(self.tensor_op)
 
+    def static_elements(self, tensor: int) -> int:
+        """Elements of `tensor` when its shape is fully known and the same at every batch size (no
+        batch axis, no -1 dim), else -1."""
+        shape = self.tensor_shape[tensor]
+        if self.tensor_batch_axis[tensor] >= 0 or -1 in shape:
+            return -1
+        return int(np.prod(shape, dtype=np.int64))
+
     def index(self, op_name: str) -> int:
         """Op index of `op_name`; raises InputError naming the graph if absent."""
         try:

@@ -174,6 +174,16 @@ def unpack(name: str, device: str, flat: str, srcs: Sequence[str], out_names: Se
     return out
 
 
+def packed_send(name: str, src_device: str, dst_device: str, srcs: Sequence[str], out_names: Sequence[str],
+                dtype_name: str, shapes: Sequence[Sequence[int]]) -> List:
+    """Several tensors of static `shapes` moved as one: packed on `src_device` (aligned pieces,
+    `padding_elements`), split on `dst_device` into `name/<out_names[i]>` with constant sizes and
+    shapes, so the receiver reads nothing else of the sender's (a PS bucket)."""
+    pads = [padding_elements(int(np.prod(x, dtype=np.int64))) for x in shapes]
+    return (pack(name, src_device, srcs, dtype_name, pads)
+            + unpack(name, dst_device, name + "/packed", srcs, out_names, dtype_name, pads, shapes=shapes))
+
+
 def bucket_all_reduce(name: str, device: str, srcs: Sequence[str], out_names: Sequence[str], size: int, gkey: int,
                       ikey: int, dtype_name: str, nccl: bool, pads: Optional[Sequence[int]] = None) -> List:
     """One participant of a sum all-reduce of several tensors at once: each flattened, all

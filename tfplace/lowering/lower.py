@@ -224,7 +224,7 @@ class Lowerer:
             tensor_code = np.full(g.num_tensors, -1, dtype=np.int64)
             for t in range(g.num_tensors):
                 dtype = g.tensor_dtype[t]
-                if g.tensor_batch_axis[t] < 0 and -1 not in g.tensor_shape[t] and dtype not in ("resource", "variant"):
+                if g.static_elements(t) >= 0 and dtype not in ("resource", "variant"):
                     tensor_code[t] = codes.setdefault(dtype, len(codes))
             handle_code = np.full(g.num_ops, -1, dtype=np.int64)
             for v in g.variables:

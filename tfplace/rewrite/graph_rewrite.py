@@ -171,6 +171,7 @@ class _Emitter:
         self.host = [tf_device_string(cluster.devices[cluster.device_index(n)].task, "CPU", 0)
                      for n in placed.device_names]
         self.orig = {n.name: n for n in graph.graph_def.node}
+        self.variable_of = {v.op: v for v in graph.variables}  # handle op -> Variable (send-backs)
         self.nodes: Dict[str, Any] = {}
         self.extra_ctrl: Dict[str, List[str]] = {}
         self.task_node: Dict[Tuple[int, int], str] = {}  # (task, device) -> node (chains, control)
@@ -373,12 +374,9 @@ class _Emitter:
         d, s = int(p.task_device[t]), int(p.task_src_device[t])
         by_tensor = {int(p.buf_tensor[b]): int(b) for b in self.reads(t)}
         tensors = sorted(by_tensor)
-        srcs = [self.bname(by_tensor[x]) for x in tensors]
-        pads = self._pads([by_tensor[x] for x in tensors], dtype)
         name = f"tfplace/transfer_{t}"
-        self.add(*rn.pack(name, self.dev[s], srcs, dtype, pads),
-                 *rn.unpack(name, self.dev[d], name + "/packed", srcs, [f"t{x}" for x in tensors], dtype, pads,
-                            shapes=[g.tensor_shape[x] for x in tensors]))
+        self.add(*rn.packed_send(name, self.dev[s], self.dev[d], [self.bname(by_tensor[x]) for x in tensors],
+                                 [f"t{x}" for x in tensors], dtype, [g.tensor_shape[x] for x in tensors]))
         self.task_node[(t, d)] = name + "/split"
 
     def send_back(self, t: int) -> None:
@@ -390,8 +388,7 @@ class _Emitter:
         p, g = self.p, self.g
         d, s = int(p.task_device[t]), int(p.task_src_device[t])
         name = f"tfplace/sendback_{t}"
-        variables = {v.op: v for v in g.variables}
-        members = [variables[h] for h in p.send_back_ops(t)]
+        members = [self.variable_of[h] for h in p.send_back_ops(t)]
 
         def handle(h: int, dev: int) -> str:
             return self.inst(next(k for k in p.tasks_of_op(h) if int(p.task_device[k]) == dev))
@@ -403,13 +400,10 @@ class _Emitter:
             dtype = members[0].dtype
             reads = [f"{name}/read_{i}" for i in range(len(members))]
             outs = [f"value_{i}" for i in range(len(members))]
-            pads = [rn.padding_elements(int(np.prod(v.shape, dtype=np.int64))) for v in members]
             self.add(rn.no_op(name + "/read", self.dev[s], []),
                      *[rn.read_variable(r, self.dev[s], handle(v.op, s), dtype, [name + "/read"])
                        for r, v in zip(reads, members)],
-                     *rn.pack(name, self.dev[s], reads, dtype, pads),
-                     *rn.unpack(name, self.dev[d], name + "/packed", reads, outs, dtype, pads,
-                                shapes=[v.shape for v in members]),
+                     *rn.packed_send(name, self.dev[s], self.dev[d], reads, outs, dtype, [v.shape for v in members]),
                      *[rn.assign_variable(f"{name}/assign_{i}", self.dev[d], handle(v.op, d), f"{name}/{o}", dtype)
                        for i, (v, o) in enumerate(zip(members, outs))],
                      rn.no_op(name, self.dev[d], [f"{name}/assign_{i}" for i in range(len(members))]))
@@ -495,12 +489,10 @@ class _Emitter:
     def _elements(self, bufs: List[int], dtype: str) -> Optional[List[int]]:
         """Each buffer's element count when every one is known for sure: the tensor's static
         shape (no batch axis, no unknown dim) agreeing with the PlacedGraph's bytes; else None."""
-        g, item, out = self.g, rn.dtype_size(dtype), []
+        item, out = rn.dtype_size(dtype), []
         for b in bufs:
-            x = int(self.p.buf_tensor[b])
-            shape = g.tensor_shape[x]
-            count = int(np.prod(shape, dtype=np.int64))
-            if g.tensor_batch_axis[x] >= 0 or -1 in shape or count * item != int(self.p.buf_bytes[b]):
+            count = self.g.static_elements(int(self.p.buf_tensor[b]))
+            if count < 0 or count * item != int(self.p.buf_bytes[b]):
                 return None
             out.append(count)
         return out

@@ -14,7 +14,7 @@ from typing import List, Sequence
 
 from tfplace.ir.node_defs import (CPU_ALL_REDUCE, add_n, all_reduce, bucket_all_reduce, concat, const,  # noqa: F401
                                   dtype_enum, dtype_size, exchange_all_reduce, group_key, identity, node,
-                                  no_op, pack, padding_elements, unpack, _tf)
+                                  no_op, packed_send, padding_elements, _tf)
 
 
 def batch_slice(name: str, device: str, src: str, axis: int, start: int, stop: int, dtype_name: str) -> List:
