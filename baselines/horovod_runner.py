@@ -5,7 +5,7 @@
                          source=cluster.source)
     result.report              # RunReport: step_times_s, device_names, oom (+ mean_s, std_s)
     result.mean_s, result.std_s, result.warmup_steps, result.steps, result.losses
-    result.rank_limits         # per rank: the affinity and CPU quota the rank found itself under
+    result.rank_limits         # per rank: the affinity, CPU quota and network the rank found itself under
 
 Runs N ranks of `python -m tfplace.baselines.horovod_worker` on this machine with Horovod's Gloo
 controller (what each rank runs, and why the step equals the global-batch step, is in
@@ -24,6 +24,10 @@ device emulation: pinned cores, CPU quota; tfplace.emulation.tasks), applied bef
 interpreter starts, exactly as the local TF server of that device is limited. The rank reads its
 limits back from the kernel, refuses to run when they differ from its config, and reports them.
 Without emulation, `threads_per_rank` (TF intra-/inter-op threads) is the cruder stand-in.
+Where the cluster file's hosts emulate links (`host_links`, tfplace.emulation.links), rank i runs
+in its device's host namespace behind that host's shaped NIC, as the TF task of that device does:
+the rendezvous server binds the switch address, Gloo binds each host's NIC, and the ranks get the
+host assignment (local and cross ranks) horovodrun gives ranks on those hosts.
 
 Batches: `even_batches(B, n)` (remainder to the first ranks) and `proportional_batches(B,
 weights)` (tfplace.formats.strategy.proportional_shares, the DP-CP rounding rule).
@@ -72,7 +76,7 @@ class HorovodResult:
     losses: Tuple[float, ...]
     rank_step_times_s: Tuple[Tuple[float, ...], ...]
     variables_path: str = ""
-    rank_limits: Tuple[Dict[str, Any], ...] = ()  # per rank: cpus, cgroup, quota_us, period_us
+    rank_limits: Tuple[Dict[str, Any], ...] = ()  # per rank: cpus, cgroup, quota_us, period_us, net_namespace, interfaces
 
     @property
     def mean_s(self) -> float:
@@ -136,11 +140,12 @@ def _loopback_interface() -> str:
 class _Rendezvous:
     """Horovod's rendezvous HTTP server for n local ranks, bound to 127.0.0.1 only."""
 
-    def __init__(self, n: int):
-        from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    def __init__(self, n: int, host_of_rank: Optional[Sequence[int]] = None, address: str = LOOPBACK,
+                 host_names: Sequence[str] = ("localhost",)):
         from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
-        self.slots = get_host_assignments(parse_hosts(f"localhost:{n}"), n)
-        self.server = RendezvousHTTPServer((LOOPBACK, 0), RendezvousHandler, 0)
+        self.address = address
+        self.slots = host_slots(list(host_of_rank) if host_of_rank is not None else [0] * n, host_names)
+        self.server = RendezvousHTTPServer((address, 0), RendezvousHandler, 0)
         self.server.init(self.slots)
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, name="tfplace-hvd-rendezvous",
@@ -148,9 +153,9 @@ class _Rendezvous:
         self._thread.start()
 
     def rank_env(self, rank: int, iface: str) -> Dict[str, str]:
-        """What horovodrun --gloo sets for rank `rank`, with this server's loopback address."""
+        """What horovodrun --gloo sets for rank `rank`, with this server's address."""
         from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
-        env = create_run_env_vars(LOOPBACK, [iface], self.port)
+        env = create_run_env_vars(self.address, [iface], self.port)
         env.update(create_slot_env_vars(self.slots[rank]))
         return {k: str(v) for k, v in env.items()}
 
@@ -158,6 +163,24 @@ class _Rendezvous:
         self.server.shutdown()
         self.server.server_close()
         self._thread.join(TERM_GRACE_S)
+
+
+def host_slots(host_of_rank: Sequence[int], host_names: Sequence[str]) -> list:
+    """Horovod's SlotInfo of every rank, rank r on host host_names[host_of_rank[r]]: local
+    rank = its order among its host's ranks; cross rank = its host's order among the hosts that
+    have that local rank (what horovodrun's host assignment gives, without reordering ranks)."""
+    from horovod.runner.common.util.hosts import SlotInfo
+    n = len(host_of_rank)
+    local_rank, local_size = [0] * n, {}
+    for r, h in enumerate(host_of_rank):
+        local_rank[r] = local_size.get(h, 0)
+        local_size[h] = local_rank[r] + 1
+    hosts_at: Dict[int, List[int]] = {}  # local rank -> hosts having it, in order of first rank
+    for r, h in enumerate(host_of_rank):
+        hosts_at.setdefault(local_rank[r], []).append(h)
+    return [SlotInfo(hostname=host_names[h], rank=r, local_rank=local_rank[r], cross_rank=hosts_at[local_rank[r]].index(h),
+                     size=n, local_size=local_size[h], cross_size=len(hosts_at[local_rank[r]]))
+            for r, h in enumerate(host_of_rank)]
 
 
 def _check_args(bundle, batch_per_rank, steps, warmup_steps, threads_per_rank, emulation_per_rank, source):
@@ -182,7 +205,7 @@ def run_horovod(bundle: str, batch_per_rank: Sequence[int], steps: int = 10, war
                 timeout_s: float = 600.0, out_dir: Optional[str] = None, dump_variables: bool = False,
                 device_names: Optional[Sequence[str]] = None, sample_weighted: bool = True,
                 emulation_per_rank: Optional[Sequence[Optional[Emulation]]] = None,
-                source: str = "cluster") -> HorovodResult:
+                source: str = "cluster", host_links=None) -> HorovodResult:
     """Runs the bundle's training step with Horovod on len(batch_per_rank) local ranks.
 
     out_dir: where the config, logs and rank results go (default: a temporary folder, removed
@@ -190,9 +213,14 @@ def run_horovod(bundle: str, batch_per_rank: Sequence[int], steps: int = 10, war
     sample_weighted=False averages gradients unweighted (only for tests: wrong for uneven batches).
     emulation_per_rank: rank i's pinned cores and CPU quota (a cluster file's device i); errors
     about it name `source` (the cluster file) and are raised before any rank starts.
+    host_links: rank i's emulated host (tfplace.emulation.links.HostLayout with one process per
+    rank, `host_layout(cluster, per="device")`), or None: every rank on loopback.
     """
     _check_args(bundle, batch_per_rank, steps, warmup_steps, threads_per_rank, emulation_per_rank, source)
     n = len(batch_per_rank)
+    if host_links is not None and len(host_links.host_of_process) != n:
+        raise InputError(host_links.source, "devices", f"{len(host_links.host_of_process)} devices on emulated "
+                         f"hosts for {n} ranks", "run one Horovod rank per device of the cluster")
     emulations = list(emulation_per_rank) if emulation_per_rank is not None else [None] * n
     own_dir = out_dir is None
     work = tempfile.mkdtemp(prefix="tfplace_hvd_") if own_dir else out_dir
@@ -206,28 +234,41 @@ def run_horovod(bundle: str, batch_per_rank: Sequence[int], steps: int = 10, war
     with open(cfg_path, "w", encoding="utf-8") as f:
         json.dump(config, f)
     cmd = [sys.executable, "-m", "tfplace.baselines.horovod_worker", "--config", cfg_path]
+    from tfplace.runtime.netns import ensure_private_network
+    ensure_private_network("Horovod's rendezvous and Gloo")  # its ranks (and emulated hosts) live in it
     try:
-        with TaskLimits(emulations, source, name="hvd-rank") as limits:
-            _run_ranks(cmd, n, work, limits, timeout_s)
+        with TaskLimits(emulations, source, name="hvd-rank") as limits, _networks(host_links) as networks:
+            _run_ranks(cmd, n, work, limits, timeout_s, networks)
         return _collect(work, n, device_names, dump_variables)
     finally:
         if own_dir and not dump_variables:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _run_ranks(cmd: List[str], n: int, work: str, limits: TaskLimits, timeout_s: float) -> None:
-    """Starts the n ranks (each in its own process group, under its limits) and waits for all;
-    raises HorovodError on the first failed rank or at the timeout. Every rank is gone on return."""
-    from tfplace.runtime.netns import ensure_private_network
-    ensure_private_network("Horovod's rendezvous and Gloo")  # its ranks inherit the private network
-    iface = _loopback_interface()
+def _networks(layout):
+    """The emulated hosts of `layout` (a context manager), or a no-op without one."""
+    import contextlib
+    from tfplace.emulation.links import HostNetworks
+    return contextlib.nullcontext() if layout is None else HostNetworks(layout)
+
+
+def _run_ranks(cmd: List[str], n: int, work: str, limits: TaskLimits, timeout_s: float, networks=None) -> None:
+    """Starts the n ranks (each in its own process group, under its limits, in its host's
+    namespace when `networks` emulates hosts) and waits for all; raises HorovodError on the first
+    failed rank or at the timeout. Every rank is gone on return."""
     base = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), PYTHONUNBUFFERED="1")
-    rendezvous = _Rendezvous(n)
+    if networks is None:
+        iface, rendezvous = _loopback_interface(), _Rendezvous(n)
+    else:
+        iface = networks.interface
+        layout = networks.layout
+        rendezvous = _Rendezvous(n, layout.host_of_process, networks.switch_address, layout.hosts)
     procs: List[subprocess.Popen] = []
     try:
         for rank in range(n):
             with open(_log_path(work, rank), "w", encoding="utf-8") as log:
-                procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                procs.append(subprocess.Popen(cmd if networks is None else networks.command(rank, cmd),
+                                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                               env=dict(base, **rendezvous.rank_env(rank, iface)),
                                               start_new_session=True, preexec_fn=limits.preexec(rank)))
         deadline = time.monotonic() + timeout_s

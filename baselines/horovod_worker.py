@@ -172,8 +172,8 @@ def _broadcast_op(graph, handles, hvd):
 
 
 def check_limits(expected, rank: int) -> dict:
-    """The affinity and CPU quota this process runs under (tfplace.emulation.tasks.process_limits),
-    as a dict; exits when they differ from `expected` (a device's emulation JSON, or None)."""
+    """The affinity and CPU quota this process runs under (tfplace.emulation.tasks.process_limits)
+    and its network namespace and interfaces, as a dict; exits when they differ from `expected` (a device's emulation JSON, or None)."""
     import dataclasses
     from tfplace.emulation.tasks import process_limits
     limits = process_limits(os.getpid())
@@ -185,7 +185,10 @@ def check_limits(expected, rank: int) -> dict:
         if fraction is not None and (limits.cpu_fraction is None or abs(limits.cpu_fraction - fraction) > 1e-6):
             raise SystemExit(f"horovod baseline: rank {rank} runs under CPU share {limits.cpu_fraction} "
                              f"({limits.cgroup}), not {fraction}")
-    return dataclasses.asdict(limits)
+    from tfplace.runtime.netns import interfaces
+    # where the rank's traffic goes: its network namespace and interfaces (an emulated host's, or the run's)
+    return dict(dataclasses.asdict(limits), net_namespace=os.readlink("/proc/self/ns/net"),
+                interfaces=interfaces())
 
 
 def run_rank(config: dict) -> None:

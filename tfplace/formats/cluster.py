@@ -7,7 +7,8 @@ clusters and their datasheet figures in clusters/README.md):
      "hosts": [{"name": "h0", "address": "127.0.0.1",
                 "nic_bandwidth_bytes_per_s": 6.25e9, "nic_latency_s": 1e-5,
                 "intra_bandwidth_bytes_per_s": 1.2e10, "intra_latency_s": 5e-6,
-                "cpu_cores": 2}],                                                   # optional
+                "cpu_cores": 2,                                                     # optional
+                "emulation": {"bandwidth_bytes_per_s": 2.5e7, "latency_s": 5e-4}}],  # optional
      "devices": [{"name": "v100_0", "kind": "V100", "host": "h0", "memory_bytes": 16000000000,
                   "task": 0, "straggle_probability": 0.0, "straggle_factor": 1.0,
                   "emulation": {"cpus": [1], "cpu_fraction": 0.5}}],                  # optional
@@ -38,6 +39,14 @@ device (one process, one set of limits). The file is checked here; whether the c
 quotas can be applied is checked where the cluster is started (tfplace.emulation.tasks), before
 any process starts. activate's servers and the Horovod ranks apply these limits; the profiler
 takes the same ones as flags (`python -m tfplace.profile --cpus 1 --cpu-fraction 0.5`).
+
+Emulation (optional, per host; all hosts or none): the host is run on this machine as a network
+namespace of its own behind an emulated NIC, shaped to `bandwidth_bytes_per_s` each way (tc tbf)
+and delayed by `latency_s` each way (tc netem), into a switch that the run's client also sits on
+(tfplace.emulation.links). So a multi-host cluster runs on one machine with the links the
+simulator models: declare the same figures as the host's nic_bandwidth_bytes_per_s / nic_latency_s
+(the path between two hosts is up one NIC and down the other, as in the topology above). Its
+address must still be loopback: the tasks run here, at addresses the emulation hands out.
 """
 
 from __future__ import annotations
@@ -91,12 +100,27 @@ class Emulation:
 
 
 @dataclasses.dataclass(frozen=True)
+class LinkEmulation:
+    """How a host's NIC is emulated on one machine (tfplace.emulation.links).
+
+    bandwidth_bytes_per_s: rate each way (tc tbf); None: not shaped.
+    latency_s: delay added each way (tc netem); None: none added."""
+    bandwidth_bytes_per_s: Optional[float] = None
+    latency_s: Optional[float] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclasses.dataclass(frozen=True)
 class Host:
     """One machine. Defaults: 10 GbE NIC (1.25e9 B/s), PCIe-class intra-host links.
 
     cpu_cores: cores the host's CPU devices share (e.g. 2 for three TF tasks on a 2-core
     machine): the simulator runs at most that many of them at once. None (the default): every
-    device has its own processor, as GPUs do."""
+    device has its own processor, as GPUs do.
+    emulation: the host's NIC when the cluster runs on one machine (a network namespace behind a
+    shaped link), or None."""
     name: str
     address: str = "127.0.0.1"
     nic_bandwidth_bytes_per_s: float = 1.25e9
@@ -104,6 +128,7 @@ class Host:
     intra_bandwidth_bytes_per_s: float = 1.0e10
     intra_latency_s: float = 5e-6
     cpu_cores: Optional[int] = None
+    emulation: Optional[LinkEmulation] = None
 
     @property
     def is_loopback(self) -> bool:
@@ -225,8 +250,7 @@ class Cluster:
     def to_json(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {
             "format": FORMAT, "version": 1, "name": self.name,
-            "hosts": [{k: v for k, v in dataclasses.asdict(h).items() if not (k == "cpu_cores" and v is None)}
-                      for h in self.hosts],
+            "hosts": [_host_json(h) for h in self.hosts],
             "devices": [_device_json(d) for d in self.devices],
         }
         if self.bandwidth_matrix_bytes_per_s is not None:
@@ -235,6 +259,14 @@ class Cluster:
                 links["latency_s"] = self.latency_matrix_s.tolist()
             out["links"] = links
         return out
+
+
+def _host_json(h: Host) -> Dict[str, Any]:
+    out = {f.name: getattr(h, f.name) for f in dataclasses.fields(h)
+           if f.name != "emulation" and not (f.name == "cpu_cores" and h.cpu_cores is None)}
+    if h.emulation is not None:
+        out["emulation"] = h.emulation.to_json()
+    return out
 
 
 def _device_json(d: Device) -> Dict[str, Any]:
@@ -276,8 +308,35 @@ def _check_hosts(src: str, hosts: Sequence[Host]) -> Dict[str, int]:
         if h.cpu_cores is not None and not (isinstance(h.cpu_cores, int) and h.cpu_cores >= 1):
             raise InputError(src, f"{f}.cpu_cores", f"must be an integer >= 1, got {h.cpu_cores!r}",
                              "give the number of cores the host's CPU devices share, or leave it out")
+        if h.emulation is not None:
+            _check_link_emulation(src, f, h)
         index[h.name] = i
+    emulated = [h.emulation is not None for h in hosts]
+    if any(emulated) and not all(emulated):
+        i = emulated.index(False)
+        raise InputError(src, f"hosts[{i}].emulation", "is missing while other hosts declare one",
+                         "emulate every host's link (one machine runs them all) or none")
     return index
+
+
+def _check_link_emulation(src: str, host_field: str, h: Host) -> None:
+    e, f = h.emulation, f"{host_field}.emulation"
+    if not isinstance(e, LinkEmulation):
+        raise InputError(src, f, f"must be a LinkEmulation, got {e!r}", 'give e.g. {"bandwidth_bytes_per_s": 2.5e7}')
+    if e.bandwidth_bytes_per_s is None and e.latency_s is None:
+        raise InputError(src, f, "gives neither bandwidth_bytes_per_s nor latency_s",
+                         'give "bandwidth_bytes_per_s" and/or "latency_s", or remove it')
+    bw = e.bandwidth_bytes_per_s
+    if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float)) or not (np.isfinite(bw) and bw > 0)):
+        raise InputError(src, f"{f}.bandwidth_bytes_per_s", f"must be > 0, got {bw!r}",
+                         "give the NIC's rate in bytes per second, e.g. 1.25e8 for 1 GbE")
+    lat = e.latency_s
+    if lat is not None and (isinstance(lat, bool) or not isinstance(lat, (int, float)) or not (np.isfinite(lat) and 0 <= lat <= 10)):
+        raise InputError(src, f"{f}.latency_s", f"must be in [0, 10] seconds, got {lat!r}",
+                         "give the delay each way in seconds, e.g. 5e-4")
+    if not h.is_loopback:
+        raise InputError(src, f"{host_field}.address", f"host {h.name!r} is emulated on this machine but its address "
+                         f"{h.address!r} is not loopback", 'give "127.0.0.1", or remove the emulation to run on that host')
 
 
 def _check_device(src: str, i: int, d: Device, host_index: Dict[str, int], seen: set) -> None:
@@ -441,6 +500,17 @@ _HOST_KEYS = ("name", "address", "nic_bandwidth_bytes_per_s", "nic_latency_s",
 _DEVICE_KEYS = ("name", "kind", "host", "memory_bytes", "task", "straggle_probability", "straggle_factor",
                 "emulation")
 _EMULATION_KEYS = ("cpus", "cpu_fraction")
+_LINK_EMULATION_KEYS = ("bandwidth_bytes_per_s", "latency_s")
+
+
+def _link_emulation(h: FieldReader) -> Optional[LinkEmulation]:
+    """The host's "emulation" object, or None without one (values checked in build_cluster)."""
+    if not h.has("emulation"):
+        return None
+    e = h.child("emulation")
+    e.expect_keys(_LINK_EMULATION_KEYS, also_allowed=("comment",))
+    return LinkEmulation(bandwidth_bytes_per_s=e.get("bandwidth_bytes_per_s", float, default=None),
+                         latency_s=e.get("latency_s", float, default=None))
 
 
 def _emulation(d: FieldReader) -> Optional[Emulation]:
@@ -471,9 +541,10 @@ def cluster_from_reader(r: FieldReader) -> Cluster:
     name = r.get("name", str)
     hosts = []
     for h in r.items("hosts", min_len=1):
-        h.expect_keys(_HOST_KEYS, also_allowed=("comment",))
+        h.expect_keys(_HOST_KEYS + ("emulation",), also_allowed=("comment",))
         defaults = Host(name="")
-        hosts.append(Host(name=h.get("name", str), cpu_cores=h.get("cpu_cores", int, default=None), **{
+        hosts.append(Host(name=h.get("name", str), cpu_cores=h.get("cpu_cores", int, default=None),
+                          emulation=_link_emulation(h), **{
             key: h.get(key, type(getattr(defaults, key)), default=getattr(defaults, key))
             for key in _HOST_KEYS[1:-1]}))
     devices = []

@@ -33,7 +33,10 @@ A cluster file declares the first two per device (its `emulation`):
 
 refuses a cluster whose hosts are not loopback (`require_loopback`) and checks the cores and
 the quotas before any task starts (tfplace.emulation.tasks); every cgroup is created before the
-first task, so a refused quota leaves nothing started.
+first task, so a refused quota leaves nothing started. Where the file's hosts declare emulated
+links (`host_links`, tfplace.emulation.links), each task runs in its host's network namespace
+behind that host's shaped NIC and serves at the host's address; the namespaces are made before
+the first task and removed on close.
 """
 
 from __future__ import annotations
@@ -179,6 +182,8 @@ class LocalCluster:
         on sessions from `session()` (needed by CollectiveReduceV2 in a compat.v1 graph).
       start_timeout_s: how long a task may take to import TensorFlow and listen.
       log_dir: where task logs go (default: a temporary folder removed on close).
+      host_links: the emulated host of every task (tfplace.emulation.links.HostLayout, one process
+        per task), or None: every task on this process's loopback.
     """
 
     def __init__(self, num_tasks: int = 2, threads_per_task: Optional[Sequence[Optional[int]]] = None,
@@ -187,7 +192,8 @@ class LocalCluster:
                  cpu_fraction_per_task: Optional[Sequence[Optional[float]]] = None,
                  env_per_task: Optional[Sequence[Optional[Mapping[str, str]]]] = None,
                  job_name: str = "worker", host: str = "127.0.0.1", collective_leader: bool = True,
-                 start_timeout_s: float = START_TIMEOUT_S, log_dir: Optional[str] = None):
+                 start_timeout_s: float = START_TIMEOUT_S, log_dir: Optional[str] = None,
+                 host_links=None):
         if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 1:
             raise InputError("LocalCluster", "num_tasks", f"must be an integer >= 1, got {num_tasks!r}",
                              "ask for at least one task")
@@ -200,6 +206,11 @@ class LocalCluster:
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 64):
                 raise InputError("LocalCluster", f"cpu_fraction_per_task[{i}]", f"must be a number in (0, 64], got {v!r}",
                                  "give the share of one CPU the task may use (0.5 = half a core), or None")
+        if host_links is not None and len(host_links.host_of_process) != num_tasks:
+            raise InputError("LocalCluster", "host_links", f"places {len(host_links.host_of_process)} tasks, "
+                             f"not {num_tasks}", "give a layout with one process per task (links.host_layout)")
+        self.host_links = host_links
+        self._networks = None  # tfplace.emulation.links.HostNetworks while started
         self._limits = None  # tfplace.emulation.tasks.TaskLimits while started
         self.source = ""  # the cluster file, for `for_cluster`; named by errors of its emulation
         self._emulation_field = "tasks"
@@ -229,17 +240,20 @@ class LocalCluster:
         constructor arguments (threads, env, ...). Raises InputError naming the cluster file and
         the field, before anything starts, for a non-loopback host, a core this machine lacks or a
         CPU quota that cannot be set here."""
+        from tfplace.emulation import links
         from tfplace.emulation.tasks import check_applicable
-        for key in ("num_tasks", "cpus_per_task", "cpu_fraction_per_task"):
+        for key in ("num_tasks", "cpus_per_task", "cpu_fraction_per_task", "host_links"):
             if key in kwargs:
                 raise InputError("LocalCluster.for_cluster", key, "is set by the cluster file",
                                  "declare it as the devices' emulation in the cluster file")
         require_loopback(cluster)
         source = cluster.source or cluster.name
         check_applicable([d.emulation for d in cluster.devices], source)
+        layout = links.host_layout(cluster, per="task")
+        links.check_available(layout)
         emulations = cluster.task_emulations
         lc = cls(num_tasks=cluster.num_tasks, cpus_per_task=[e and e.cpus for e in emulations],
-                 cpu_fraction_per_task=[e and e.cpu_fraction for e in emulations], **kwargs)
+                 cpu_fraction_per_task=[e and e.cpu_fraction for e in emulations], host_links=layout, **kwargs)
         lc.source = source
         return lc
 
@@ -263,8 +277,11 @@ class LocalCluster:
             self.log_dir = tempfile.mkdtemp(prefix="tfplace_cluster_")
         os.makedirs(self.log_dir, exist_ok=True)
         _LIVE.add(self)
-        try:  # every cgroup exists before the first task starts: a refused quota starts nothing
+        try:  # every cgroup and host exists before the first task starts: a refusal starts nothing
             self._limits = self._task_limits()
+            if self.host_links is not None:
+                from tfplace.emulation.links import HostNetworks
+                self._networks = HostNetworks(self.host_links)
         except BaseException:
             self.close()
             raise
@@ -284,8 +301,9 @@ class LocalCluster:
         raise AssertionError("unreachable")
 
     def _start_once(self, attempt: int) -> None:
-        ports = _free_ports(self.host, self.num_tasks)
-        self._addresses = tuple(f"{self.host}:{p}" for p in ports)
+        ports = _free_ports(self.host, self.num_tasks)  # a fresh host namespace has them free too
+        net = self._networks
+        self._addresses = tuple(f"{self.host if net is None else net.address(t)}:{p}" for t, p in enumerate(ports))
         spec = json.dumps({self.job_name: list(self._addresses)})
         self._procs, self._logs = [], []
         ready_files = []
@@ -298,6 +316,8 @@ class LocalCluster:
                    "--parent-pid", str(os.getpid())]
             if self.collective_leader:
                 cmd += ["--collective-leader", self.leader]
+            if net is not None:
+                cmd = net.command(task, cmd)
             env = dict(os.environ)
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             env.update(self.envs[task] or {})
@@ -336,6 +356,8 @@ class LocalCluster:
             self._steppers.clear()
         if self._limits is not None:
             self._limits.close()
+        if self._networks is not None:
+            self._networks.close()
         _LIVE.discard(self)
         if self._own_log_dir and self.log_dir and os.path.isdir(self.log_dir):
             shutil.rmtree(self.log_dir, ignore_errors=True)

@@ -40,6 +40,7 @@ import sys
 import threading
 from typing import List, Optional, Tuple
 
+from tfplace.emulation.links import only_private  # loopback and the emulated hosts' links
 from tfplace.formats.errors import TfplaceError
 
 ALLOW_OPEN_PORTS_ENV = "TFPLACE_ALLOW_OPEN_PORTS"
@@ -67,8 +68,8 @@ def interfaces() -> List[str]:
 
 
 def in_private_network() -> bool:
-    """True when the calling thread's namespace has no interface but loopback."""
-    return interfaces() == ["lo"]
+    """True when the calling thread's namespace has no interface but loopback and emulated links."""
+    return only_private(interfaces())
 
 
 def grpc_started() -> bool:
@@ -202,11 +203,11 @@ def _interfaces_of(pid: int) -> List[str]:
 
 def listeners(pid: int) -> List[Tuple[str, bool]]:
     """The listening TCP sockets of process `pid`, as ("address:port", reachable beyond loopback):
-    reachable when bound to a non-loopback address, or to the wildcard in a namespace that has an
-    interface besides `lo`. Empty for a process that has ended."""
+    reachable when bound to anything but loopback in a namespace that has an interface besides
+    `lo` and emulated links (`only_private`). Empty for a process that has ended."""
     try:
         inodes = _socket_inodes(pid)
-        private = _interfaces_of(pid) == ["lo"]
+        private = only_private(_interfaces_of(pid))
         rows = []
         for table in ("tcp", "tcp6"):
             with open(f"/proc/{pid}/net/{table}") as f:
@@ -219,7 +220,7 @@ def listeners(pid: int) -> List[Tuple[str, bool]]:
             continue
         address, port = _address(row[1])
         address = getattr(address, "ipv4_mapped", None) or address
-        beyond = not (address.is_loopback or (address.is_unspecified and private))
+        beyond = not (address.is_loopback or private)  # a private namespace leads nowhere else
         found.append((f"{address}:{port}", beyond))
     return found
 

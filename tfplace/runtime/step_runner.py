@@ -137,7 +137,11 @@ class StepRunner:
 def reference_run(graph: OpGraph, feeds: Sequence[Mapping[str, np.ndarray]],
                   init_values: Optional[Mapping[str, np.ndarray]] = None):
     """The original step on this process's CPU: (losses per step, variable values after each
-    step as a list of dicts). `init_values` overrides the initial values (by variable name)."""
+    step as a list of dicts). `init_values` overrides the initial values (by variable name).
+
+    Runs on 1 intra-op thread, which TensorFlow honours only where TF_OVERRIDE_GLOBAL_THREADPOOL=1
+    was set before the process's first session, or that session asked for 1 thread too: otherwise
+    every session shares the first one's CPU pool (the test tree sets it, conftest.py)."""
     import tensorflow as tf
     g = _import(graph.graph_def)
     loss = graph.names[graph.tensor_op[graph.loss_tensor]] + f":{int(graph.tensor_port[graph.loss_tensor])}" \
