@@ -256,6 +256,7 @@ def _run_ranks(cmd: List[str], n: int, work: str, limits: TaskLimits, timeout_s:
     """Starts the n ranks (each in its own process group, under its limits, in its host's
     namespace when `networks` emulates hosts) and waits for all; raises HorovodError on the first
     failed rank or at the timeout. Every rank is gone on return."""
+    from tfplace.emulation.links import chain
     base = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), PYTHONUNBUFFERED="1")
     if networks is None:
         iface, rendezvous = _loopback_interface(), _Rendezvous(n)
@@ -267,10 +268,10 @@ def _run_ranks(cmd: List[str], n: int, work: str, limits: TaskLimits, timeout_s:
     try:
         for rank in range(n):
             with open(_log_path(work, rank), "w", encoding="utf-8") as log:
-                procs.append(subprocess.Popen(cmd if networks is None else networks.command(rank, cmd),
-                                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                enter_host = None if networks is None else networks.preexec(rank)
+                procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                               env=dict(base, **rendezvous.rank_env(rank, iface)),
-                                              start_new_session=True, preexec_fn=limits.preexec(rank)))
+                                              start_new_session=True, preexec_fn=chain(limits.preexec(rank), enter_host)))
         deadline = time.monotonic() + timeout_s
         while True:
             codes = [p.poll() for p in procs]

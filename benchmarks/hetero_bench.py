@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/hetero_bench.py [--models tiny_mlp,tiny_transformer,resnet50_s32]
         [--batch-size 24] [--search-seconds 20] [--steps 30] [--warmup 20] [--out runs/hetero_bench]
+        [--cluster clusters/local_cpu_hetero.json] [--overheads clusters/local_cpu_hetero.overheads.json]
 
 On clusters/local_cpu_hetero.json (task 0 alone on core 0; tasks 1 and 2 on core 1 at half a
 core each; every TF task and every Horovod rank under that emulation), per model:
@@ -14,6 +15,8 @@ core each; every TF task and every Horovod rank under that emulation), per model
      planned strategy, tfplace DP-even and DP-proportional (all-reduce), Horovod even and Horovod
      proportional;
   4. print measured and simulated step times and the plan's speed-up over each Horovod run.
+--cluster clusters/local_cpu_hetero_shaped.json (with its own --overheads) runs the same three
+tasks as three hosts behind shaped 1 GbE links (tfplace.emulation.links; needs root).
 Which component found the plan (a baseline, or the search) is printed with it. A benchmark: it
 reports numbers and never fails on timing.
 """
@@ -64,6 +67,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "hetero_bench"))
+    p.add_argument("--cluster", default=CLUSTER, help="an emulated cluster file of this machine")
+    p.add_argument("--overheads", default=OVERHEADS, help="its runtime-overheads file (python -m tfplace.cli.overheads)")
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from tfplace.cli import activate
@@ -71,7 +76,7 @@ def main(argv=None) -> int:
     from tfplace.formats.strategy import save_strategy
     from tfplace.graph_defs.export import ensure_bundle
     from tfplace.overheads.model import load_overheads
-    cluster, overheads = load_cluster(CLUSTER), load_overheads(OVERHEADS)
+    cluster, overheads = load_cluster(args.cluster), load_overheads(args.overheads)
     os.makedirs(args.out, exist_ok=True)
     summary = {}
     for name in args.models.split(","):
@@ -84,7 +89,8 @@ def main(argv=None) -> int:
               f"{baseline.source} {baseline.time_s * 1e3:.2f} ms", flush=True)
         path = os.path.join(args.out, f"{name}_plan.json")
         save_strategy(best.strategy, path)
-        config = {"format": "tfplace.activate_config", "version": 1, "cluster": CLUSTER, "overheads": OVERHEADS,
+        config = {"format": "tfplace.activate_config", "version": 1, "cluster": os.path.abspath(args.cluster),
+                  "overheads": os.path.abspath(args.overheads),
                   "profile": "measure",
                   "strategies": [{"name": f"plan_{name}", "strategy": path, "graph": bundle}],
                   "baselines": list(RUN_BASELINES), "steps": args.steps, "warmup_steps": args.warmup,

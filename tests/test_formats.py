@@ -21,7 +21,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_FILES = sorted(glob.glob(os.path.join(REPO, "clusters", "*.json"))
                     + glob.glob(os.path.join(REPO, "examples", "formats", "*.json"))
                     + glob.glob(os.path.join(REPO, "examples", "formats", "*.txt"))
-                    + glob.glob(os.path.join(REPO, "configs", "*.json")))
+                    + glob.glob(os.path.join(REPO, "configs", "*.json"))
+                    + glob.glob(os.path.join(REPO, "configs", "*.txt")))
 LOADERS = {"tfplace.cluster": load_cluster, "tfplace.strategy": load_strategy,
            "tfplace.profile": load_profile, "tfplace.train_config": load_train_config,
            "tfplace.activate_config": load_activate_config, "tfplace.runtime_overheads": load_overheads}

@@ -84,9 +84,9 @@ def test_bad_link_emulation_is_one_error_naming_the_field(emulations, address, f
 
 
 @pytest.mark.parametrize("link, expected", [
-    # a rate alone: a token bucket of 4 ms of the rate, at least two 64 KiB segments
-    (LinkEmulation(1.25e8), ["tbf", "rate", "1000000000bit", "burst", "500000", "latency", "100ms"]),
-    (LinkEmulation(1.25e6), ["tbf", "rate", "10000000bit", "burst", "131072", "latency", "100ms"]),
+    # a rate alone: a token bucket of 100 us of the rate, at least one 64 KiB segment
+    (LinkEmulation(1.25e8), ["tbf", "rate", "1000000000bit", "burst", "65536", "latency", "100ms"]),
+    (LinkEmulation(1.25e10), ["tbf", "rate", "100000000000bit", "burst", "1250000", "latency", "100ms"]),
     # a delay: netem, with the rate when both are given
     (LinkEmulation(1.25e8, 5e-4), ["netem", "delay", "500us", "rate", "1000000000bit", "limit", "10000"]),
     (LinkEmulation(None, 2e-3), ["netem", "delay", "2000us", "limit", "10000"]),
@@ -141,13 +141,14 @@ def _own_namespaces():
 @pytest.mark.multiprocess
 def test_tasks_on_emulated_hosts_talk_over_their_shaped_links():
     """Two hosts, two tasks each: a task is reached at its host's address, from its host's own
-    namespace; 5 MB between hosts take at least 5 MB / rate; within a host they are not shaped."""
+    namespace; 5 MB between hosts take at least 5 MB / rate, and 256 KiB are shaped too; within a
+    host they are not shaped."""
     import numpy as np
     import tensorflow as tf
     from tfplace.runtime import netns
     from tfplace.runtime.local_cluster import LocalCluster
     cluster = _cluster([LinkEmulation(RATE_BYTES_PER_S)] * 2, devices_per_host=2)
-    payload_bytes = 5_000_000
+    payload_bytes, small_bytes = 5_000_000, 262_144
     lc = LocalCluster.for_cluster(cluster)
     with lc:
         hosts = [a.split(":")[0] for a in lc.task_addresses]
@@ -161,10 +162,14 @@ def test_tasks_on_emulated_hosts_talk_over_their_shaped_links():
         with g.as_default():
             with tf.device(lc.task_device(0)):
                 x = tf.random.uniform([payload_bytes // 4])
+            with tf.device(lc.task_device(0)):
+                small = tf.random.uniform([small_bytes // 4])
             sums = []
             for task in (1, 2):  # the same host, then the other host
                 with tf.device(lc.task_device(task)):
                     sums.append(tf.reduce_sum(x))
+            with tf.device(lc.task_device(2)):
+                sums.append(tf.reduce_sum(small))  # a message the size of a bucket's piece: shaped too
         took_s = []
         with lc.session(graph=g) as sess:
             for fetch in sums:
@@ -174,9 +179,11 @@ def test_tasks_on_emulated_hosts_talk_over_their_shaped_links():
                 took_s.append(time.perf_counter() - start)
         wire_s = payload_bytes / RATE_BYTES_PER_S
         print(f"links: 5 MB within a host {took_s[0] * 1e3:.0f} ms, between hosts {took_s[1] * 1e3:.0f} ms "
-              f"(shaped rate: {wire_s * 1e3:.0f} ms)")
+              f"(shaped rate: {wire_s * 1e3:.0f} ms); 256 KiB between hosts {took_s[2] * 1e3:.1f} ms")
         assert took_s[1] >= 0.9 * wire_s, took_s
         assert took_s[0] < 0.5 * wire_s, took_s
+        # a deep token bucket would let 256 KiB through at loopback speed (no shaping below its depth)
+        assert took_s[2] >= 0.6 * small_bytes / RATE_BYTES_PER_S, took_s
         assert len(_own_namespaces()) == 2
     assert _own_namespaces() == [] and netns.in_private_network()
     assert not [i for i in netns.interfaces() if i.startswith(links.PREFIX)]
@@ -185,12 +192,20 @@ def test_tasks_on_emulated_hosts_talk_over_their_shaped_links():
 @needs_shaping
 @pytest.mark.multiprocess
 def test_horovod_ranks_run_in_their_hosts_namespaces():
+    """...under their CPU quotas too where quotas can be set: each rank checks its own limits
+    from inside its host (a fresh /sys there would hide its cgroup)."""
     from tfplace.baselines.horovod_runner import run_horovod
+    from tfplace.emulation import cpu_quota
+    from tfplace.formats.cluster import Emulation
     from tfplace.graph_defs.export import ensure_bundle
     cluster = _cluster([LinkEmulation(RATE_BYTES_PER_S)] * 2)
     bundle = ensure_bundle("tiny_mlp", batch_size=16)
+    quotas = cpu_quota.available()
     res = run_horovod(bundle, [8, 8], steps=2, warmup_steps=1, source=cluster.source,
+                      emulation_per_rank=[Emulation(cpu_fraction=0.5)] * 2 if quotas else None,
                       host_links=links.host_layout(cluster, per="device"))
+    if quotas:
+        assert all(r["quota_us"] * 2 == r["period_us"] for r in res.rank_limits), res.rank_limits
     assert len(res.report.step_times_s) == 2 and all(t > 0 for t in res.report.step_times_s)
     spaces = [r["net_namespace"] for r in res.rank_limits]
     assert spaces[0] != spaces[1] and os.readlink("/proc/self/ns/net") not in spaces

@@ -149,7 +149,8 @@ def cluster_settings(args, cluster, source: str) -> dict:
     and quotas of the per-task flags or else of the cluster file's emulation (device i is task i,
     check_local_cluster). Raises InputError, before any server starts, for a core this machine
     lacks or a quota it cannot set (tfplace.emulation.tasks.check_applicable), naming the flags or
-    the cluster file's field."""
+    the cluster file's field. Emulated hosts (tfplace.emulation.links) go with the tasks as
+    `host_links`, checked here too."""
     from tfplace.emulation.tasks import check_applicable
     from tfplace.formats.cluster import Emulation
     n = cluster.num_devices
@@ -167,6 +168,11 @@ def cluster_settings(args, cluster, source: str) -> dict:
         kwargs["cpus_per_task"] = cpus
     if any(f is not None for f in fractions):
         kwargs["cpu_fraction_per_task"] = fractions
+    from tfplace.emulation import links
+    layout = links.host_layout(cluster, per="task")  # device i is task i (check_local_cluster)
+    links.check_available(layout)
+    if layout is not None:
+        kwargs["host_links"] = layout
     return kwargs
 
 
@@ -188,12 +194,17 @@ def comm_of_profile(path: str, num_tasks: int) -> dict:
 def how(args, kwargs: dict, comm_from: str) -> str:
     """What was measured, for the file's `how` (the probe's own account follows it)."""
     n = kwargs["num_tasks"]
+    where = "their emulated hosts" if "host_links" in kwargs else "127.0.0.1"
     parts = [f"python -m tfplace.cli.overheads on {os.path.basename(args.cluster)}: {n} server tasks on "
-             f"127.0.0.1, {args.threads} intra-op + {args.inter_threads} inter-op thread(s) each"]
+             f"{where}, {args.threads} intra-op + {args.inter_threads} inter-op thread(s) each"]
     if "cpus_per_task" in kwargs:
         parts.append(f"pinned to CPUs {kwargs['cpus_per_task']}")
     if "cpu_fraction_per_task" in kwargs:
         parts.append(f"CPU quotas {kwargs['cpu_fraction_per_task']}")
+    if "host_links" in kwargs:
+        layout = kwargs["host_links"]
+        parts.append("each task on its emulated host (" + ", ".join(
+            f"{name}: {link.to_json()}" for name, link in zip(layout.hosts, layout.links)) + ")")
     if args.client_cpus:
         parts.append(f"the client on CPUs {[int(c) for c in args.client_cpus]}")
     parts.append(f"comm fit: {comm_from}")

@@ -4,7 +4,7 @@
     check_available(layout)                       # before anything starts: root, ip, tc, the qdiscs
     with HostNetworks(layout) as net:             # in the run's private network (runtime.netns)
         net.address(i)        # "10.213.3.2": the address of process i's host
-        net.command(i, cmd)   # cmd, run in process i's host: ["ip", "netns", "exec", <its host>] + cmd
+        net.preexec(i)        # preexec_fn of process i: into its host (network, /etc/hosts) before exec
         net.interface         # the NIC's name inside every host ("tfpllink")
         net.switch_address    # this process's address on the switch ("10.213.3.1")
 
@@ -17,10 +17,13 @@ down link), the two links the simulator puts on every path between hosts. A rate
 bucket (tc tbf); a delay is tc netem (with its `rate` when both are given). Processes of one host
 share its namespace and talk over its loopback, unshaped, like tasks of one machine.
 
-A process starts in its host through `ip netns exec`, which also shows it the host's own
-/etc/hosts (from /etc/netns/<namespace>/hosts): there this machine's name resolves to the host's
-address, as each machine's name does on a real cluster. Gloo needs that: Horovod 0.28 binds a
-process set's Gloo device to the address of the machine's name, not to HOROVOD_GLOO_IFACE.
+A process enters its host between fork and exec (`preexec`): it joins the host's network
+namespace and, in a mount namespace of its own, sees the host's /etc/hosts (kept, as `ip netns
+exec` keeps it, in /etc/netns/<namespace>/hosts), where this machine's name resolves to the
+host's address, as each machine's name does on a real cluster. Gloo needs that: Horovod 0.28 binds
+a process set's Gloo device to the address of the machine's name, not to HOROVOD_GLOO_IFACE.
+(`ip netns exec` itself would also mount a fresh /sys, hiding the cgroup a rank checks its CPU
+quota in.)
 
 Everything lives inside the run's private network namespace (tfplace.runtime.netns, which the
 caller enters first), which has no link to the machine's network: nothing here touches the
@@ -31,12 +34,13 @@ the next HostNetworks removes (their pid is gone).
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import shutil
 import socket
 import subprocess
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from tfplace.formats.errors import InputError, TfplaceError
 
@@ -50,9 +54,12 @@ ETC_NETNS_DIR = "/etc/netns"  # `ip netns exec NAME` shows /etc/netns/NAME/hosts
 NETNS_PREFIX = "tfplace-"
 SUBNET_PREFIX = "10.213"     # 10.213.<k>.0/24: the k-th network of this process, inside its private namespace
 QUEUE_LATENCY_S = 0.1        # tbf: how long a packet may wait for tokens before it is dropped
-MIN_BURST_BYTES = 131072     # tbf's bucket holds at least two 64 KiB GSO segments, or it drops them
-BURST_S = 0.004              # ... and 4 ms of the rate (the kernel's timer granularity)
+MIN_BURST_BYTES = 65536     # tbf's bucket: one 64 KiB GSO segment (tbf splits larger ones) ...
+BURST_S = 1e-4              # ... or 100 us of the rate. A deeper bucket lets a message of that size pass
+                            # unshaped: 500 kB (4 ms at 1 GbE) made the comm fit read 5.3 GB/s on a 125 MB/s link
 NETEM_LIMIT_PACKETS = 10000
+_CLONE_NEWNET, _CLONE_NEWNS = 0x40000000, 0x00020000
+_MS_BIND, _MS_REC, _MS_SLAVE = 4096, 16384, 1 << 19
 
 FIX_ROOT = "run as root (network namespaces and tc need CAP_NET_ADMIN), or remove the hosts' emulation"
 FIX_IPROUTE = "install iproute2 (apt-get install iproute2: `ip` and `tc`), or remove the hosts' emulation"
@@ -201,6 +208,7 @@ class HostNetworks:
         self.switch_address = f"{SUBNET_PREFIX}.{self.k}.1"
         self.interface = INTERFACE
         self._names: List[str] = []
+        self._fds: List[int] = []
         self._bridge_made = False
         try:
             self._make()
@@ -243,14 +251,35 @@ class HostNetworks:
             qdisc = qdisc_args(link)
             _run(["tc", "qdisc", "add", "dev", port, "root"] + qdisc)             # into the host: its down link
             _run(["tc", "-n", ns, "qdisc", "add", "dev", INTERFACE, "root"] + qdisc)  # out of it: its up link
+            self._fds.append(os.open(os.path.join(NETNS_DIR, ns), os.O_RDONLY | os.O_CLOEXEC))
 
-    def command(self, process: int, cmd: Sequence[str]) -> List[str]:
-        """`cmd` run in process `process`'s host: `ip netns exec` execs it (same pid) in the host's
-        namespace, with the host's /etc/hosts."""
-        return ["ip", "netns", "exec", self.namespace(self.layout.host_of_process[process])] + list(cmd)
+    def preexec(self, process: int) -> Callable[[], None]:
+        """preexec_fn of process `process`: joins its host's network namespace, then binds the
+        host's /etc/hosts over /etc/hosts in a mount namespace of its own (changes below / reach
+        it, its own reach nothing else). Everything is looked up here: the child only calls libc."""
+        host = self.layout.host_of_process[process]
+        fd, hosts_file = self._fds[host], os.path.join(ETC_NETNS_DIR, self.namespace(host), "hosts").encode()
+        libc = ctypes.CDLL(None, use_errno=True)
+        setns, unshare, mount = libc.setns, libc.unshare, libc.mount
+        mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+
+        def check(result: int, what: str) -> None:
+            if result != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"entering emulated host {host}: {what}: {os.strerror(err)}")
+
+        def enter():
+            check(setns(fd, _CLONE_NEWNET), "setns")
+            check(unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+            check(mount(None, b"/", None, _MS_REC | _MS_SLAVE, None), "mount --make-rslave /")
+            check(mount(hosts_file, b"/etc/hosts", None, _MS_BIND, None), "bind /etc/hosts")
+        return enter
 
     def close(self) -> None:
         """Removes the hosts' namespaces (their veths go with them) and the switch (idempotent)."""
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
         for h, ns in enumerate(self._names):  # a veth goes with either end, at once (a namespace's go later)
             subprocess.run(["ip", "link", "del", self._port(h)], capture_output=True)
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
@@ -271,3 +300,15 @@ class HostNetworks:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+
+def chain(*steps: Optional[Callable[[], None]]) -> Optional[Callable[[], None]]:
+    """One preexec_fn that runs each of `steps` (None ones skipped) in order; None when all are None."""
+    todo = [step for step in steps if step is not None]
+    if not todo:
+        return None
+
+    def run_all():
+        for step in todo:
+            step()
+    return run_all

@@ -301,6 +301,7 @@ class LocalCluster:
         raise AssertionError("unreachable")
 
     def _start_once(self, attempt: int) -> None:
+        from tfplace.emulation.links import chain
         ports = _free_ports(self.host, self.num_tasks)  # a fresh host namespace has them free too
         net = self._networks
         self._addresses = tuple(f"{self.host if net is None else net.address(t)}:{p}" for t, p in enumerate(ports))
@@ -316,8 +317,6 @@ class LocalCluster:
                    "--parent-pid", str(os.getpid())]
             if self.collective_leader:
                 cmd += ["--collective-leader", self.leader]
-            if net is not None:
-                cmd = net.command(task, cmd)
             env = dict(os.environ)
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             env.update(self.envs[task] or {})
@@ -325,7 +324,7 @@ class LocalCluster:
                 proc = subprocess.Popen(
                     cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
                     start_new_session=True,  # own process group: Ctrl-C reaches us, we stop it
-                    preexec_fn=self._limits.preexec(task))
+                    preexec_fn=chain(self._limits.preexec(task), None if net is None else net.preexec(task)))
             self._procs.append(proc)
             self._logs.append(log)
             ready_files.append(ready)
