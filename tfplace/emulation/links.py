@@ -27,9 +27,9 @@ quota in.)
 
 Everything lives inside the run's private network namespace (tfplace.runtime.netns, which the
 caller enters first), which has no link to the machine's network: nothing here touches the
-machine's interfaces, and `only_private` is the rule by which a namespace still counts as private. The named
-namespaces are removed on `close()`; a run killed outright leaves its names in /run/netns, which
-the next HostNetworks removes (their pid is gone).
+machine's interfaces, and `only_private` is the rule by which a namespace still counts as
+private. The named namespaces are removed on `close()`; a run killed outright leaves its names in
+/run/netns, which the next HostNetworks removes (their pid is gone).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # not imported: runtime.netns imports this module before nump
 PREFIX = "tfpl"              # every interface made here starts so; all of them lead only to this run
 INTERFACE = PREFIX + "link"  # the NIC inside each host
 NETNS_DIR = "/run/netns"
-ETC_NETNS_DIR = "/etc/netns"  # `ip netns exec NAME` shows /etc/netns/NAME/hosts as /etc/hosts
+ETC_NETNS_DIR = "/etc/netns"  # a host's own /etc/hosts: /etc/netns/<namespace>/hosts, where ip netns keeps it
 NETNS_PREFIX = "tfplace-"
 SUBNET_PREFIX = "10.213"     # 10.213.<k>.0/24: the k-th network of this process, inside its private namespace
 QUEUE_LATENCY_S = 0.1        # tbf: how long a packet may wait for tokens before it is dropped

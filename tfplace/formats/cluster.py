@@ -326,12 +326,14 @@ def _check_link_emulation(src: str, host_field: str, h: Host) -> None:
     if e.bandwidth_bytes_per_s is None and e.latency_s is None:
         raise InputError(src, f, "gives neither bandwidth_bytes_per_s nor latency_s",
                          'give "bandwidth_bytes_per_s" and/or "latency_s", or remove it')
-    bw = e.bandwidth_bytes_per_s
-    if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float)) or not (np.isfinite(bw) and bw > 0)):
+    def number(x) -> bool:
+        return not isinstance(x, bool) and isinstance(x, (int, float)) and bool(np.isfinite(x))
+
+    bw, lat = e.bandwidth_bytes_per_s, e.latency_s
+    if bw is not None and not (number(bw) and bw > 0):
         raise InputError(src, f"{f}.bandwidth_bytes_per_s", f"must be > 0, got {bw!r}",
                          "give the NIC's rate in bytes per second, e.g. 1.25e8 for 1 GbE")
-    lat = e.latency_s
-    if lat is not None and (isinstance(lat, bool) or not isinstance(lat, (int, float)) or not (np.isfinite(lat) and 0 <= lat <= 10)):
+    if lat is not None and not (number(lat) and 0 <= lat <= 10):
         raise InputError(src, f"{f}.latency_s", f"must be in [0, 10] seconds, got {lat!r}",
                          "give the delay each way in seconds, e.g. 5e-4")
     if not h.is_loopback:
