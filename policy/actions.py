@@ -107,6 +107,40 @@ def guided_mutate(rng: np.random.Generator, action: Dict[str, np.ndarray], probs
     return out
 
 
+def fastest_subsets(speeds: Sequence[float]) -> Tuple[np.ndarray, ...]:
+    """Device masks [D] (bool) of the clusters' fastest parts, smallest first: the fastest device
+    alone, then every device at least as fast as the k-th fastest speed class, for each class
+    but the slowest (whose mask is the whole cluster). Distinct masks only."""
+    sp = np.asarray(speeds, dtype=np.float64)
+    masks = [np.arange(len(sp)) == int(np.argmax(sp))]
+    for speed in sorted(set(sp.tolist()), reverse=True)[:-1]:
+        masks.append(sp >= speed)
+    out, seen = [], set()
+    for m in masks:
+        if m.all() or m.tobytes() in seen:
+            continue
+        seen.add(m.tobytes())
+        out.append(m)
+    return tuple(out)
+
+
+def restrict(action: Dict[str, np.ndarray], mask: np.ndarray,
+             ps_probs: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
+    """`action` with the devices outside `mask` [D] left out: their share levels set to 0 (a group
+    left with none falls back to the fastest device, `decode`), and a parameter server outside the
+    mask moved to the device of the mask that `ps_probs` [G, D] ranks highest (the first of the
+    mask without it). Everything else is kept."""
+    out = {k: np.array(v, copy=True) for k, v in action.items()}
+    keep = np.asarray(mask, dtype=bool)
+    out["shares"][:, ~keep] = 0
+    inside = np.flatnonzero(keep)
+    for g in np.flatnonzero(out["sync"] == 1):
+        if not keep[int(out["ps_device"][g])]:
+            best = inside[int(np.argmax(ps_probs[g, inside]))] if ps_probs is not None else inside[0]
+            out["ps_device"][g] = int(best)
+    return out
+
+
 def _group_decision(row: np.ndarray, micro: int, sync: int, ps: int, prio: int, names: Sequence[str],
                     speeds: np.ndarray, batch: int) -> GroupDecision:
     weights = np.asarray(SHARE_LEVELS)[row] * speeds

@@ -115,3 +115,30 @@ def test_guided_mutate_draws_from_the_policy_marginals():
             assert np.all(v[diff] == wanted[k])
             changed += int(diff.sum())
     assert changed > 300
+
+
+@pytest.mark.parametrize("speeds, expected", [
+    # the fastest device, then each speed class but the slowest (its mask is the whole cluster)
+    ([1.0, 3.0, 2.0], [[0, 1, 0], [0, 1, 1]]),
+    ([3.0, 3.0, 1.0, 1.0], [[1, 0, 0, 0], [1, 1, 0, 0]]),
+    ([2.0, 1.0], [[1, 0]]),                 # two classes: the fastest class is the fastest device
+    ([1.0, 1.0, 1.0], [[1, 0, 0]]),         # one class: only the fastest device alone
+    ([5.0], []),                            # one device: nothing to leave out
+])
+def test_fastest_subsets_are_the_fastest_device_then_the_fastest_classes(speeds, expected):
+    assert [m.astype(int).tolist() for m in A.fastest_subsets(speeds)] == expected
+
+
+def test_restrict_leaves_the_masked_devices_out_and_moves_their_servers():
+    act = A.proportional_action(3, 3)
+    act["sync"][:] = [0, 1, 1]
+    act["ps_device"][:] = [2, 2, 0]
+    act["micro"][:] = [1, 0, 1]
+    ps_probs = np.array([[0.1, 0.2, 0.7], [0.1, 0.6, 0.3], [0.2, 0.5, 0.3]])
+    out = A.restrict(act, np.array([True, True, False]), ps_probs)
+    assert out["shares"][:, 2].tolist() == [0, 0, 0] and (out["shares"][:, :2] == act["shares"][:, :2]).all()
+    # group 1's server (device 2) is masked: the most likely server of the mask takes it; group 2's stays
+    assert out["ps_device"].tolist() == [2, 1, 0]
+    assert out["micro"].tolist() == [1, 0, 1] and act["shares"][:, 2].tolist() != [0, 0, 0]  # input untouched
+    s = A.decode(out, ["x", "y", "z"], ["a", "b", "c"], [2.0, 2.0, 1.0], 12, 4)
+    assert all(name != "c" for g in s.groups.values() for name, _ in g.shares)

@@ -77,7 +77,9 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
               samples: int = 8, seed: int = 0, mode: str = "both",
               target_time_s: Optional[float] = None) -> PlanResult:
     """Plans one task. Zero-shot (modes "both" and "policy"): the best of the policy's greedy
-    strategy and `samples` samples, timed alone. Then every baseline joins the pool (so the result
+    strategy, `samples` samples, and the greedy strategy restricted to each of the cluster's
+    fastest parts (actions.fastest_subsets: the fastest device, then the fastest speed classes;
+    the policy's own choices on those devices, the rest left out), timed alone. Then every baseline joins the pool (so the result
     is never worse than the best baseline) and, for `search_seconds`:
       "both"    policy-guided search: policy samples, mutations of the best action drawn from the
                 policy's marginals (actions.guided_mutate), and the strategy-level hill climber;
@@ -94,8 +96,12 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
     rng = np.random.default_rng(seed)
     obs = task.features.as_observation()
     shot = []
+    probs = learner.probabilities(obs) if mode != "search" else None
     if mode != "search":
-        shot = [_entry(task, "zero-shot greedy", learner.greedy(obs))]
+        greedy = learner.greedy(obs)
+        shot = [_entry(task, "zero-shot greedy", greedy)]
+        shot += [_entry(task, "zero-shot greedy, fastest devices", A.restrict(greedy, m, probs["ps_device"]))
+                 for m in A.fastest_subsets(task.speeds)]
         shot += [_entry(task, "zero-shot sample", a)
                  for a in learner.sample(obs, samples, rng.integers(0, 2**31 - 1, 2))] if samples else []
     zero = min(shot, key=lambda e: e.effective_time_s) if shot else None
@@ -113,7 +119,7 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
     climber = HillClimber(task, pool, rng)
     if mode != "policy" and all(b.oom for b in pool.baselines):  # nothing fits: memory-balanced stages
         climber.seed_memory_partitions()
-    probs = learner.probabilities(obs) if mode == "both" else None
+    probs = probs if mode == "both" else None
 
     def best_action(kept):  # kept apart: strategy-search entries may push actions out of the pool
         return min((e for e in [kept, pool.best_with_action()] if e is not None),

@@ -211,3 +211,26 @@ def test_horovod_ranks_run_in_their_hosts_namespaces():
     assert spaces[0] != spaces[1] and os.readlink("/proc/self/ns/net") not in spaces
     assert all(r["interfaces"] == ["lo", links.INTERFACE] for r in res.rank_limits), res.rank_limits
     assert _own_namespaces() == []
+
+
+@needs_shaping
+def test_a_failed_setup_leaves_no_host_behind(monkeypatch):
+    """A command that fails halfway (here the second host's qdisc) raises with the command, and
+    every namespace, veth and switch made before it is gone."""
+    from tfplace.runtime import netns
+    netns.ensure_private_network("the test's emulated hosts")
+    real_run, calls = links._run, []
+
+    def failing(cmd):
+        calls.append(cmd)
+        if cmd[:2] == ["tc", "-n"] and cmd[2].endswith("-h1"):
+            raise links.LinkEmulationError(f"tfplace: link emulation: `{' '.join(cmd)}` failed: injected")
+        real_run(cmd)
+    monkeypatch.setattr(links, "_run", failing)
+    with pytest.raises(links.LinkEmulationError, match="injected"):
+        links.HostNetworks(links.host_layout(_cluster([LinkEmulation(RATE_BYTES_PER_S)] * 2)))
+    assert any(c[:3] == ["ip", "netns", "add"] for c in calls)  # something was made before the failure
+    assert _own_namespaces() == []
+    assert not [i for i in netns.interfaces() if i.startswith(links.PREFIX)]
+    assert not os.path.exists(links.ETC_NETNS_DIR) or not [
+        n for n in os.listdir(links.ETC_NETNS_DIR) if n.startswith(f"{links.NETNS_PREFIX}{os.getpid()}-")]

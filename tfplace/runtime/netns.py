@@ -5,7 +5,9 @@ cluster spec gives, and has no option to bind one address; Horovod's Gloo and re
 listeners are started by code we do not own either. So a local run (a LocalCluster, the Horovod
 baselines) goes into a network namespace of its own whose only interface is `lo`: a server
 that binds the wildcard there accepts connections from this run's processes, over loopback,
-and from nothing else on the machine or the network.
+and from nothing else on the machine or the network. A cluster's emulated hosts
+(tfplace.emulation.links) add a switch and veth links there that lead only to the run's own
+host namespaces; the namespace still counts as private (`links.only_private`).
 
     from tfplace.runtime import netns
     netns.enter_private_network()     # at the start of a script, before TensorFlow opens a channel
