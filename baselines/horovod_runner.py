@@ -138,7 +138,8 @@ def _loopback_interface() -> str:
 
 
 class _Rendezvous:
-    """Horovod's rendezvous HTTP server for n local ranks, bound to 127.0.0.1 only."""
+    """Horovod's rendezvous HTTP server for n local ranks, bound to `address` only: 127.0.0.1, or
+    the switch of the run's emulated hosts (reachable from this run's namespaces alone)."""
 
     def __init__(self, n: int, host_of_rank: Optional[Sequence[int]] = None, address: str = LOOPBACK,
                  host_names: Sequence[str] = ("localhost",)):

@@ -162,22 +162,13 @@ def _run(cmd: Sequence[str]) -> None:
         raise LinkEmulationError(f"tfplace: link emulation: `{' '.join(cmd)}` failed: {done.stderr.strip()}")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale_namespaces() -> List[str]:
     """Removes the namespaces of runs whose process is gone (killed before `close`); returns their names."""
+    from tfplace.emulation.tasks import pid_alive  # here: runtime.netns imports this module before numpy
     removed = []
     for name in sorted(os.listdir(NETNS_DIR)) if os.path.isdir(NETNS_DIR) else ():
         parts = name[len(NETNS_PREFIX):].split("-")
-        if name.startswith(NETNS_PREFIX) and parts[0].isdigit() and not _pid_alive(int(parts[0])):
+        if name.startswith(NETNS_PREFIX) and parts[0].isdigit() and not pid_alive(int(parts[0])):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
             shutil.rmtree(os.path.join(ETC_NETNS_DIR, name), ignore_errors=True)
             removed.append(name)

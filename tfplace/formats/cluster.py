@@ -326,6 +326,7 @@ def _check_link_emulation(src: str, host_field: str, h: Host) -> None:
     if e.bandwidth_bytes_per_s is None and e.latency_s is None:
         raise InputError(src, f, "gives neither bandwidth_bytes_per_s nor latency_s",
                          'give "bandwidth_bytes_per_s" and/or "latency_s", or remove it')
+
     def number(x) -> bool:
         return not isinstance(x, bool) and isinstance(x, (int, float)) and bool(np.isfinite(x))
 

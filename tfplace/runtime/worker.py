@@ -77,13 +77,8 @@ def _parent_alive(pid: int) -> bool:
         return True
     if os.getppid() != pid:  # re-parented: the launcher died
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    from tfplace.emulation.tasks import pid_alive
+    return pid_alive(pid)
 
 
 def main(argv=None) -> int:
