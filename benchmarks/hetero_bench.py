@@ -1,7 +1,7 @@
 """The heterogeneous comparison: a planned strategy against Horovod, for real, on the emulated cluster.
 
     .venv/bin/python benchmarks/hetero_bench.py [--models tiny_mlp,tiny_transformer,resnet50_s32]
-        [--batch-size 24] [--search-seconds 20] [--steps 30] [--warmup 20] [--out runs/hetero_bench]
+        [--batch-size 24] [--search-seconds 20] [--steps 30] [--warmup 20] [--rounds 1] [--out runs/hetero_bench]
         [--cluster clusters/local_cpu_hetero.json] [--overheads clusters/local_cpu_hetero.overheads.json]
 
 On clusters/local_cpu_hetero.json (task 0 alone on core 0; tasks 1 and 2 on core 1 at half a
@@ -66,6 +66,7 @@ def main(argv=None) -> int:
     p.add_argument("--search-seconds", type=float, default=20.0)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=1, help="runs of every entry on fresh servers (the median counts)")
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "hetero_bench"))
     p.add_argument("--cluster", default=CLUSTER, help="an emulated cluster file of this machine")
     p.add_argument("--overheads", default=OVERHEADS, help="its runtime-overheads file (python -m tfplace.cli.overheads)")
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
                   "overheads": os.path.abspath(args.overheads),
                   "profile": "measure",
                   "strategies": [{"name": f"plan_{name}", "strategy": path, "graph": bundle}],
-                  "baselines": list(RUN_BASELINES), "steps": args.steps, "warmup_steps": args.warmup,
+                  "baselines": list(RUN_BASELINES), "steps": args.steps, "warmup_steps": args.warmup, "rounds": args.rounds,
                   "output_dir": os.path.join(args.out, name), "trace": False}
         config_path = os.path.join(args.out, f"{name}_activate.json")
         with open(config_path, "w", encoding="utf-8") as f:

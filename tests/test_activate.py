@@ -57,6 +57,48 @@ def test_activate_runs_good_entries_and_reports_the_bad_one(tmp_path, monkeypatc
         assert trace["traceEvents"], "empty timeline"
 
 
+@pytest.mark.multiprocess
+def test_rounds_run_every_entry_on_fresh_servers_and_report_the_median_round(tmp_path, monkeypatch):
+    from tfplace.cli.activate import run
+    from tfplace.runtime.local_cluster import LocalCluster
+    started = []
+    real_start = LocalCluster.start
+
+    def start(self):
+        started.append(self)
+        return real_start(self)
+    monkeypatch.setattr(LocalCluster, "start", start)
+    cfg = _write(tmp_path / "activate_config.txt", {
+        "format": "tfplace.activate_config", "cluster": os.path.join(ROOT, "clusters", "local_cpu.json"),
+        "baselines": ["single", "dp_even_allreduce"], "graphs": [{"model": "tiny_mlp", "batch_size": 16}],
+        "steps": 2, "warmup_steps": 1, "rounds": 3, "output_dir": str(tmp_path / "out"), "trace": False})
+    text = io.StringIO()
+    rows = run(cfg, out=text)
+    assert len(started) == 3, "one fresh cluster per round"
+    assert text.getvalue().count("(round 3 of 3)") == 2 and "rounds " in text.getvalue()
+    for r in rows:
+        assert r["error"] is None, r["error"]
+        means = r["round_means_s"]
+        assert len(means) == 3 and all(len(x["step_times_s"]) == 2 for x in r["rounds"])
+        assert r["mean_s"] == sorted(means)[1]  # the median round
+        assert r["ratio"] == pytest.approx(r["simulated_s"] / r["mean_s"])
+    with open(tmp_path / "out" / "results.json") as f:
+        saved = json.load(f)
+    assert saved["complete"] and [len(r["round_means_s"]) for r in saved["results"]] == [3, 3]
+
+
+def test_rounds_must_be_positive(tmp_path):
+    from tfplace.formats.config import load_activate_config
+    from tfplace.formats.errors import InputError
+    cfg = _write(tmp_path / "a.txt", {"format": "tfplace.activate_config", "baselines": ["single"],
+                                      "cluster": os.path.join(ROOT, "clusters", "local_cpu.json"),
+                                      "graphs": [{"model": "tiny_mlp", "batch_size": 16}], "rounds": 0,
+                                      "output_dir": str(tmp_path / "out")})
+    with pytest.raises(InputError) as err:
+        load_activate_config(cfg)
+    assert err.value.field == "rounds" and "> 0" in str(err.value)
+
+
 @pytest.mark.parametrize("name", ["single", "dp_even_allreduce", "dp_even_ps", "dp_proportional_allreduce",
                                   "dp_proportional_ps"])
 def test_activate_baselines_are_the_registry_strategies(name):

@@ -1,7 +1,8 @@
 """`python activate.py activate_config.txt`: deploy strategies and baselines on a real cluster.
 
 For every entry (strategy files, then baselines on every graph): rewrite (tfplace.rewrite.graph_rewrite),
-warm-up, timed steps, mean ± std per-iteration time, a Chrome timeline of one FULL_TRACE step
+warm-up, timed steps, mean ± std per-iteration time (with `"rounds": N`, every entry runs N
+times, round by round on fresh servers, and the median round counts), a Chrome timeline of one FULL_TRACE step
 (`<output_dir>/<entry>.timeline.json`), the simulated time of the same PlacedGraph, and a final
 table with measured time, simulated time and their ratio. A bad entry is reported (its error
 in the table and in results.json) and the others still run; a worker that died is replaced by a
@@ -239,34 +240,54 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
         profiles = measured_profiles(jobs, cluster, config, overheads, out)
         for job in jobs:
             job["profile"] = profiles.get(job.get("graph"))
-        rows: List[Dict[str, Any]] = []
+        rows: List[Dict[str, Any]] = [{"name": job["name"], "kind": job["kind"], "error": None, "rounds": []}
+                                      for job in jobs]
         lc = None
         try:
-            for job in jobs:
-                row = {"name": job["name"], "kind": job["kind"], "error": None}
-                if job.get("error") is None:
+            for r in range(config.rounds):  # round by round, so that a drift of the machine touches every entry
+                if r and lc is not None:  # every round on fresh servers
+                    lc.close()
+                    lc = None
+                for job, row in zip(jobs, rows):
+                    if row["error"] is not None:  # failed in an earlier round: reported then
+                        continue
+                    if job.get("error") is not None:
+                        row["error"] = str(job["error"])
+                        print(f"{row['name']}: {row['error']}", file=out, flush=True)
+                        continue
                     try:
                         lc = _running_cluster(lc, cluster, out)
-                        row.update(_run_one(job, cluster, lc, config, overheads))
-                        t = row["step_times_s"]
-                        row["mean_s"], row["std_s"] = statistics.fmean(t), statistics.pstdev(t)
-                        sim = row["simulated_s"]
-                        row["ratio"] = sim / row["mean_s"] if sim else None
+                        _add_round(row, _run_one(job, cluster, lc, config, overheads))
                     except Exception as err:  # one bad entry must not stop the others
                         row["error"] = f"{type(err).__name__}: {err}"
                         traceback.print_exc(file=sys.stderr)
-                else:
-                    row["error"] = str(job["error"])
-                print(f"{row['name']}: " + (row["error"] or f"{row['mean_s'] * 1e3:.2f} ± {row['std_s'] * 1e3:.2f} ms"),
-                      file=out, flush=True)
-                rows.append(row)
-                _write_results(results_path, config_path, config, rows, complete=False)  # survives an interrupt
+                    which = f" (round {r + 1} of {config.rounds})" if config.rounds > 1 else ""
+                    last = row["rounds"][-1] if row["rounds"] and row["error"] is None else None
+                    print(f"{row['name']}{which}: " + (row["error"] or f"{last['mean_s'] * 1e3:.2f} ± "
+                                                       f"{last['std_s'] * 1e3:.2f} ms"), file=out, flush=True)
+                    _write_results(results_path, config_path, config, rows, complete=False)  # survives an interrupt
         finally:
             if lc is not None:
                 lc.close()
         print_table(rows, out)
         _write_results(results_path, config_path, config, rows, complete=True)
     return rows
+
+
+def _add_round(row: Dict[str, Any], result: Dict[str, Any]) -> None:
+    """Adds one round's result to an entry's row. The row's step_times_s, mean_s and std_s are
+    those of its median round (by mean; the lower middle one of an even count), its round_means_s
+    every round's mean; simulated_s and the timeline come from the first round."""
+    t = result["step_times_s"]
+    row["rounds"].append({"step_times_s": t, "mean_s": statistics.fmean(t), "std_s": statistics.pstdev(t)})
+    if "simulated_s" not in row:
+        row["simulated_s"], row["timeline"] = result["simulated_s"], result["timeline"]
+    ordered = sorted(row["rounds"], key=lambda x: x["mean_s"])
+    median = ordered[(len(ordered) - 1) // 2]
+    row["step_times_s"], row["mean_s"], row["std_s"] = median["step_times_s"], median["mean_s"], median["std_s"]
+    row["round_means_s"] = [x["mean_s"] for x in row["rounds"]]
+    sim = row["simulated_s"]
+    row["ratio"] = sim / row["mean_s"] if sim else None
 
 
 def _running_cluster(lc, cluster: Cluster, out):
@@ -298,7 +319,9 @@ def print_table(rows, out=sys.stdout) -> None:
             continue
         sim = f"{r['simulated_s'] * 1e3:13.2f}" if r.get("simulated_s") else f"{'-':>13s}"
         ratio = f"{r['ratio']:9.3f}" if r.get("ratio") else f"{'-':>9s}"
-        print(f"{r['name']:40s} {r['mean_s'] * 1e3:8.2f} ± {r['std_s'] * 1e3:5.2f} {sim} {ratio}", file=out)
+        means = r.get("round_means_s") or []
+        spread = f"  rounds {min(means) * 1e3:.2f}–{max(means) * 1e3:.2f}" if len(means) > 1 else ""
+        print(f"{r['name']:40s} {r['mean_s'] * 1e3:8.2f} ± {r['std_s'] * 1e3:5.2f} {sim} {ratio}{spread}", file=out)
 
 
 POSITIONAL = ("CONFIG",)  # activate_config.txt (JSON), see examples/formats/README.md

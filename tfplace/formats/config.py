@@ -392,6 +392,7 @@ class ActivateConfig:
     output_dir: str
     steps: int = 10
     warmup_steps: int = 5
+    rounds: int = 1  # every entry runs this many times, each round on fresh servers; the median round counts
     trace: bool = True
     overheads: Optional[str] = None  # the cluster's runtime-overheads file, for the simulated column
     # the op costs of the simulated column: "device_model" (the bundled / roofline profile) or
@@ -438,7 +439,7 @@ def load_activate_config(path: Union[str, os.PathLike], strict: bool = True,
     `validate_entries`, so that a run can skip the bad entry and do the others."""
     r = FieldReader.from_file(path, expected_format=ACTIVATE_FORMAT)
     bases = [os.path.dirname(os.path.abspath(r.source)), REPO_ROOT]
-    r.expect_keys(("cluster", "strategies", "baselines", "graphs", "steps", "warmup_steps",
+    r.expect_keys(("cluster", "strategies", "baselines", "graphs", "steps", "warmup_steps", "rounds",
                    "output_dir", "trace", "overheads", "profile"))
     cluster = r.get_path("cluster", bases, default=None, what="cluster file") or \
         os.path.join(REPO_ROOT, "clusters", "local_cpu.json")
@@ -457,6 +458,7 @@ def load_activate_config(path: Union[str, os.PathLike], strict: bool = True,
         output_dir=_output_dir(r, workdir),
         steps=r.get("steps", int, default=ActivateConfig.steps, **_pos),
         warmup_steps=r.get("warmup_steps", int, default=ActivateConfig.warmup_steps, **_non_neg),
+        rounds=r.get("rounds", int, default=ActivateConfig.rounds, **_pos),
         trace=r.get("trace", bool, default=ActivateConfig.trace),
         overheads=r.get_path("overheads", bases, default=None, what="runtime-overheads file"),
         profile=r.get("profile", str, default=ActivateConfig.profile, check=lambda v: v in ACTIVATE_PROFILES,
