@@ -277,7 +277,8 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
 def _add_round(row: Dict[str, Any], result: Dict[str, Any]) -> None:
     """Adds one round's result to an entry's row. The row's step_times_s, mean_s and std_s are
     those of its median round (by mean; the lower middle one of an even count), its round_means_s
-    every round's mean; simulated_s and the timeline come from the first round."""
+    every round's mean; simulated_s comes from the first round (every round simulates the same
+    PlacedGraph), and the timeline file holds the last round's traced step."""
     t = result["step_times_s"]
     row["rounds"].append({"step_times_s": t, "mean_s": statistics.fmean(t), "std_s": statistics.pstdev(t)})
     if "simulated_s" not in row:
