@@ -292,7 +292,6 @@ class HostNetworks:
         self.close()
 
 
-
 def chain(*steps: Optional[Callable[[], None]]) -> Optional[Callable[[], None]]:
     """One preexec_fn that runs each of `steps` (None ones skipped) in order; None when all are None."""
     todo = [step for step in steps if step is not None]
