@@ -173,7 +173,8 @@ def _broadcast_op(graph, handles, hvd):
 
 def check_limits(expected, rank: int) -> dict:
     """The affinity and CPU quota this process runs under (tfplace.emulation.tasks.process_limits)
-    and its network namespace and interfaces, as a dict; exits when they differ from `expected` (a device's emulation JSON, or None)."""
+    and its network namespace and interfaces, as a dict; exits when the limits differ from
+    `expected` (a device's emulation JSON, or None)."""
     import dataclasses
     from tfplace.emulation.tasks import process_limits
     limits = process_limits(os.getpid())

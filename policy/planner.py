@@ -79,8 +79,9 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
     """Plans one task. Zero-shot (modes "both" and "policy"): the best of the policy's greedy
     strategy, `samples` samples, and the greedy strategy restricted to each of the cluster's
     fastest parts (actions.fastest_subsets: the fastest device, then the fastest speed classes;
-    the policy's own choices on those devices, the rest left out), timed alone. Then every baseline joins the pool (so the result
-    is never worse than the best baseline) and, for `search_seconds`:
+    the policy's own choices on those devices, the rest left out), timed alone. Then every
+    baseline joins the pool (so the result is never worse than the best baseline) and, for
+    `search_seconds`:
       "both"    policy-guided search: policy samples, mutations of the best action drawn from the
                 policy's marginals (actions.guided_mutate), and the strategy-level hill climber;
       "search"  the same without the policy: uniform action mutations and the hill climber;
@@ -95,10 +96,9 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
     start = time.time()
     rng = np.random.default_rng(seed)
     obs = task.features.as_observation()
-    shot = []
-    probs = learner.probabilities(obs) if mode != "search" else None
+    shot, probs = [], None
     if mode != "search":
-        greedy = learner.greedy(obs)
+        probs, greedy = learner.probabilities(obs), learner.greedy(obs)
         shot = [_entry(task, "zero-shot greedy", greedy)]
         shot += [_entry(task, "zero-shot greedy, fastest devices", A.restrict(greedy, m, probs["ps_device"]))
                  for m in A.fastest_subsets(task.speeds)]
@@ -119,7 +119,7 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
     climber = HillClimber(task, pool, rng)
     if mode != "policy" and all(b.oom for b in pool.baselines):  # nothing fits: memory-balanced stages
         climber.seed_memory_partitions()
-    probs = probs if mode == "both" else None
+    guide = probs if mode == "both" else None  # the marginals that guided mutations draw from
 
     def best_action(kept):  # kept apart: strategy-search entries may push actions out of the pool
         return min((e for e in [kept, pool.best_with_action()] if e is not None),
@@ -138,9 +138,9 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
             best_act = best_action(best_act)
             for _ in range(4):
                 n = int(rng.integers(1, 4))
-                act = A.guided_mutate(rng, best_act.action, probs, n) if probs is not None \
+                act = A.guided_mutate(rng, best_act.action, guide, n) if guide is not None \
                     else A.mutate(rng, best_act.action, n)
-                cand = _entry(task, "policy-guided search" if probs is not None else "local search", act)
+                cand = _entry(task, "policy-guided search" if guide is not None else "local search", act)
                 pool.add(cand)
                 if cand.effective_time_s < best_act.effective_time_s:
                     best_act = cand

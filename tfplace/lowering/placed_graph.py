@@ -107,8 +107,8 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
 Reading it to emit a graph (the rewrite): COMPUTE task k of op i is replica k of i on
 task_device, reading in_buf in port order; a buffer is (producer task, tensor) on buf_device;
 TRANSFER = Send/Recv of its one input (a bucket: of each input, packed); RESPLIT = slice/concat of
-its inputs (in range order) to [task_lo, task_hi); SUM = add of its inputs; COLLECTIVE = all-reduce (sum) of its inputs, one
-output per participant. Scaling a replica's value of a weighted tensor by task_weight where the
+its inputs (in range order) to [task_lo, task_hi); SUM = add of its inputs; COLLECTIVE = all-reduce
+(sum) of its inputs, one output per participant. Scaling a replica's value of a weighted tensor by task_weight where the
 replica produces it makes every later SUM / COLLECTIVE a plain sum.
 """
 
