@@ -112,6 +112,11 @@ class _Model:
         self.actps_pre = np.concatenate([[0.0], np.cumsum(c.act_bytes_per_sample)])
         self.actfull_pre = np.concatenate([[0.0], np.cumsum(c.act_full_bytes)])
         self._pre: Dict[Tuple[str, int], np.ndarray] = {}
+        # The search asks for the same stage (devices, next stage's devices, M) under many
+        # compositions: each is built once (read-only arrays, shared by the callers).
+        self._shares: Dict[Tuple[int, ...], List[int]] = {}
+        self._stage: Dict[tuple, np.ndarray] = {}
+        self._links: Dict[Tuple[int, ...], Tuple[float, float]] = {}
 
     def prefix(self, kind: str, samples: int) -> np.ndarray:
         key = (kind, samples)
@@ -120,10 +125,22 @@ class _Model:
         return self._pre[key]
 
     def shares(self, devices: Sequence[int]) -> List[int]:
-        return proportional_shares([self.speed[d] for d in devices], self.p.global_batch_size)
+        key = tuple(devices)
+        if key not in self._shares:
+            self._shares[key] = proportional_shares([self.speed[d] for d in devices], self.p.global_batch_size)
+        return list(self._shares[key])
 
     def stage_matrix(self, devices: Sequence[int], nxt: Optional[Sequence[int]], m: int) -> np.ndarray:
-        """tau[i, j] = t_s + x_s for groups [i, j) on `devices` (inf where i >= j or memory fails)."""
+        """tau[i, j] = t_s + x_s for groups [i, j) on `devices` (inf where i >= j or memory fails);
+        read-only, built once per (devices, nxt, m)."""
+        key = (tuple(devices), tuple(nxt) if nxt else None, m)
+        if key not in self._stage:
+            mat = self._stage_matrix(devices, nxt, m)
+            mat.setflags(write=False)
+            self._stage[key] = mat
+        return self._stage[key]
+
+    def _stage_matrix(self, devices: Sequence[int], nxt: Optional[Sequence[int]], m: int) -> np.ndarray:
         g, batch, cluster = self.g, self.p.global_batch_size, self.p.cluster
         shares = self.shares(devices)
         tau = np.zeros((g + 1, g + 1))
@@ -147,15 +164,21 @@ class _Model:
         i, j = np.indices(tau.shape)
         return np.where((i < j) & ok, tau, np.inf)
 
+    def _slowest_link(self, devices: Tuple[int, ...]) -> Tuple[float, float]:
+        """(least bandwidth in bytes/s, largest latency in s) between any two of `devices`."""
+        if devices not in self._links:
+            cluster = self.p.cluster
+            pairs = [(a, b) for a in devices for b in devices if a != b]
+            self._links[devices] = (min(cluster.path_bandwidth_bytes_per_s(a, b) for a, b in pairs),
+                                    max(cluster.path_latency_s(a, b) for a, b in pairs))
+        return self._links[devices]
+
     def fixed_and_allreduce(self, devices: Sequence[int], lo: int, hi: int) -> float:
-        cluster = self.p.cluster
         fixed = max(float(self.c.fixed_seconds(self.c.device_kind[d])[lo:hi].sum()) for d in devices)
         n = len(devices)
         if n < 2:
             return fixed
-        pairs = [(a, b) for a in devices for b in devices if a != b]
-        bw = min(cluster.path_bandwidth_bytes_per_s(a, b) for a, b in pairs)
-        lat = max(cluster.path_latency_s(a, b) for a, b in pairs)
+        bw, lat = self._slowest_link(tuple(devices))
         count = self.grad_count_pre[hi] - self.grad_count_pre[lo]  # one ring per gradient tensor
         return fixed + 2.0 * (n - 1) / n * (self.grad_pre[hi] - self.grad_pre[lo]) / bw + 2.0 * (n - 1) * lat * count
 

@@ -114,3 +114,19 @@ def test_stage_devices_follow_speed():
                                        (23, [0, 3, 6, 9, 11, 13, 15, 17, 19, 21, 23])])
 def test_stage_boundaries_fall_on_at_most_ten_runs_of_devices(n, bounds):
     assert pipeline.unit_bounds(n) == bounds
+
+
+def test_stage_matrices_are_built_once_and_match_a_fresh_build():
+    # The search asks for the same stage under many compositions; the memo must hand back the
+    # matrix a fresh build gives, and callers must not be able to change it in place.
+    problem = small_problem(devices=4)
+    model = pipeline._Model(problem)
+    first = model.stage_matrix((0, 1), (2, 3), 2)
+    assert model.stage_matrix([0, 1], [2, 3], 2) is first
+    np.testing.assert_array_equal(first, pipeline._Model(problem)._stage_matrix((0, 1), (2, 3), 2))
+    assert model.stage_matrix((0, 1), None, 2) is not first  # the last stage sends nothing on
+    with pytest.raises(ValueError):
+        first[0, 1] = 0.0
+    shares = model.shares((0, 1))
+    shares[0] += 5  # a caller's copy
+    assert model.shares((0, 1)) != shares

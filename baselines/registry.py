@@ -72,12 +72,19 @@ def baseline_factories(graph, cluster, batch_size: int, max_groups: int, profile
     """name -> zero-argument factory for every strategy generator (or those in `include`), over
     one shared Problem (for seeding the policy's pool). profile None: `default_profile`;
     overheads: the cluster's RuntimeOverheads (the planners simulate with them), or None. The
-    pipeline planner is quiet here. Names whose generator cannot apply (DP-EV with fewer samples
+    pipeline planner is quiet here and runs once for both pipeline entries. Names whose generator cannot apply (DP-EV with fewer samples
     than devices) are left out."""
     problem = make_problem(graph, cluster, profile if profile is not None else default_profile(graph, cluster.kinds),
                            max_groups=max_groups, global_batch_size=batch_size, grouping=grouping,
                            overheads=overheads)
-    quiet = dict(GENERATORS, pipeline=lambda p: pipeline.plan_pipeline(p, log=None).strategy)
+    plans: Dict[str, pipeline.PipelinePlan] = {}
+
+    def pipeline_plan(p: Problem) -> pipeline.PipelinePlan:  # planned once, used by both pipeline entries
+        if "plan" not in plans:
+            plans["plan"] = pipeline.plan_pipeline(p, log=None)
+        return plans["plan"]
+    quiet = dict(GENERATORS, pipeline=lambda p: pipeline_plan(p).strategy,
+                 pipeline_ratio_lp=lambda p: ratio_lp.rebalance(p, pipeline_plan(p).strategy).strategy)
     wanted = [n for n in (include or GENERATORS) if n in GENERATORS]
     if batch_size < cluster.num_devices:
         wanted = [n for n in wanted if not n.startswith("dp_even") and n != "dp_ratio_lp"]

@@ -58,6 +58,18 @@ def test_baseline_factories_for_the_policy():
     assert "dp_even_allreduce" not in few and "single" in few
 
 
+def test_both_pipeline_entries_share_one_plan(monkeypatch):
+    # The pipeline search is the costliest baseline: "pipeline" and "pipeline_ratio_lp" plan once.
+    calls = []
+    real = registry.pipeline.plan_pipeline
+    monkeypatch.setattr(registry.pipeline, "plan_pipeline", lambda p, **kw: calls.append(p) or real(p, **kw))
+    graph = testing.tiny_graph("mlp", 8)
+    cluster = testing.four_device_cluster()
+    factories = registry.baseline_factories(graph, cluster, 8, 10, profile=testing.uniform_profile(graph, cluster.kinds))
+    plain, rebalanced = factories["pipeline"](), factories["pipeline_ratio_lp"]()
+    assert len(calls) == 1 and plain.global_batch_size == rebalanced.global_batch_size == 8
+
+
 def test_importing_the_baselines_does_not_load_tensorflow():
     import subprocess
     import sys
