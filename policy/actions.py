@@ -23,7 +23,7 @@ Everything is a pure function of the arrays: `decode` never raises for an action
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from tf_agents.specs import array_spec
@@ -104,6 +104,25 @@ def guided_mutate(rng: np.random.Generator, action: Dict[str, np.ndarray], probs
                 out[key][grp, dev] = _draw(rng, probs[key][grp, dev])
         else:
             out[key][grp] = _draw(rng, probs[key][grp])
+    return out
+
+
+def greedy_from(probs: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """The most likely action under the policy's marginals `probs` (ReinforceLearner.probabilities;
+    the policy factorises over its entries, so this is its mode)."""
+    return {k: np.argmax(np.asarray(probs[k]), axis=-1).astype(np.int32) for k in ACTION_KEYS}
+
+
+def sample_from(rng: np.random.Generator, probs: Dict[str, np.ndarray], n: int) -> List[Dict[str, np.ndarray]]:
+    """`n` actions drawn from the policy's marginals `probs` (each entry independently, as the
+    policy's own sampler draws them), with numpy's generator: planning needs no further pass of
+    the network once it has the marginals."""
+    out: List[Dict[str, np.ndarray]] = [{} for _ in range(n)]
+    for k in ACTION_KEYS:
+        c = np.cumsum(np.asarray(probs[k], dtype=np.float64), axis=-1)
+        for a in out:
+            u = rng.random(c.shape[:-1] + (1,)) * c[..., -1:]
+            a[k] = np.minimum((u >= c).sum(axis=-1), c.shape[-1] - 1).astype(np.int32)
     return out
 
 

@@ -92,16 +92,14 @@ class ReinforceLearner:
         grads = tape.gradient(loss, variables)
         return loss, [tf.zeros_like(v) if gr is None else gr for gr, v in zip(grads, variables)]
 
-    @tf.function(reduce_retracing=True)
-    def _probs_fn(self, obs):
-        dists, _ = self.network(obs)
-        return {k: d.distribution.probs_parameter() for k, d in dists.items()}
-
     def probabilities(self, obs: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         """Per-group marginals of the policy for one observation: shares [G, D, L], ps_device
-        [G, D], sync [G, 2], micro [G, 2], priority [G, P] (each row sums to 1)."""
+        [G, D], sync [G, 2], micro [G, 2], priority [G, P] (each row sums to 1). Eager: planning
+        calls it once per task, and one eager pass (about 0.05 s for Inception-V3 on 6 devices)
+        costs far less than tracing a tf.function for a new shape (about 3 s)."""
         self._ensure_built(obs)
-        return {k: v.numpy()[0].astype(np.float64) for k, v in self._probs_fn(batch_observation(obs)).items()}
+        dists, _ = self.network(batch_observation(obs))
+        return {k: d.distribution.probs_parameter().numpy()[0].astype(np.float64) for k, d in dists.items()}
 
     def imitate(self, batch: Sequence[Tuple[Dict[str, np.ndarray], Action]]) -> float:
         """One supervised step over [(observation, target action)] of several tasks (mean of the

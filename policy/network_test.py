@@ -2,6 +2,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfplace.formats.config import NetworkConfig, RLConfig
+from tfplace.policy import actions as A
 from tfplace.policy.actions import ActionLayout, action_array_spec
 from tfplace.policy.agent import ReinforceLearner, batch_observation
 from tfplace.policy.network import PlacementNetwork
@@ -63,3 +64,24 @@ def test_devices_take_part_in_message_passing():
     logits = [net(batch_observation(o))[0]["shares"].distribution.logits.numpy()[0] for o in (obs, changed)]
     other_group = np.abs(logits[0][1:, 0] - logits[1][1:, 0]).max()
     assert other_group > 1e-4
+
+
+def test_planning_draws_from_the_marginals_as_the_network_does():
+    # Planning takes one pass of the network and decodes greedy and samples from its marginals
+    # (actions.greedy_from / sample_from): the mode must be the network's, and sample frequencies
+    # its probabilities.
+    obs = tiny_task().features.as_observation()
+    tf.keras.utils.set_random_seed(3)
+    learner = ReinforceLearner(PlacementNetwork(CONFIG, ActionLayout()), RLConfig())
+    probs = learner.probabilities(obs)
+    greedy = A.greedy_from(probs)
+    for k, v in learner.greedy(obs).items():
+        np.testing.assert_array_equal(greedy[k], v, err_msg=k)
+    draws = A.sample_from(np.random.default_rng(0), probs, 4000)
+    for k in A.ACTION_KEYS:
+        levels = probs[k].shape[-1]
+        freq = np.mean([np.eye(levels)[a[k]] for a in draws], axis=0)
+        assert freq.shape == probs[k].shape
+        assert np.abs(freq - probs[k]).max() < 0.035, k  # 4000 draws: sd <= 0.008
+    one_hot = {k: np.eye(v.shape[-1])[np.zeros(v.shape[:-1], int) + 1] for k, v in probs.items()}
+    assert all((a[k] == 1).all() for a in A.sample_from(np.random.default_rng(1), one_hot, 5) for k in a)

@@ -98,12 +98,13 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
     obs = task.features.as_observation()
     shot, probs = [], None
     if mode != "search":
-        probs, greedy = learner.probabilities(obs), learner.greedy(obs)
+        # one pass of the network: greedy and samples come from its marginals (it factorises)
+        probs = learner.probabilities(obs)
+        greedy = A.greedy_from(probs)
         shot = [_entry(task, "zero-shot greedy", greedy)]
         shot += [_entry(task, "zero-shot greedy, fastest devices", A.restrict(greedy, m, probs["ps_device"]))
                  for m in A.fastest_subsets(task.speeds)]
-        shot += [_entry(task, "zero-shot sample", a)
-                 for a in learner.sample(obs, samples, rng.integers(0, 2**31 - 1, 2))] if samples else []
+        shot += [_entry(task, "zero-shot sample", a) for a in A.sample_from(rng, probs, samples)]
     zero = min(shot, key=lambda e: e.effective_time_s) if shot else None
     zero_s = time.time() - start
     pool = train_lib.seed_pool(task, 16)
@@ -128,12 +129,12 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
     it = 0
     while time.time() - start < search_seconds and not note():
         if mode == "policy":
-            for a in learner.sample(obs, 4, rng.integers(0, 2**31 - 1, 2)):
+            for a in A.sample_from(rng, probs, 4):
                 pool.add(_entry(task, "search sample", a))
             continue
         if it % 4 == 0:  # action-level moves: a quarter of the rounds
             if mode == "both":
-                for a in learner.sample(obs, 2, rng.integers(0, 2**31 - 1, 2)):
+                for a in A.sample_from(rng, probs, 2):
                     pool.add(_entry(task, "search sample", a))
             best_act = best_action(best_act)
             for _ in range(4):
