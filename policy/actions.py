@@ -143,6 +143,21 @@ def fastest_subsets(speeds: Sequence[float]) -> Tuple[np.ndarray, ...]:
     return tuple(out)
 
 
+def ranked_subsets(share_probs: np.ndarray) -> Tuple[np.ndarray, ...]:
+    """Device masks [D] (bool) of the policy's own device ranking, smallest first: the k devices
+    it most expects to use (mean over groups of P(share level > 0), from `share_probs` [G, D, L]),
+    for k = 1 .. D - 1 (ties: the earlier device). The policy's marginals may rank the devices
+    well while its per-(group, device) argmax still spreads a group over all of them."""
+    use = 1.0 - np.asarray(share_probs, dtype=np.float64)[..., 0]
+    order = np.argsort(-use.mean(axis=0), kind="stable")
+    masks = []
+    for k in range(1, len(order)):
+        m = np.zeros(len(order), dtype=bool)
+        m[order[:k]] = True
+        masks.append(m)
+    return tuple(masks)
+
+
 def restrict(action: Dict[str, np.ndarray], mask: np.ndarray,
              ps_probs: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
     """`action` with the devices outside `mask` [D] left out: their share levels set to 0 (a group

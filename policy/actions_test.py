@@ -129,6 +129,16 @@ def test_fastest_subsets_are_the_fastest_device_then_the_fastest_classes(speeds,
     assert [m.astype(int).tolist() for m in A.fastest_subsets(speeds)] == expected
 
 
+def test_ranked_subsets_follow_the_policys_expected_use():
+    # P(level 0) per (group, device) for 2 groups, 4 devices: mean P(used) = [0.5, 0.95, 0.1, 0.5];
+    # devices 0 and 3 tie (the earlier first). k = 1, 2, 3; the whole cluster is the greedy itself.
+    p0 = np.array([[0.5, 0.0, 0.9, 0.2], [0.5, 0.1, 0.9, 0.8]])
+    probs = np.stack([p0, 1 - p0, np.zeros_like(p0), np.zeros_like(p0)], axis=-1)  # [G, D, L]
+    masks = [m.astype(int).tolist() for m in A.ranked_subsets(probs)]
+    assert masks == [[0, 1, 0, 0], [1, 1, 0, 0], [1, 1, 0, 1]]
+    assert A.ranked_subsets(probs[:, :1]) == ()  # one device: nothing to leave out
+
+
 def test_restrict_leaves_the_masked_devices_out_and_moves_their_servers():
     act = A.proportional_action(3, 3)
     act["sync"][:] = [0, 1, 1]

@@ -78,8 +78,9 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
               target_time_s: Optional[float] = None) -> PlanResult:
     """Plans one task. Zero-shot (modes "both" and "policy"): the best of the policy's greedy
     strategy, `samples` samples, and the greedy strategy restricted to each of the cluster's
-    fastest parts (actions.fastest_subsets: the fastest device, then the fastest speed classes;
-    the policy's own choices on those devices, the rest left out), timed alone. Then every
+    fastest parts (actions.fastest_subsets: the fastest device, then the fastest speed classes)
+    and to the k devices the policy most expects to use (actions.ranked_subsets, k < D); the
+    policy's own choices on those devices, the rest left out; each timed alone. Then every
     baseline joins the pool (so the result is never worse than the best baseline) and, for
     `search_seconds`:
       "both"    policy-guided search: policy samples, mutations of the best action drawn from the
@@ -104,6 +105,8 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
         shot = [_entry(task, "zero-shot greedy", greedy)]
         shot += [_entry(task, "zero-shot greedy, fastest devices", A.restrict(greedy, m, probs["ps_device"]))
                  for m in A.fastest_subsets(task.speeds)]
+        shot += [_entry(task, "zero-shot greedy, policy's top devices", A.restrict(greedy, m, probs["ps_device"]))
+                 for m in A.ranked_subsets(probs["shares"])]
         shot += [_entry(task, "zero-shot sample", a) for a in A.sample_from(rng, probs, samples)]
     zero = min(shot, key=lambda e: e.effective_time_s) if shot else None
     zero_s = time.time() - start
