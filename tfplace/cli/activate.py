@@ -193,10 +193,10 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None) 
         per = even_batches(b, n) if job["baseline"] == "horovod_even" else \
             proportional_batches(b, _speed_weights(cluster))
         emulation = [d.emulation for d in cluster.devices] if cluster.has_emulation else None
-        from tfplace.emulation.links import host_layout
+        from tfplace.emulation.links import checked_layout
         res = run_horovod(job["graph"], per, steps=config.steps, warmup_steps=config.warmup_steps,
                           emulation_per_rank=emulation, source=config.cluster, device_names=cluster.device_names,
-                          host_links=host_layout(cluster, per="device"))
+                          host_links=checked_layout(cluster, per="device"))
         return {"step_times_s": list(res.report.step_times_s), "simulated_s": None, "timeline": ""}
     profile = job.get("profile") or simulation_profile(graph, cluster)  # measured_profiles' when measured
     strategy, grouping = job.get("strategy"), None

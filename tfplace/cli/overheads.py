@@ -169,8 +169,7 @@ def cluster_settings(args, cluster, source: str) -> dict:
     if any(f is not None for f in fractions):
         kwargs["cpu_fraction_per_task"] = fractions
     from tfplace.emulation import links
-    layout = links.host_layout(cluster, per="task")  # device i is task i (check_local_cluster)
-    links.check_available(layout)
+    layout = links.checked_layout(cluster, per="task")  # device i is task i (check_local_cluster)
     if layout is not None:
         kwargs["host_links"] = layout
     return kwargs

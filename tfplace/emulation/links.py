@@ -156,6 +156,14 @@ def check_available(layout: Optional[HostLayout]) -> None:
             raise InputError(layout.source, f"{field}.{key}", f"this kernel has no tc {args[0]} qdisc", fix)
 
 
+def checked_layout(cluster, per: str = "task") -> Optional[HostLayout]:
+    """`host_layout(cluster, per)` once `check_available` has found this machine able to emulate
+    it (InputError naming the file and field otherwise); None when no host declares emulation."""
+    layout = host_layout(cluster, per)
+    check_available(layout)
+    return layout
+
+
 def _run(cmd: Sequence[str]) -> None:
     done = subprocess.run(list(cmd), capture_output=True, text=True)
     if done.returncode != 0:

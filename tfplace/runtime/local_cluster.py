@@ -249,8 +249,7 @@ class LocalCluster:
         require_loopback(cluster)
         source = cluster.source or cluster.name
         check_applicable([d.emulation for d in cluster.devices], source)
-        layout = links.host_layout(cluster, per="task")
-        links.check_available(layout)
+        layout = links.checked_layout(cluster, per="task")
         emulations = cluster.task_emulations
         lc = cls(num_tasks=cluster.num_tasks, cpus_per_task=[e and e.cpus for e in emulations],
                  cpu_fraction_per_task=[e and e.cpu_fraction for e in emulations], host_links=layout, **kwargs)
