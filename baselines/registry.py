@@ -72,8 +72,8 @@ def baseline_factories(graph, cluster, batch_size: int, max_groups: int, profile
     """name -> zero-argument factory for every strategy generator (or those in `include`), over
     one shared Problem (for seeding the policy's pool). profile None: `default_profile`;
     overheads: the cluster's RuntimeOverheads (the planners simulate with them), or None. The
-    pipeline planner is quiet here and runs once for both pipeline entries. Names whose generator cannot apply (DP-EV with fewer samples
-    than devices) are left out."""
+    pipeline planner is quiet here and runs once for both pipeline entries. Names whose generator
+    cannot apply (DP-EV with fewer samples than devices) are left out."""
     problem = make_problem(graph, cluster, profile if profile is not None else default_profile(graph, cluster.kinds),
                            max_groups=max_groups, global_batch_size=batch_size, grouping=grouping,
                            overheads=overheads)
