@@ -81,9 +81,12 @@ def mutate(rng: np.random.Generator, action: Dict[str, np.ndarray], num_changes:
     return out
 
 
-def _draw(rng: np.random.Generator, p: np.ndarray) -> int:
-    c = np.cumsum(p)
-    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(p) - 1))
+def _categorical(rng: np.random.Generator, p: np.ndarray) -> np.ndarray:
+    """One index per row of `p` [..., k] (weights >= 0 along the last axis), drawn in proportion
+    to the weights with one uniform number per row."""
+    c = np.cumsum(np.asarray(p, dtype=np.float64), axis=-1)
+    u = rng.random(c.shape[:-1] + (1,)) * c[..., -1:]
+    return np.minimum((u >= c).sum(axis=-1), c.shape[-1] - 1)
 
 
 def guided_mutate(rng: np.random.Generator, action: Dict[str, np.ndarray], probs: Dict[str, np.ndarray],
@@ -101,9 +104,9 @@ def guided_mutate(rng: np.random.Generator, action: Dict[str, np.ndarray], probs
         if key == "shares":
             devs = range(d) if rng.random() < 0.5 else [int(rng.integers(d))]
             for dev in devs:
-                out[key][grp, dev] = _draw(rng, probs[key][grp, dev])
+                out[key][grp, dev] = int(_categorical(rng, probs[key][grp, dev]))
         else:
-            out[key][grp] = _draw(rng, probs[key][grp])
+            out[key][grp] = int(_categorical(rng, probs[key][grp]))
     return out
 
 
@@ -119,10 +122,8 @@ def sample_from(rng: np.random.Generator, probs: Dict[str, np.ndarray], n: int) 
     the network once it has the marginals."""
     out: List[Dict[str, np.ndarray]] = [{} for _ in range(n)]
     for k in ACTION_KEYS:
-        c = np.cumsum(np.asarray(probs[k], dtype=np.float64), axis=-1)
         for a in out:
-            u = rng.random(c.shape[:-1] + (1,)) * c[..., -1:]
-            a[k] = np.minimum((u >= c).sum(axis=-1), c.shape[-1] - 1).astype(np.int32)
+            a[k] = _categorical(rng, probs[k]).astype(np.int32)
     return out
 
 
