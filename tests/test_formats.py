@@ -302,6 +302,42 @@ def test_proportional_shares_invariants():
             assert np.all(np.abs(np.array(shares) - targets) < 1)
 
 
+def _shares_one_at_a_time(weights, batch):
+    """The rule of proportional_shares as its docstring states it, a sample at a time (slow):
+    the reference the one-sort implementation is checked against."""
+    from fractions import Fraction
+    ws = [Fraction(float(w)) for w in weights]
+    targets = [batch * w / sum(ws) for w in ws]
+    shares = [int(t) for t in targets]
+    for _ in range(batch - sum(shares)):
+        k = max(range(len(shares)), key=lambda i: (targets[i] - shares[i], -i))
+        shares[k] += 1
+    if all(w > 0 for w in ws) and batch >= len(ws):
+        for i in range(len(shares)):
+            if shares[i] == 0:
+                k = max((j for j in range(len(shares)) if shares[j] >= 2), key=lambda j: (shares[j] - targets[j], -j))
+                shares[k], shares[i] = shares[k] - 1, shares[i] + 1
+    return shares
+
+
+@pytest.mark.parametrize("draw", ["uniform", "ties", "zeros"])
+def test_proportional_shares_equals_the_rule_a_sample_at_a_time(draw):
+    # uniform weights; small integer weights (many exact ties); speed classes with some left out
+    rng = np.random.default_rng({"uniform": 0, "ties": 1, "zeros": 2}[draw])
+    for _ in range(300):
+        n = int(rng.integers(1, 17))
+        if draw == "uniform":
+            weights = list(rng.uniform(0.01, 10.0, n))
+        elif draw == "ties":
+            weights = [float(w) for w in rng.integers(1, 4, n)]
+        else:
+            weights = [float(w) for w in rng.choice([0.0, 0.5, 1.0, 2.0], n) * rng.choice([0.38, 3.18, 9.93], n)]
+            if not any(weights):
+                weights[0] = 1.0
+        batch = int(rng.integers(0, 130))
+        assert proportional_shares(weights, batch) == _shares_one_at_a_time(weights, batch), (weights, batch)
+
+
 def test_proportional_shares_rejects_bad_weights():
     for weights in ([], [0, 0], [-1, 2], [float("nan"), 1]):
         with pytest.raises(InputError, match="Fix"):

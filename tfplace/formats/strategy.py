@@ -39,9 +39,9 @@ batch over weights), `even_strategy` and `proportional_strategy` (one default de
 from __future__ import annotations
 
 import dataclasses
+import functools
 import numbers
 import os
-from fractions import Fraction
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from tfplace.formats.errors import InputError
@@ -154,7 +154,14 @@ class Strategy:
                              "give the least samples a batch-norm replica may normalise over (1: no limit)")
         if self.default is None and not self.groups:
             raise InputError(src, "groups", "no decisions at all", 'add a "default" decision or per-group decisions')
+        checked = set()  # groups share decision objects (a search makes thousands of strategies)
         for field, d in self.decisions():
+            try:
+                if d in checked:
+                    continue
+                checked.add(d)
+            except TypeError:  # unhashable, so malformed: check_decision says where
+                pass
             check_decision(d, src, field, self.global_batch_size)
 
     def bucket_bytes_among(self, cpu_only: bool) -> int:
@@ -388,20 +395,32 @@ def proportional_shares(weights: Sequence[float], global_batch_size: int) -> Lis
     if any(not (0 <= w < float("inf")) for w in weights) or not any(w > 0 for w in weights):
         raise InputError("argument", "weights", f"must be finite, >= 0 and not all 0, got {list(weights)}",
                          "pass a relative speed per device (e.g. its peak FLOP/s)")
-    ws = [Fraction(float(w)) for w in weights]
-    targets = [global_batch_size * w / sum(ws) for w in ws]
-    shares = [int(t) for t in targets]  # floor: targets are >= 0
-    for _ in range(global_batch_size - sum(shares)):
-        k = max(range(len(shares)), key=lambda i: (targets[i] - shares[i], -i))
+    return list(_largest_remainder(tuple(float(w) for w in weights), int(global_batch_size)))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _largest_remainder(weights: Tuple[float, ...], global_batch_size: int) -> Tuple[int, ...]:
+    """proportional_shares' rule for checked weights (memoised: planning splits the same weight
+    rows thousands of times). Exact in integers: each float weight is num / 2^k, so on a common
+    denominator the weights are integers W_i and target_i = B W_i / S (S = sum W). The remainders
+    target_i - floor(target_i) are in [0, 1) and add up to the samples left over, so fewer than n
+    are left and none goes twice: they go to the largest remainders, ties to the earlier device."""
+    ratios = [w.as_integer_ratio() for w in weights]
+    denominator = max(d for _, d in ratios)
+    scaled = [global_batch_size * n * (denominator // d) for n, d in ratios]  # B W_i
+    total = sum(n * (denominator // d) for n, d in ratios)  # S
+    shares = [x // total for x in scaled]
+    left = global_batch_size - sum(shares)
+    for k in sorted(range(len(shares)), key=lambda i: (shares[i] * total - scaled[i], i))[:left]:
         shares[k] += 1
-    if all(w > 0 for w in ws) and global_batch_size >= len(ws):
+    if all(w > 0 for w in weights) and global_batch_size >= len(weights):
         for i in range(len(shares)):
             if shares[i] == 0:
                 donors = [j for j in range(len(shares)) if shares[j] >= 2]
-                k = max(donors, key=lambda j: (shares[j] - targets[j], -j))
+                k = max(donors, key=lambda j: (shares[j] * total - scaled[j], -j))  # surplus x S
                 shares[k] -= 1
                 shares[i] += 1
-    return shares
+    return tuple(shares)
 
 
 def proportional_strategy(device_names: Sequence[str], weights: Sequence[float], global_batch_size: int,

@@ -171,6 +171,7 @@ class LinkCosts:
         self.coll_bw: List[float] = []
         self.coll_lat: List[float] = []
         self.coll_steps: List[float] = []
+        self._coll_table: Optional[Tuple[np.ndarray, ...]] = None  # collective_seconds' arrays
 
     def ring_order(self, devices: Sequence[int]) -> Tuple[int, ...]:
         """Participants in ring order: by host, then device index (NCCL keeps hosts contiguous)."""
@@ -203,10 +204,13 @@ class LinkCosts:
         for a ring, 2 for the exchange among CPU devices; the bytes each participant sends are
         the same), or the profile's fitted `latency + S / bandwidth` for that group size when it
         has one."""
-        n = np.array([len(p) for p in self.coll_parts], dtype=np.float64)[cid]
-        bw = np.array(self.coll_bw)[cid]
-        lat = np.array(self.coll_lat)[cid]
-        steps = np.array(self.coll_steps)[cid]
+        if self._coll_table is None or len(self._coll_table[0]) != len(self.coll_parts):
+            # the per-collective columns as arrays, rebuilt only when collectives were added (a
+            # search calls this thousands of times while the set of collectives barely grows)
+            self._coll_table = (np.array([len(p) for p in self.coll_parts], dtype=np.float64),
+                                np.array(self.coll_bw, dtype=np.float64), np.array(self.coll_lat, dtype=np.float64),
+                                np.array(self.coll_steps, dtype=np.float64))
+        n, bw, lat, steps = (col[cid] for col in self._coll_table)
         out = 2.0 * (n - 1.0) / n * nbytes / bw + steps * lat
         for size, (f_lat, f_bw) in self.fits.items():
             sel = n == size
