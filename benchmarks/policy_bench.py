@@ -19,6 +19,8 @@ either). Per case, each run on a freshly built task (no evaluation cache carried
                 cold result (from their traces; the exact match above is the goal, this shows
                 how much of it is the last fraction of a percent)
   ablation      --ablation_s each of: search only / policy only (samples) / both
+  sims/s        simulations per second of the cold and the guided search (lowering + simulator
+                runs, cached repeats not counted; printed per case and as medians)
 Simulated times from the device-model profiles. Benchmarks report numbers; they do not fail on them.
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -64,6 +67,18 @@ def cases():
     return out
 
 
+def counting_simulations(task):
+    """`task` with its simulate method counting its calls in task.simulations."""
+    task.simulations = 0
+    simulate = task.simulate
+
+    def counted(*args, **kwargs):
+        task.simulations += 1
+        return simulate(*args, **kwargs)
+    task.simulate = counted
+    return task
+
+
 def build(model, batch, cluster_path, config):
     """A fresh task (device-model profile) and the seconds it took to build."""
     from tfplace.formats.config import GraphEntry
@@ -87,21 +102,24 @@ def run_case(learner, config, model, batch, cluster_path, log):
     row["best_baseline"] = shot.best_baseline
     row["best_baseline_ms"] = shot.best_baseline_time_s * 1e3
     log(f"  zero-shot {row['zero_shot_ms']:.2f} ms in {row['zero_shot_s']:.1f} s; DP-prop {row['dp_prop_ms']:.2f} ms")
-    task, _ = build(model, batch, cluster_path, config)
+    task = counting_simulations(build(model, batch, cluster_path, config)[0])
     cold = plan_task(None, task, FLAGS.budget_s, seed=FLAGS.seed, mode="search")
     row["cold_ms"] = cold.best.effective_time_s * 1e3
     row["cold_source"] = cold.best.source
     row["cold_near_s"] = first_within(cold.trace, cold.best.effective_time_s * NEAR)
-    log(f"  cold search {FLAGS.budget_s:.0f} s: {row['cold_ms']:.2f} ms ({cold.best.source})")
-    task, _ = build(model, batch, cluster_path, config)
+    row["cold_sims_per_s"] = task.simulations / cold.planning_s
+    log(f"  cold search {FLAGS.budget_s:.0f} s: {row['cold_ms']:.2f} ms ({cold.best.source}); "
+        f"{row['cold_sims_per_s']:.1f} simulations/s")
+    task = counting_simulations(build(model, batch, cluster_path, config)[0])
     guided = plan_task(learner, task, FLAGS.budget_s, seed=FLAGS.seed, mode="both",
                        target_time_s=cold.best.effective_time_s * (1 + MATCH_TOLERANCE))
     matched = guided.best.effective_time_s <= cold.best.effective_time_s * (1 + MATCH_TOLERANCE)
     row["guided_match_s"] = guided.planning_s if matched else None
     row["guided_ms"] = guided.best.effective_time_s * 1e3
     row["guided_near_s"] = first_within(guided.trace, cold.best.effective_time_s * NEAR)
+    row["guided_sims_per_s"] = task.simulations / guided.planning_s
     log(f"  guided: {'matched in %.1f s' % guided.planning_s if matched else 'no match'} "
-        f"({row['guided_ms']:.2f} ms)")
+        f"({row['guided_ms']:.2f} ms); {row['guided_sims_per_s']:.1f} simulations/s")
     for mode in ("search", "policy", "both"):
         task, _ = build(model, batch, cluster_path, config)
         r = plan_task(learner if mode != "search" else None, task, FLAGS.ablation_s, seed=FLAGS.seed, mode=mode)
@@ -148,6 +166,8 @@ def goals(rows) -> str:
         f"guided search matched the cold result: {len(matched)}/{n}; within 12 s: {quick}/{n}",
         f"within 1% of the cold result (not a goal): cold search after median {median_s('cold_near_s')}, "
         f"guided after median {median_s('guided_near_s')} ({sum(r['guided_near_s'] is not None for r in rows)}/{n} got there)",
+        "search speed (median simulations/s): cold {:.1f}, guided {:.1f}".format(
+            *(statistics.median(r[k] for r in rows) for k in ("cold_sims_per_s", "guided_sims_per_s"))),
         "ablation (equal budget) best of arms, per case: " + ", ".join(
             min(("search", "policy", "both"), key=lambda m: r[f"ablation_{m}_ms"]) for r in rows)])
 
