@@ -156,8 +156,7 @@ def goals(rows) -> str:
     geo = math.exp(sum(math.log(r["zero_shot_ms"] / r["cold_ms"]) for r in rows) / n)
 
     def median_s(key):  # a case that never got there counts as the longest
-        vals = sorted(math.inf if r[key] is None else r[key] for r in rows)
-        mid = vals[len(vals) // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
+        mid = statistics.median(math.inf if r[key] is None else r[key] for r in rows)
         return "never" if math.isinf(mid) else f"{mid:.1f} s"
     return "\n".join([
         f"zero-shot <= 10 s: {fast}/{n}",

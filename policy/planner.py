@@ -103,10 +103,10 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
         probs = learner.probabilities(obs)
         greedy = A.greedy_from(probs)
         shot = [_entry(task, "zero-shot greedy", greedy)]
-        shot += [_entry(task, "zero-shot greedy, fastest devices", A.restrict(greedy, m, probs["ps_device"]))
-                 for m in A.fastest_subsets(task.speeds)]
-        shot += [_entry(task, "zero-shot greedy, policy's top devices", A.restrict(greedy, m, probs["ps_device"]))
-                 for m in A.ranked_subsets(probs["shares"])]
+        for part, masks in (("fastest devices", A.fastest_subsets(task.speeds)),
+                            ("policy's top devices", A.ranked_subsets(probs["shares"]))):
+            shot += [_entry(task, f"zero-shot greedy, {part}", A.restrict(greedy, m, probs["ps_device"]))
+                     for m in masks]
         shot += [_entry(task, "zero-shot sample", a) for a in A.sample_from(rng, probs, samples)]
     zero = min(shot, key=lambda e: e.effective_time_s) if shot else None
     zero_s = time.time() - start

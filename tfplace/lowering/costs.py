@@ -171,7 +171,7 @@ class LinkCosts:
         self.coll_bw: List[float] = []
         self.coll_lat: List[float] = []
         self.coll_steps: List[float] = []
-        self._coll_table: Optional[Tuple[np.ndarray, ...]] = None  # collective_seconds' arrays
+        self._coll_table: Optional[Tuple[np.ndarray, ...]] = None  # collective_table's arrays
 
     def ring_order(self, devices: Sequence[int]) -> Tuple[int, ...]:
         """Participants in ring order: by host, then device index (NCCL keeps hosts contiguous)."""
@@ -199,18 +199,27 @@ class LinkCosts:
             self.coll_steps.append(2.0 if all(self.is_cpu[x] for x in parts) else 2.0 * (n - 1))
         return cid
 
+    def collective_table(self) -> Tuple[np.ndarray, ...]:
+        """The collective groups made so far as arrays: (participants [C] float, coll_bw [C],
+        coll_lat [C], coll_steps [C], link_ptr [C+1], link_idx, part_ptr [C+1], part_idx), the
+        last four CSR over coll_links and coll_parts. Rebuilt only when groups were added: the
+        lowering asks thousands of times in a search while the set of groups barely grows."""
+        if self._coll_table is None or len(self._coll_table[0]) != len(self.coll_parts):
+            def csr(lists):
+                ptr = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
+                return ptr, np.array([v for x in lists for v in x], dtype=np.int64)
+            self._coll_table = (np.array([len(p) for p in self.coll_parts], dtype=np.float64),
+                                np.array(self.coll_bw, dtype=np.float64), np.array(self.coll_lat, dtype=np.float64),
+                                np.array(self.coll_steps, dtype=np.float64)) \
+                + csr(self.coll_links) + csr(self.coll_parts)
+        return self._coll_table
+
     def collective_seconds(self, cid: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """All-reduce time 2(n-1)/n * S / B_eff + steps * latency per collective (steps: 2(n-1)
         for a ring, 2 for the exchange among CPU devices; the bytes each participant sends are
         the same), or the profile's fitted `latency + S / bandwidth` for that group size when it
         has one."""
-        if self._coll_table is None or len(self._coll_table[0]) != len(self.coll_parts):
-            # the per-collective columns as arrays, rebuilt only when collectives were added (a
-            # search calls this thousands of times while the set of collectives barely grows)
-            self._coll_table = (np.array([len(p) for p in self.coll_parts], dtype=np.float64),
-                                np.array(self.coll_bw, dtype=np.float64), np.array(self.coll_lat, dtype=np.float64),
-                                np.array(self.coll_steps, dtype=np.float64))
-        n, bw, lat, steps = (col[cid] for col in self._coll_table)
+        n, bw, lat, steps = (col[cid] for col in self.collective_table()[:4])
         out = 2.0 * (n - 1.0) / n * nbytes / bw + steps * lat
         for size, (f_lat, f_bw) in self.fits.items():
             sel = n == size

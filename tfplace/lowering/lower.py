@@ -130,7 +130,6 @@ class Lowerer:
         self._tables: Dict[int, Tuple[LayoutTable, PatternStore]] = {}
         self._decision_cache: Dict[int, tuple] = {}
         self._last = None  # (batch, lay_of, sync, sig_pat) of the previous call
-        self._coll_arrays = None
         self._update_cache = None  # _update_side
         self._packable_cache = None  # _packable
         self._col_ids: Dict[Tuple[int, int, bool], int] = {}
@@ -183,13 +182,7 @@ class Lowerer:
 
     def collective_arrays(self):
         """(link_ptr, link_idx, part_ptr, part_idx) over the collective groups made so far."""
-        links = self.links
-        if self._coll_arrays is None or self._coll_arrays[0] != len(links.coll_parts):
-            def csr(lists):
-                ptr = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
-                return ptr, np.array([v for x in lists for v in x], dtype=np.int64)
-            self._coll_arrays = (len(links.coll_parts),) + csr(links.coll_links) + csr(links.coll_parts)
-        return self._coll_arrays[1:]
+        return self.links.collective_table()[4:]
 
     # ---- lowering ------------------------------------------------------------------------------
     def lower(self, strategy: Strategy) -> PlacedGraph:
