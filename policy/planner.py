@@ -84,7 +84,8 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
     baseline joins the pool (so the result is never worse than the best baseline) and, for
     `search_seconds`:
       "both"    policy-guided search: policy samples, mutations of the best action drawn from the
-                policy's marginals (actions.guided_mutate), and the strategy-level hill climber;
+                policy's marginals (actions.guided_mutate), and the strategy-level hill climber
+                (its sweep of single-group changes ordered by the policy: search.sweep_order);
       "search"  the same without the policy: uniform action mutations and the hill climber;
       "policy"  policy samples only.
     `target_time_s`: stop as soon as the best effective time is at most this (time-to-match).
@@ -120,10 +121,10 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
             trace.append((time.time() - start, pool.best.effective_time_s, pool.best.source))
         return target_time_s is not None and pool.best.effective_time_s <= target_time_s
 
-    climber = HillClimber(task, pool, rng)
+    guide = probs if mode == "both" else None  # the marginals that guided mutations and the sweep draw from
+    climber = HillClimber(task, pool, rng, guide=guide)
     if mode != "policy" and all(b.oom for b in pool.baselines):  # nothing fits: memory-balanced stages
         climber.seed_memory_partitions()
-    guide = probs if mode == "both" else None  # the marginals that guided mutations draw from
 
     def best_action(kept):  # kept apart: strategy-search entries may push actions out of the pool
         return min((e for e in [kept, pool.best_with_action()] if e is not None),

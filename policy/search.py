@@ -28,6 +28,16 @@ proportion to their memory), used when every baseline is OOM.
 Each move applies to one of three scopes: every group, a contiguous run of groups, or one group.
 Consecutive candidates differ from the base in few groups, so the incremental `Lowerer` re-lowers
 little. Accept-if-better (on the effective time, OOM penalty folded in).
+
+Sweep: a systematic pass over single-group changes of the pool's best, in a shuffled order, first
+improvement taken: the group's gradient sync (all-reduce, or the parameter server on each device),
+its priority, its neighbour's decision, or all its samples on one device. Late in a search most
+gains are such single-group changes (a parameter server moved, one group's update taken off its
+busiest device), which a random move finds only by chance (one given change among 64 groups and
+6 devices is about 1 in 30 000 random moves). Once the random moves stall it gets a share of the
+moves as it pays (HillClimber.sweep_share); it closes after a whole pass without a new best and
+opens again when the best changes. Guided by the policy, the changes the policy favours come
+first (sweep_order).
 """
 
 from __future__ import annotations
@@ -43,6 +53,16 @@ from tfplace.formats.strategy import GroupDecision, Strategy
 MOVES = ("shift", "shift", "shift", "drop", "sync", "copy", "copy", "micro", "priority", "bucket")
 # the gradient bucket sizes the `bucket` move chooses from (1 = one all-reduce per gradient)
 BUCKET_CHOICES_BYTES = (1, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+# The sweep waits until SWEEP_AFTER random moves in a row found nothing better: taken early, its
+# single-group gains can lock a strategy into a mix of placements that no single-group change
+# leaves, where the random moves (whole runs of groups) would still have reached a coherent plan.
+# Then its share of the moves follows what it gained lately against the random moves (an
+# exponential average of the relative cut of the best per evaluation, GAIN_DECAY per step), within
+# [SWEEP_SHARE_MIN, SWEEP_SHARE_MAX]: the random moves keep a quarter, as their gains are rarer
+# but larger (a stage boundary, a device dropped).
+SWEEP_AFTER = 30
+SWEEP_SHARE_MIN, SWEEP_SHARE_MAX = 0.1, 0.75
+GAIN_DECAY = 0.02
 MEMORY_MOVES = ("mb_split", "mb_split", "offload", "offload", "offload", "ps_free", "drop_full")
 
 
@@ -173,6 +193,84 @@ def neighbour(rng: np.random.Generator, strategy: Strategy, group_names: Sequenc
                 changed = True
     if not changed:
         return None
+    return dataclasses.replace(strategy, default=None, groups=groups)
+
+
+SweepOption = Tuple[int, str, object]  # (group index, field, value)
+
+
+def sweep_options(num_groups: int, device_names: Sequence[str]) -> List[SweepOption]:
+    """Every single-group change the sweep tries, per group: all-reduce (value None) or the
+    parameter server on each device ("sync"), priority 0-2, the previous or next group's decision
+    ("copy", -1 / +1), all the group's samples on one device ("alone", as many micro-batches as
+    the group had on any device)."""
+    out: List[SweepOption] = []
+    for i in range(num_groups):
+        out.append((i, "sync", None))
+        out += [(i, "sync", d) for d in device_names]
+        out += [(i, "priority", p) for p in range(3)]
+        out += [(i, "copy", k) for k in (-1, 1) if 0 <= i + k < num_groups]
+        out += [(i, "alone", d) for d in device_names]
+    return out
+
+
+def option_probabilities(options: Sequence[SweepOption], guide: Dict[str, np.ndarray],
+                         device_names: Sequence[str]) -> np.ndarray:
+    """The policy's probability of each sweep option among its group's options of the same field,
+    from its marginals `guide` (ReinforceLearner.probabilities: sync [G, 2], ps_device [G, D],
+    priority [G, 3], shares [G, D, L]): all-reduce P(sync 0), a server on d P(sync 1) P(ps d),
+    priority p P(p), alone on d the device's P(used) over the group's sum; copy 1/2."""
+    col = {d: j for j, d in enumerate(device_names)}
+    use = 1.0 - np.asarray(guide["shares"], dtype=np.float64)[..., 0]
+    use = use / np.maximum(use.sum(axis=1, keepdims=True), 1e-12)
+    out = np.empty(len(options))
+    for k, (i, field, value) in enumerate(options):
+        if field == "sync":
+            sync = guide["sync"][i]
+            out[k] = sync[0] if value is None else sync[1] * guide["ps_device"][i, col[value]]
+        elif field == "priority":
+            out[k] = guide["priority"][i, value]
+        elif field == "alone":
+            out[k] = use[i, col[value]]
+        else:
+            out[k] = 0.5
+    return out
+
+
+def sweep_order(rng: np.random.Generator, options: List[SweepOption], device_names: Sequence[str],
+                guide: Optional[Dict[str, np.ndarray]] = None) -> List[SweepOption]:
+    """The sweep's order: shuffled; with the policy's marginals `guide`, drawn without replacement
+    in proportion to option_probabilities (Gumbel top-k), so the changes the policy favours for
+    each group come first."""
+    if guide is None:
+        order = rng.permutation(len(options))
+    else:
+        logp = np.log(np.maximum(option_probabilities(options, guide, device_names), 1e-12))
+        order = np.argsort(-(logp + rng.gumbel(size=len(options))), kind="stable")
+    return [options[int(k)] for k in order]
+
+
+def apply_option(strategy: Strategy, group_names: Sequence[str], device_names: Sequence[str],
+                 option: SweepOption) -> Optional[Strategy]:
+    """`strategy` (every group listed) with one sweep option applied; None if it changes nothing."""
+    i, field, value = option
+    d = strategy.groups[group_names[i]]
+    if field == "sync":
+        nd = GroupDecision(d.shares, "allreduce", None, d.priority) if value is None \
+            else GroupDecision(d.shares, "ps", value, d.priority)
+    elif field == "priority":
+        nd = GroupDecision(d.shares, d.sync, d.ps_device, value)
+    elif field == "copy":
+        nd = strategy.groups[group_names[i + value]]
+    else:  # alone, with as many micro-batches as the group had on any device
+        n, k = sum(_counts(d).values()), max(len(mb) for _, mb in d.shares)
+        k = max(1, min(k, n))
+        nd = GroupDecision(((value, tuple(n // k + (1 if j < n % k else 0) for j in range(k))),), d.sync,
+                           d.ps_device, d.priority)
+    if nd == d:
+        return None
+    groups = dict(strategy.groups)
+    groups[group_names[i]] = nd
     return dataclasses.replace(strategy, default=None, groups=groups)
 
 
@@ -327,17 +425,25 @@ class HillClimber:
 
     While the base strategy is OOM, `memory_share` of the moves are memory moves (they need the
     base's per-device peaks: kept for every strategy the climber evaluated, simulated once more
-    for a pool entry it did not)."""
+    for a pool entry it did not). `guide`: the policy's marginals, which order the sweep
+    (sweep_order); None: a shuffled order."""
 
     def __init__(self, task, pool, rng: np.random.Generator, source: str = "strategy search",
-                 memory_share: float = 0.75):
+                 memory_share: float = 0.75, guide: Optional[Dict[str, np.ndarray]] = None):
         self.task, self.pool, self.rng, self.source = task, pool, rng, source
         self.groups = list(task.grouping.group_names)
         self.devices = list(task.cluster.device_names)
         self.memory_share = memory_share
+        # what each kind of move gained lately: mean relative cut of the best per evaluation
+        self.gain = {"sweep": 1e-3, "random": 1e-3}
         self.seen: set = set()
         self.fill: Dict[str, List[float]] = {}
         self.evaluations = 0
+        self.sweep = sweep_order(rng, sweep_options(len(self.groups), self.devices), self.devices, guide)
+        self._sweep_pos = 0
+        self._random_idle = 0  # random moves evaluated since one last found a new best
+        self._sweep_idle = 0  # options passed since the pool's best last changed
+        self._sweep_best: Optional[float] = None  # that best's effective time
 
     def _start(self):
         entries = self.pool.entries
@@ -375,9 +481,51 @@ class HillClimber:
                 n += 1
         return n
 
+    def sweep_open(self) -> bool:
+        """False once a whole pass of the sweep found nothing better than the pool's best."""
+        best = self.pool.entries[0].effective_time_s
+        if best != self._sweep_best:
+            self._sweep_best, self._sweep_idle = best, 0
+        return self._sweep_idle < len(self.sweep)
+
+    def _next_sweep(self) -> Optional[Strategy]:
+        """The next unseen sweep candidate around the pool's best; None when the pass is over."""
+        cur = explicit(self.pool.entries[0].strategy, self.groups)
+        while self._sweep_idle < len(self.sweep):
+            option = self.sweep[self._sweep_pos]
+            self._sweep_pos = (self._sweep_pos + 1) % len(self.sweep)
+            self._sweep_idle += 1
+            cand = apply_option(cur, self.groups, self.devices, option)
+            if cand is not None:
+                cand = self.task.lowerer.legalize(cand)
+                if strategy_key(cand) not in self.seen:
+                    return cand
+        return None
+
+    def sweep_share(self) -> float:
+        """The share of moves given to the sweep: in proportion to what the sweep and the random
+        moves gained lately, kept within [SWEEP_SHARE_MIN, SWEEP_SHARE_MAX]; 0 while the random
+        moves still find better strategies (fewer than SWEEP_AFTER failures in a row), while the
+        sweep is closed, or while the best is OOM (memory moves first)."""
+        if self.pool.entries[0].oom or self._random_idle < SWEEP_AFTER or not self.sweep_open():
+            return 0.0
+        share = self.gain["sweep"] / (self.gain["sweep"] + self.gain["random"])
+        return min(max(share, SWEEP_SHARE_MIN), SWEEP_SHARE_MAX)
+
+    def _credit(self, kind: str, before_s: float) -> None:
+        cut = max(0.0, 1.0 - self.pool.entries[0].effective_time_s / before_s) if before_s > 0 else 0.0
+        self.gain[kind] += GAIN_DECAY * (cut - self.gain[kind])
+
     def step(self, n: int) -> int:
         improved = 0
         for _ in range(n):
+            before_s = self.pool.entries[0].effective_time_s
+            if self.rng.random() < self.sweep_share():
+                cand = self._next_sweep()
+                if cand is not None:
+                    improved += bool(self._add(self.source, cand))
+                    self._credit("sweep", before_s)
+                continue
             base = self._start()
             cur = explicit(base.strategy, self.groups)
             memory = base.oom and self.rng.random() < self.memory_share
@@ -397,4 +545,8 @@ class HillClimber:
                 continue
             if self._add(self.source, cand):
                 improved += 1
+                self._random_idle = 0
+            else:
+                self._random_idle += 1
+            self._credit("random", before_s)
         return improved

@@ -217,3 +217,133 @@ def test_the_bucket_move_sets_the_bucket_size_and_the_other_moves_keep_it():
             assert cand.bucket_bytes == 16 << 20
             moved["other"] += 1
     assert moved["bucket"] == set(S.BUCKET_CHOICES_BYTES) - {16 << 20} and moved["other"] > 0
+
+
+def test_sweep_options_cover_each_single_group_change_once():
+    devs = ["a", "b", "c"]
+    opts = S.sweep_options(4, devs)
+    assert len(opts) == len(set(opts))
+    # per group: all-reduce + PS on each device, 3 priorities, its neighbours, alone on each device
+    per_group = {i: sum(o[0] == i for o in opts) for i in range(4)}
+    assert per_group == {0: 1 + 3 + 3 + 1 + 3, 1: 1 + 3 + 3 + 2 + 3, 2: 12, 3: 11}
+
+
+@pytest.mark.parametrize("option,expect", [
+    ((1, "sync", None), ((("a", (2,)), ("b", (2,))), "allreduce", None, None)),
+    ((1, "sync", "c"), ((("a", (2,)), ("b", (2,))), "ps", "c", None)),
+    ((1, "priority", 2), ((("a", (2,)), ("b", (2,))), "ps", "b", 2)),
+    ((1, "copy", -1), ((("c", (4,)),), "allreduce", None, 1)),
+    ((1, "alone", "c"), ((("c", (2, 2)),), "ps", "b", None)),  # keeps the group's micro-batching
+    ((1, "sync", "b"), None),  # already so: no candidate
+])
+def test_apply_option_changes_one_group_as_named(option, expect):
+    from tfplace.formats.strategy import GroupDecision
+    names, devs = ["g0", "g1", "g2"], ["a", "b", "c"]
+    groups = {"g0": GroupDecision((("c", (4,)),), "allreduce", None, 1),
+              "g1": GroupDecision((("a", (2,)), ("b", (2,))), "ps", "b", None),
+              "g2": GroupDecision((("a", (4,)),), "allreduce", None, None)}
+    base = Strategy(4, 3, None, groups, "t")
+    if option[2] == "c" and option[1] == "alone":  # a micro-batched group: two per device
+        base.groups["g1"] = GroupDecision((("a", (1, 1)), ("b", (1, 1))), "ps", "b", None)
+    cand = S.apply_option(base, names, devs, option)
+    if expect is None:
+        assert cand is None
+        return
+    d = cand.decision_for("g1")
+    assert (d.shares, d.sync, d.ps_device, d.priority) == expect
+    assert cand.decision_for("g0") == groups["g0"] and cand.decision_for("g2") == groups["g2"]
+
+
+def _sweep_only(monkeypatch):
+    """The climber's moves all from the sweep while it is open (no random moves)."""
+    monkeypatch.setattr(S, "neighbour", lambda *a, **k: None)
+    monkeypatch.setattr(S.HillClimber, "sweep_share", lambda self: 1.0 if self.sweep_open() else 0.0)
+
+
+@pytest.mark.parametrize("model,cluster,batch", CASES[:3])
+def test_a_closed_sweep_leaves_a_best_no_single_group_change_improves(model, cluster, batch, monkeypatch):
+    """The sweep closes only after a whole pass without a better strategy, so the pool's best is
+    then a local optimum over every sweep option (checked here by simulating them all); it
+    opens again when the best changes."""
+    _sweep_only(monkeypatch)
+    task = tiny_task(model, cluster, batch)
+    groups, devices = list(task.grouping.group_names), list(task.cluster.device_names)
+    start = even_strategy(devices, batch, task.max_groups, graph=task.label)
+    pool, ev0 = _pool_with(task, start)
+    climber = S.HillClimber(task, pool, np.random.default_rng(0))
+    for _ in range(400):
+        if not climber.sweep_open():
+            break
+        climber.step(10)
+    assert not climber.sweep_open()
+    best = pool.best
+    assert best.effective_time_s < ev0.effective_time_s and best.source == "strategy search"
+    cur = S.explicit(best.strategy, groups)
+    for option in S.sweep_options(len(groups), devices):
+        cand = S.apply_option(cur, groups, devices, option)
+        if cand is not None:
+            time_s = task.evaluate_strategy(task.lowerer.legalize(cand)).effective_time_s
+            assert time_s >= best.effective_time_s, option
+    pool.add(PoolEntry("elsewhere", start, 0.5 * best.time_s, 0.5 * best.effective_time_s, False, 0))
+    assert climber.sweep_open()
+
+
+def test_the_sweep_share_follows_what_each_kind_of_move_gained():
+    """No sweep while the random moves keep finding better strategies (SWEEP_AFTER); then a
+    share in proportion to the recent gains, within its bounds; none once the sweep is closed."""
+    task = tiny_task("mlp", "two", 8)
+    start = even_strategy(list(task.cluster.device_names), 8, task.max_groups, graph=task.label)
+    pool, _ = _pool_with(task, start)
+    climber = S.HillClimber(task, pool, np.random.default_rng(0))
+    climber.gain = {"sweep": 2e-3, "random": 1e-3}
+    assert climber.sweep_share() == 0.0  # the random moves still find better strategies
+    climber._random_idle = S.SWEEP_AFTER
+    assert climber.sweep_share() == pytest.approx(2 / 3)
+    climber.gain = {"sweep": 0.0, "random": 1e-3}
+    assert climber.sweep_share() == pytest.approx(S.SWEEP_SHARE_MIN)
+    climber.gain = {"sweep": 1.0, "random": 0.0}
+    assert climber.sweep_share() == pytest.approx(S.SWEEP_SHARE_MAX)
+    climber._sweep_idle = len(climber.sweep)  # a whole pass without a better strategy: closed
+    assert climber.sweep_share() == 0.0
+
+
+def _guide(groups, devices, rng):
+    """Random policy marginals of the shapes ReinforceLearner.probabilities gives."""
+    def norm(x):
+        return x / x.sum(axis=-1, keepdims=True)
+    return {"sync": norm(rng.random((groups, 2))), "ps_device": norm(rng.random((groups, devices))),
+            "priority": norm(rng.random((groups, 3))), "micro": norm(rng.random((groups, 2))),
+            "shares": norm(rng.random((groups, devices, 4)))}
+
+
+def test_option_probabilities_sum_to_one_per_group_and_field():
+    devs = ["a", "b", "c"]
+    opts = S.sweep_options(5, devs)
+    guide = _guide(5, 3, np.random.default_rng(0))
+    p = S.option_probabilities(opts, guide, devs)
+    sums = {}
+    for (i, field, _), x in zip(opts, p):
+        sums[(i, field)] = sums.get((i, field), 0.0) + x
+    expect = {(i, f): (0.5 * (1 + (0 < i < 4)) if f == "copy" else 1.0)
+              for i in range(5) for f in ("sync", "priority", "alone", "copy")}
+    assert sums == pytest.approx(expect)
+    # a server on device b: P(sync = ps) x P(ps on b), as the policy's own sampler draws it
+    assert p[opts.index((2, "sync", "b"))] == pytest.approx(guide["sync"][2, 1] * guide["ps_device"][2, 1])
+
+
+def test_the_policy_orders_the_sweep():
+    """Guided, the option the policy all but certainly picks for a group and field comes before
+    that group's other options of the field; unguided, the order is a plain shuffle."""
+    devs = ["a", "b", "c", "d"]
+    opts = S.sweep_options(6, devs)
+    guide = _guide(6, 4, np.random.default_rng(1))
+    guide["sync"][:] = [1e-6, 1 - 1e-6]
+    guide["ps_device"][:] = [1e-6, 1e-6, 1 - 3e-6, 1e-6]  # a server on c
+    for seed in range(20):
+        order = S.sweep_order(np.random.default_rng(seed), opts, devs, guide)
+        assert len(order) == len(opts) and set(order) == set(opts)
+        for i in range(6):
+            syncs = [o for o in order if o[:2] == (i, "sync")]
+            assert syncs[0] == (i, "sync", "c"), (seed, syncs)
+    firsts = {S.sweep_order(np.random.default_rng(seed), opts, devs)[0] for seed in range(20)}
+    assert len(firsts) > 10
