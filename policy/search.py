@@ -77,6 +77,11 @@ def strategy_key(s: Strategy) -> str:
     return json.dumps(body, sort_keys=True)
 
 
+def split_samples(samples: int, k: int) -> Tuple[int, ...]:
+    """`samples` split into k micro-batches whose sizes differ by at most one, larger first."""
+    return tuple(samples // k + (1 if i < samples % k else 0) for i in range(k))
+
+
 def _counts(d: GroupDecision) -> Dict[str, int]:
     return {dev: sum(mb) for dev, mb in d.shares}
 
@@ -91,7 +96,7 @@ def _rebuild(d: GroupDecision, counts: Dict[str, int], device_order: Sequence[st
             continue
         k = (2 if micro else 1) if micro is not None else old_mb.get(dev, 1)
         k = max(1, min(k, n))
-        shares.append((dev, tuple(n // k + (1 if i < n % k else 0) for i in range(k))))
+        shares.append((dev, split_samples(n, k)))
     sync, ps = d.sync, d.ps_device
     return GroupDecision(tuple(shares), sync, ps, d.priority)
 
@@ -265,8 +270,7 @@ def apply_option(strategy: Strategy, group_names: Sequence[str], device_names: S
     else:  # alone, with as many micro-batches as the group had on any device
         n, k = sum(_counts(d).values()), max(len(mb) for _, mb in d.shares)
         k = max(1, min(k, n))
-        nd = GroupDecision(((value, tuple(n // k + (1 if j < n % k else 0) for j in range(k))),), d.sync,
-                           d.ps_device, d.priority)
+        nd = GroupDecision(((value, split_samples(n, k)),), d.sync, d.ps_device, d.priority)
     if nd == d:
         return None
     groups = dict(strategy.groups)
@@ -280,7 +284,7 @@ def _with_micro(d: GroupDecision, factor: int) -> GroupDecision:
     for dev, mb in d.shares:
         n = sum(mb)
         k = max(1, min(n, len(mb) * factor))
-        shares.append((dev, tuple(n // k + (1 if i < n % k else 0) for i in range(k))))
+        shares.append((dev, split_samples(n, k)))
     return GroupDecision(tuple(shares), d.sync, d.ps_device, d.priority)
 
 
@@ -333,7 +337,7 @@ def memory_neighbour(rng: np.random.Generator, strategy: Strategy, group_names: 
                 if cnt <= 0:
                     continue
                 kk = max(1, min(cnt, k if dev in (src, dst) else len(dict(d.shares)[dev])))
-                shares.append((dev, tuple(cnt // kk + (1 if j < cnt % kk else 0) for j in range(kk))))
+                shares.append((dev, split_samples(cnt, kk)))
             ps = d.ps_device
             nd = GroupDecision(tuple(shares), d.sync, ps, d.priority)
         elif move == "ps_free":
@@ -401,7 +405,7 @@ def memory_partitions(task, micro_batches: Sequence[int] = (1, 4)) -> List[Tuple
         stage = stage_partition(w, [mem[n] for n in order])
         for k in micro_batches:
             k = max(1, min(k, b))
-            mb = tuple(b // k + (1 if j < b % k else 0) for j in range(k))
+            mb = split_samples(b, k)
             groups = {g: GroupDecision(((order[stage[i]], mb),), "allreduce", None, None) for i, g in enumerate(names)}
             s = Strategy(b, task.max_groups, None, groups, task.label)
             if strategy_key(s) not in keys:  # orders can coincide (e.g. equal memories)
