@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Sets up everything tfplace needs on a fresh machine, then links it as ./.venv:
-#   a Python 3.11 virtualenv with the pinned stack (requirements.txt), Horovod 0.28.1 built
-#   from source with Gloo against that TensorFlow, and tfplace itself (editable).
-# The virtualenv is cached under ${TFPLACE_CACHE:-~/.cache/tfplace}, keyed by a hash of
-# requirements.txt and this script, so a second checkout on the same machine reuses it; a new
-# machine (or changed requirements) builds it from scratch (~3–4 minutes on 2 cores).
+# Sets up everything tfplace needs on a fresh machine:
+#   a Python 3.11 virtualenv with the pinned stack (requirements.txt) and Horovod 0.28.1 built
+#   from source with Gloo against that TensorFlow, cached under ${TFPLACE_CACHE:-~/.cache/tfplace}
+#   and keyed by a hash of requirements.txt and this script, so every checkout on the machine
+#   shares it; a new machine (or changed requirements) builds it from scratch (~3–4 minutes on
+#   2 cores);
+#   ./.venv, this checkout's own small virtualenv: it sees the cached packages (a .pth file) and
+#   holds this checkout's editable install of tfplace. Two checkouts never run each other's code,
+#   whichever of them ran this script last.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 
@@ -62,11 +65,33 @@ if [ ! -f "$venv/.complete" ]; then
   log "environment built in $(( $(date +%s) - start )) s"
 fi
 
-# Always (re)install this checkout, so a cached environment points at the current clone.
-"$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>&1 \
+# The shared environment holds the stack only: an editable tfplace there (older set-ups put one
+# there) would point every checkout at whichever checkout installed it.
+if compgen -G "$venv/lib/python*/site-packages/tfplace-*.dist-info" >/dev/null; then
+  "$venv/bin/pip" uninstall -y -q --disable-pip-version-check tfplace >&2 || true
+fi
+overlay="$repo/.venv"
+marker="$overlay/.tfplace-stack"  # the shared environment this overlay reads
+[ -L "$overlay" ] && rm -f "$overlay"  # older set-ups linked the shared environment here
+if [ -e "$overlay" ] && [ ! -f "$marker" ]; then
+  log "error: $overlay exists and was not made by scripts/setup_env.sh"
+  log "fix: move it away (e.g. 'mv .venv .venv.old') and run again"
+  exit 2
+fi
+if [ ! -x "$overlay/bin/python" ] || [ "$(cat "$marker" 2>/dev/null)" != "$venv" ]; then
+  rm -rf "$overlay"
+  "$python_bin" -m venv --without-pip "$overlay"
+  echo "$venv" > "$marker"
+fi
+purelib='import sysconfig; print(sysconfig.get_paths()["purelib"])'
+stack_site=$("$venv/bin/python" -c "$purelib")
+overlay_site=$("$overlay/bin/python" -c "$purelib")
+printf 'import site; site.addsitedir(%s)\n' "'$stack_site'" > "$overlay_site/00-tfplace-stack.pth"
+"$overlay/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>&1 \
   | grep -v "is ignored" >&2 || true
-ln -sfn "$venv" .venv
-log "ready: .venv -> $venv"
+"$overlay/bin/python" -c "import tfplace, sys; sys.exit(0 if tfplace.__file__.startswith('$repo/') else 1)" || {
+  log "error: .venv does not import this checkout's tfplace; see the pip output above"; exit 1; }
+log "ready: .venv (this checkout) on $venv (shared)"
 
 # The Grappler plugin (tfplace.rewrite.grappler): C++ built against this TensorFlow's headers into
 # $cache/grappler/<TF, Python, source key>/ (~5 s). Optional: without it only the plugin is missing
