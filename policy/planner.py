@@ -71,6 +71,7 @@ def _entry(task: PlacementTask, source: str, act) -> PoolEntry:
 
 
 MODES = ("both", "search", "policy")
+ACTION_ROUND_EVERY = 4  # action-level moves (samples, mutations of the best action) in one round of this many
 
 
 def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_seconds: float = 0.0,
@@ -136,7 +137,7 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
             for a in A.sample_from(rng, probs, 4):
                 pool.add(_entry(task, "search sample", a))
             continue
-        if it % 4 == 0:  # action-level moves: a quarter of the rounds
+        if it % ACTION_ROUND_EVERY == 0:  # action-level moves: one round in ACTION_ROUND_EVERY
             if mode == "both":
                 for a in A.sample_from(rng, probs, 2):
                     pool.add(_entry(task, "search sample", a))

@@ -9,13 +9,12 @@ JSON round-trip (`to_json` / `from_json`) for checkpoints — never pickle.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 from tfplace.formats.jsonio import FieldReader
-from tfplace.formats.strategy import Strategy, strategy_from_reader
+from tfplace.formats.strategy import GroupDecision, Strategy, strategy_from_reader
 
 from tfplace.policy import actions as A
 
@@ -44,10 +43,17 @@ class PoolEntry:
                          bool(obj["oom"]), int(obj["step"]), A.action_from_json(obj.get("action")))
 
 
-def _strategy_key(s: Strategy) -> str:
-    body = s.to_json()
-    body.pop("graph", None)
-    return json.dumps(body, sort_keys=True)
+def _decision_key(d: Optional[GroupDecision]):
+    return None if d is None else (tuple(sorted(d.shares)), d.sync, d.ps_device, d.priority)
+
+
+def strategy_key(s: Strategy) -> tuple:
+    """A hashable key, equal for strategies that mean the same: every field of the file format but
+    the graph's name (and the source it came from), each group's devices in any order. The pool's
+    and the search's sets of strategies already seen hold these; a tuple rather than a JSON dump, as
+    the search keys about four strategies per simulation."""
+    return (s.global_batch_size, s.max_groups, s.bucket_bytes, s.min_batch_per_replica, _decision_key(s.default),
+            tuple(sorted((name, _decision_key(d)) for name, d in s.groups.items())))
 
 
 class StrategyPool:
@@ -63,7 +69,7 @@ class StrategyPool:
 
     def add(self, entry: PoolEntry) -> bool:
         """Inserts `entry` if it is new and among the best `size`; True if it became the best."""
-        key = _strategy_key(entry.strategy)
+        key = strategy_key(entry.strategy)
         if key in self._keys:
             return False
         was_best = not self.entries or entry.effective_time_s < self.entries[0].effective_time_s
@@ -72,7 +78,7 @@ class StrategyPool:
         self.entries.sort(key=lambda e: e.effective_time_s)
         while len(self.entries) > self.size:
             drop = self.entries.pop()
-            self._keys.discard(_strategy_key(drop.strategy))
+            self._keys.discard(strategy_key(drop.strategy))
         return was_best and self.entries[0] is entry
 
     @property

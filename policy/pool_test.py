@@ -1,7 +1,10 @@
+import dataclasses
 import json
 
+import pytest
+
 from tfplace.policy import actions as A
-from tfplace.policy.pool import PoolEntry, StrategyPool
+from tfplace.policy.pool import PoolEntry, StrategyPool, strategy_key
 from tfplace.formats.strategy import decision, Strategy
 
 
@@ -22,3 +25,33 @@ def test_pool_keeps_best_dedups_and_round_trips():
     back = StrategyPool.from_json(json.loads(json.dumps(pool.to_json())))
     assert [e.source for e in back.entries] == [e.source for e in pool.entries]
     assert A.action_key(back.best_with_action().action) == A.action_key(act)
+
+
+_BASE = Strategy(8, 4, None, {"g0": decision({"a": 4, "b": 4}), "g1": decision({"a": [4, 4]}, "ps", "b", 1)},
+                 graph="m", bucket_bytes=1 << 20)
+
+
+@pytest.mark.parametrize("other,same", [
+    (dataclasses.replace(_BASE, graph="another name", source="x.json"), True),   # names are not meaning
+    (dataclasses.replace(_BASE, groups={"g1": _BASE.groups["g1"], "g0": _BASE.groups["g0"]}), True),  # group order
+    (dataclasses.replace(_BASE, groups={**_BASE.groups, "g0": decision({"b": 4, "a": 4})}), True),  # device order
+    (dataclasses.replace(_BASE, groups={**_BASE.groups, "g0": decision({"a": 5, "b": 3})}), False),
+    (dataclasses.replace(_BASE, groups={**_BASE.groups, "g1": decision({"a": 8}, "ps", "b", 1)}), False),  # micro
+    (dataclasses.replace(_BASE, groups={**_BASE.groups, "g1": decision({"a": [4, 4]}, "ps", "a", 1)}), False),
+    (dataclasses.replace(_BASE, groups={**_BASE.groups, "g1": decision({"a": [4, 4]}, "ps", "b", 0)}), False),
+    (dataclasses.replace(_BASE, groups={**_BASE.groups, "g1": decision({"a": [4, 4]}, "ps", "b")}), False),
+    (dataclasses.replace(_BASE, groups={**_BASE.groups, "g1": decision({"a": [4, 4]})}), False),  # all-reduce
+    (dataclasses.replace(_BASE, bucket_bytes=None), False),
+    (dataclasses.replace(_BASE, min_batch_per_replica=2), False),
+    (dataclasses.replace(_BASE, default=decision({"a": 8})), False),
+    (dataclasses.replace(_BASE, groups={"g0": _BASE.groups["g0"]}), False),
+])
+def test_strategy_key_is_equal_exactly_when_the_file_format_says_the_same(other, same):
+    # reference: the strategy file's own JSON (graph name aside, devices in any order)
+    def as_file(s):
+        body = s.to_json()
+        body.pop("graph")
+        return json.dumps(body, sort_keys=True)
+    assert (as_file(other) == as_file(_BASE)) == same
+    assert (strategy_key(other) == strategy_key(_BASE)) == same
+    assert hash(strategy_key(other)) == hash(strategy_key(other))

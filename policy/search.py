@@ -43,12 +43,12 @@ first (sweep_order).
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from tfplace.formats.strategy import GroupDecision, Strategy
+from tfplace.policy.pool import strategy_key
 
 MOVES = ("shift", "shift", "shift", "drop", "sync", "copy", "copy", "micro", "priority", "bucket")
 # the gradient bucket sizes the `bucket` move chooses from (1 = one all-reduce per gradient)
@@ -69,12 +69,6 @@ MEMORY_MOVES = ("mb_split", "mb_split", "offload", "offload", "offload", "ps_fre
 def explicit(strategy: Strategy, group_names: Sequence[str]) -> Strategy:
     """The same strategy with every group listed (no default)."""
     return dataclasses.replace(strategy, default=None, groups={g: strategy.decision_for(g) for g in group_names})
-
-
-def strategy_key(s: Strategy) -> str:
-    body = s.to_json()
-    body.pop("graph", None)
-    return json.dumps(body, sort_keys=True)
 
 
 def split_samples(samples: int, k: int) -> Tuple[int, ...]:
