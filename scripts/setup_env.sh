@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Sets up everything tfplace needs on a fresh machine:
-#   a Python 3.11 virtualenv with the pinned stack (requirements.txt) and Horovod 0.28.1 built
-#   from source with Gloo against that TensorFlow, cached under ${TFPLACE_CACHE:-~/.cache/tfplace}
-#   and keyed by a hash of requirements.txt and this script, so every checkout on the machine
-#   shares it; a new machine (or changed requirements) builds it from scratch (~3–4 minutes on
-#   2 cores);
+#   the shared environment: a Python 3.11 virtualenv with the pinned stack (requirements.txt) and
+#   Horovod 0.28.1 built from source with Gloo (scripts/build_stack.sh), cached under
+#   ${TFPLACE_CACHE:-~/.cache/tfplace} and keyed by a hash of requirements.txt, that script and the
+#   Python version, so every checkout on the machine shares it; a new machine (or changed
+#   requirements) builds it from scratch (~3–4 minutes on 2 cores);
 #   ./.venv, this checkout's own small virtualenv: it sees the cached packages (a .pth file) and
 #   holds this checkout's editable install of tfplace. Two checkouts never run each other's code,
 #   whichever of them ran this script last.
@@ -36,33 +36,13 @@ for tool in g++ make cmake; do
   fi
 done
 
-key=$( (cat requirements.txt scripts/setup_env.sh; "$python_bin" -V 2>&1) | sha256sum | cut -c1-16)
+key=$( (cat requirements.txt scripts/build_stack.sh; "$python_bin" -V 2>&1) | sha256sum | cut -c1-16)
 cache=${TFPLACE_CACHE:-$HOME/.cache/tfplace}
 venv="$cache/venv-$key"
 mkdir -p "$cache"
 
 if [ ! -f "$venv/.complete" ]; then
-  start=$(date +%s)
-  rm -rf "$venv"
-  log "creating virtualenv $venv"
-  "$python_bin" -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check -U pip setuptools wheel 2>&1 | grep -v "is ignored" >&2 || true
-  log "installing the pinned stack (requirements.txt)"
-  "$venv/bin/pip" install -q --disable-pip-version-check -r requirements.txt 2>&1 | grep -v "is ignored" >&2 || true
-  "$venv/bin/python" -c "import tensorflow, tf_agents, graph_nets, sonnet" >/dev/null 2>&1 || {
-    log "error: the pinned stack did not install; see the pip output above"; exit 1; }
-  log "building Horovod 0.28.1 with Gloo against this TensorFlow (about 2–3 minutes)"
-  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
-  HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo MAKEFLAGS="-j$(nproc)" \
-    "$venv/bin/pip" install -q --disable-pip-version-check --no-cache-dir --no-build-isolation \
-    horovod==0.28.1 2>&1 | grep -v "is ignored" >&2 || true
-  # read the whole report first: `| grep -q` may exit before horovodrun has written it all, and
-  # the SIGPIPE that horovodrun then gets fails the pipe under pipefail
-  build_report=$("$venv/bin/horovodrun" --check-build 2>/dev/null || true)
-  grep -q "\[X\] Gloo" <<<"$build_report" || {
-    log "error: Horovod did not build with Gloo; see the pip output above"; exit 1; }
-  touch "$venv/.complete"
-  log "environment built in $(( $(date +%s) - start )) s"
+  bash scripts/build_stack.sh "$python_bin" "$venv"
 fi
 
 # The shared environment holds the stack only: an editable tfplace there (older set-ups put one
@@ -92,6 +72,14 @@ printf 'import site; site.addsitedir(%s)\n' "'$stack_site'" > "$overlay_site/00-
 "$overlay/bin/python" -c "import tfplace, sys; sys.exit(0 if tfplace.__file__.startswith('$repo/') else 1)" || {
   log "error: .venv does not import this checkout's tfplace; see the pip output above"; exit 1; }
 log "ready: .venv (this checkout) on $venv (shared)"
+others=()
+for d in "$cache"/venv-*; do
+  if [ -d "$d" ] && [ "$d" != "$venv" ]; then others+=("$d"); fi
+done
+if [ "${#others[@]}" -gt 0 ]; then  # nothing removes them: another checkout may still run on one
+  log "note: $cache also holds ${#others[@]} environment(s) of other requirements or set-up versions (about 2 GB each);"
+  log "      once no checkout of yours runs on them: rm -rf ${others[*]}"
+fi
 
 # The Grappler plugin (tfplace.rewrite.grappler): C++ built against this TensorFlow's headers into
 # $cache/grappler/<TF, Python, source key>/ (~5 s). Optional: without it only the plugin is missing
