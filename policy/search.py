@@ -48,7 +48,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tfplace.formats.strategy import GroupDecision, Strategy
-from tfplace.policy.pool import strategy_key
+from tfplace.policy.pool import PoolEntry, strategy_key
 
 MOVES = ("shift", "shift", "shift", "drop", "sync", "copy", "copy", "micro", "priority", "bucket")
 # the gradient bucket sizes the `bucket` move chooses from (1 = one all-reduce per gradient)
@@ -435,7 +435,7 @@ class HillClimber:
         # what each kind of move gained lately: mean relative cut of the best per evaluation
         self.gain = {"sweep": 1e-3, "random": 1e-3}
         self.seen: set = set()
-        self.fill: Dict[str, List[float]] = {}
+        self.fill: Dict[tuple, List[float]] = {}
         self.evaluations = 0
         self.sweep = sweep_order(rng, sweep_options(len(self.groups), self.devices), self.devices, guide)
         self._sweep_pos = 0
@@ -449,7 +449,7 @@ class HillClimber:
             return entries[int(self.rng.integers(1, min(4, len(entries))))]
         return entries[0]
 
-    def _fill_of(self, strategy: Strategy, key: str) -> Optional[List[float]]:
+    def _fill_of(self, strategy: Strategy, key: tuple) -> Optional[List[float]]:
         if key not in self.fill:
             try:
                 self.fill[key] = evaluate_with_fill(self.task, strategy)[1]
@@ -457,11 +457,12 @@ class HillClimber:
                 return None
         return self.fill[key]
 
-    def _add(self, source: str, cand: Strategy) -> Optional[bool]:
-        """Evaluates and offers `cand` to the pool; True if it became the best, None if refused."""
-        from tfplace.policy.pool import PoolEntry
-        cand = self.task.lowerer.legalize(cand)  # a move may leave batch norm too few samples per replica
-        key = strategy_key(cand)
+    def _add(self, source: str, cand: Strategy, key: Optional[tuple] = None) -> Optional[bool]:
+        """Evaluates and offers `cand` to the pool; True if it became the best, None if refused.
+        `key`: cand's strategy_key, where the caller legalised cand and keyed it already."""
+        if key is None:
+            cand = self.task.lowerer.legalize(cand)  # a move may leave batch norm too few samples per replica
+            key = strategy_key(cand)
         self.seen.add(key)
         try:
             ev, fill = evaluate_with_fill(self.task, cand)
@@ -486,8 +487,9 @@ class HillClimber:
             self._sweep_best, self._sweep_idle = best, 0
         return self._sweep_idle < len(self.sweep)
 
-    def _next_sweep(self) -> Optional[Strategy]:
-        """The next unseen sweep candidate around the pool's best; None when the pass is over."""
+    def _next_sweep(self) -> Tuple[Optional[Strategy], Optional[tuple]]:
+        """The next unseen sweep candidate around the pool's best, legalised, and its
+        strategy_key; (None, None) when the pass is over."""
         cur = explicit(self.pool.entries[0].strategy, self.groups)
         while self._sweep_idle < len(self.sweep):
             option = self.sweep[self._sweep_pos]
@@ -496,9 +498,10 @@ class HillClimber:
             cand = apply_option(cur, self.groups, self.devices, option)
             if cand is not None:
                 cand = self.task.lowerer.legalize(cand)
-                if strategy_key(cand) not in self.seen:
-                    return cand
-        return None
+                key = strategy_key(cand)
+                if key not in self.seen:
+                    return cand, key
+        return None, None
 
     def sweep_share(self) -> float:
         """The share of moves given to the sweep: in proportion to what the sweep and the random
@@ -519,16 +522,16 @@ class HillClimber:
         for _ in range(n):
             before_s = self.pool.entries[0].effective_time_s
             if self.rng.random() < self.sweep_share():
-                cand = self._next_sweep()
+                cand, key = self._next_sweep()
                 if cand is not None:
-                    improved += bool(self._add(self.source, cand))
+                    improved += bool(self._add(self.source, cand, key))
                     self._credit("sweep", before_s)
                 continue
             base = self._start()
             cur = explicit(base.strategy, self.groups)
             memory = base.oom and self.rng.random() < self.memory_share
             fill = self._fill_of(cur, strategy_key(cur)) if memory else None
-            cand = None
+            cand = key = None
             for _ in range(8):
                 if fill is not None:
                     cand = memory_neighbour(self.rng, cur, self.groups, self.devices, fill)
@@ -536,12 +539,13 @@ class HillClimber:
                     cand = neighbour(self.rng, cur, self.groups, self.devices)
                 if cand is not None:  # the move as it would run: batch norm keeps its least batch
                     cand = self.task.lowerer.legalize(cand)
-                if cand is not None and strategy_key(cand) not in self.seen:
-                    break
+                    key = strategy_key(cand)
+                    if key not in self.seen:
+                        break
                 cand = None
             if cand is None:
                 continue
-            if self._add(self.source, cand):
+            if self._add(self.source, cand, key):
                 improved += 1
                 self._random_idle = 0
             else:
