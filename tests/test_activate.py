@@ -60,6 +60,7 @@ def test_activate_runs_good_entries_and_reports_the_bad_one(tmp_path, monkeypatc
 @pytest.mark.multiprocess
 def test_rounds_run_every_entry_on_fresh_servers_and_report_the_median_round(tmp_path, monkeypatch):
     from tfplace.cli.activate import run
+    from tfplace.runtime import machine_speed
     from tfplace.runtime.local_cluster import LocalCluster
     started = []
     real_start = LocalCluster.start
@@ -68,6 +69,8 @@ def test_rounds_run_every_entry_on_fresh_servers_and_report_the_median_round(tmp
         started.append(self)
         return real_start(self)
     monkeypatch.setattr(LocalCluster, "start", start)
+    # a quiet machine: every round counts (a slow one is left out, tests/test_machine_speed.py)
+    monkeypatch.setattr(machine_speed, "probe_core_s", lambda core, **_: 1e-3)
     cfg = _write(tmp_path / "activate_config.txt", {
         "format": "tfplace.activate_config", "cluster": os.path.join(ROOT, "clusters", "local_cpu.json"),
         "baselines": ["single", "dp_even_allreduce"], "graphs": [{"model": "tiny_mlp", "batch_size": 16}],
@@ -277,7 +280,7 @@ def test_activate_simulates_with_the_profile_it_measured(tmp_path, monkeypatch):
 
     monkeypatch.setattr("tfplace.cli.profile.profile_cluster", fake_profile_cluster)
     ran = []
-    monkeypatch.setattr(activate, "_run_one", lambda job, cluster, lc, config, overheads=None:
+    monkeypatch.setattr(activate, "_run_one", lambda job, cluster, lc, config, overheads=None, watch=None:
                         ran.append(job["profile"]) or {"step_times_s": [1.0], "simulated_s": 1.0, "timeline": ""})
     monkeypatch.setattr(activate, "_running_cluster", lambda lc, cluster, out: None)
     cfg = _write(tmp_path / "a.txt", {

@@ -7,7 +7,10 @@ times, round by round on fresh servers, and the median round counts), a Chrome t
 table with measured time, simulated time and their ratio. A bad entry is reported (its error
 in the table and in results.json) and the others still run; a worker that died is replaced by a
 new cluster for the next entry. Results: `<output_dir>/results.json`, rewritten after every entry
-("complete": false until the last), so what ran survives an interrupt. One run at a time may
+("complete": false until the last), so what ran survives an interrupt. Each core the run uses is
+probed just before and after every timed window (tfplace.runtime.machine_speed): a round during
+which the machine itself ran slow (a shared host) is marked "disturbed" in results.json and left
+out of the row's median unless every round of the row was; the table says how many were. One run at a time may
 use an output folder (a lock in it; a second run stops with exit 2). SIGTERM or Ctrl-C stops
 every server and Horovod rank and removes their temporary folders.
 
@@ -37,6 +40,7 @@ from tfplace.cli import common
 from tfplace.formats.cluster import Cluster, load_cluster
 from tfplace.formats.config import ActivateConfig, GraphEntry, load_activate_config, validate_entries
 from tfplace.formats.strategy import load_strategy
+from tfplace.runtime import machine_speed
 
 
 # The grouping level of baseline strategies: compare's default (`python -m tfplace.compare
@@ -157,10 +161,11 @@ def measure_graph_profile(graph: str, batch: int, cluster: Cluster, path: str, o
     return profile
 
 
-def measured_profiles(jobs, cluster: Cluster, config: ActivateConfig, overheads, out) -> Dict[str, Any]:
+def measured_profiles(jobs, cluster: Cluster, config: ActivateConfig, overheads, out, watch=None) -> Dict[str, Any]:
     """With "profile": "measure": {bundle: Profile} of every graph a simulated entry runs
     (measure_graph_profile into <output_dir>/profiles/<stem>.profile.json, at the largest batch
-    it runs with), before any server starts. Empty otherwise."""
+    it runs with), before any server starts. Empty otherwise. With `watch` (a SpeedWatch), the
+    printed line says when the machine ran slow while a profile was measured."""
     if config.profile != "measure":
         return {}
     batches: Dict[str, int] = {}
@@ -173,14 +178,19 @@ def measured_profiles(jobs, cluster: Cluster, config: ActivateConfig, overheads,
     profiles = {}
     for graph, batch in batches.items():
         path = os.path.join(folder, os.path.splitext(os.path.basename(graph))[0] + ".profile.json")
-        started = time.monotonic()
+        started, before = time.monotonic(), _probe(watch)
         profiles[graph] = measure_graph_profile(graph, batch, cluster, path, overheads)
+        slow = watch.slowdown(before, _probe(watch)) if watch is not None else 1.0
         print(f"profiled {os.path.basename(graph)} on {len(profiles[graph].kinds)} kinds in "
-              f"{time.monotonic() - started:.1f} s: {path}", file=out, flush=True)
+              f"{time.monotonic() - started:.1f} s: {path}" +
+              (f" (the machine ran {slow:.2f}x slower than its quiet speed: its costs may be high)"
+               if slow > machine_speed.DISTURBED_SLOWDOWN else ""), file=out, flush=True)
     return profiles
 
 
-def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None) -> Dict[str, Any]:
+def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None, watch=None) -> Dict[str, Any]:
+    """One round of one entry: its step times, simulated time, timeline path and the machine
+    speed probes just before and after its timed steps (`watch`, a SpeedWatch; none: no probes)."""
     from tfplace.baselines.problem import with_overheads
     from tfplace.simulator import simulate
     from tfplace.ir.loader import load_op_graph
@@ -194,10 +204,12 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None) 
             proportional_batches(b, _speed_weights(cluster))
         emulation = [d.emulation for d in cluster.devices] if cluster.has_emulation else None
         from tfplace.emulation.links import checked_layout
+        before = _probe(watch)  # the ranks start inside run_horovod: its window holds their start-up too
         res = run_horovod(job["graph"], per, steps=config.steps, warmup_steps=config.warmup_steps,
                           emulation_per_rank=emulation, source=config.cluster, device_names=cluster.device_names,
                           host_links=checked_layout(cluster, per="device"))
-        return {"step_times_s": list(res.report.step_times_s), "simulated_s": None, "timeline": ""}
+        return {"step_times_s": list(res.report.step_times_s), "simulated_s": None, "timeline": "",
+                "probes_s": [before, _probe(watch)]}
     profile = job.get("profile") or simulation_profile(graph, cluster)  # measured_profiles' when measured
     strategy, grouping = job.get("strategy"), None
     if strategy is None:
@@ -209,13 +221,21 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None) 
     feed = random_feed(step.inputs, strategy.global_batch_size, 0)
     with StepRunner(lc, step) as runner:
         runner.initialize()
-        times, trace = runner.timed(config.steps, config.warmup_steps, feed)
+        runner.run_steps(config.warmup_steps, feed)
+        before = _probe(watch)
+        times = runner.run_steps(config.steps, feed)
+        after = _probe(watch)
+        trace = runner.traced_step(feed) if config.trace else ""
     path = ""
     if config.trace:
         path = os.path.join(config.output_dir, f"{job['name']}.timeline.json")
         with open(path, "w") as f:
             f.write(trace)
-    return {"step_times_s": times, "simulated_s": sim, "timeline": path}
+    return {"step_times_s": times, "simulated_s": sim, "timeline": path, "probes_s": [before, after]}
+
+
+def _probe(watch) -> Dict[int, float]:
+    return watch.probe() if watch is not None else {}
 
 
 def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
@@ -232,12 +252,14 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
     LocalCluster.for_cluster(cluster)
     os.makedirs(config.output_dir, exist_ok=True)
     results_path = os.path.join(config.output_dir, "results.json")
+    watch = machine_speed.SpeedWatch(machine_speed.cores_of(cluster))
     with common.OutputLock(config.output_dir, config_path, "output_dir"):  # one run per folder
         jobs = _jobs(config, errors)
         if config.trace:
             common.check_outputs_in(config.output_dir, [f"{j['name']}.timeline.json" for j in jobs], config_path,
                                     "output_dir")
-        profiles = measured_profiles(jobs, cluster, config, overheads, out)
+        watch.calibrate()
+        profiles = measured_profiles(jobs, cluster, config, overheads, out, watch)
         for job in jobs:
             job["profile"] = profiles.get(job.get("graph"))
         rows: List[Dict[str, Any]] = [{"name": job["name"], "kind": job["kind"], "error": None, "rounds": []}
@@ -257,36 +279,59 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
                         continue
                     try:
                         lc = _running_cluster(lc, cluster, out)
-                        _add_round(row, _run_one(job, cluster, lc, config, overheads))
+                        _add_round(row, _run_one(job, cluster, lc, config, overheads, watch), watch)
                     except Exception as err:  # one bad entry must not stop the others
                         row["error"] = f"{type(err).__name__}: {err}"
                         traceback.print_exc(file=sys.stderr)
                     which = f" (round {r + 1} of {config.rounds})" if config.rounds > 1 else ""
                     last = row["rounds"][-1] if row["rounds"] and row["error"] is None else None
+                    note = (f"; the machine ran {last['machine_slowdown']:.2f}x slower than its quiet speed"
+                            if last is not None and last["disturbed"] else "")
                     print(f"{row['name']}{which}: " + (row["error"] or f"{last['mean_s'] * 1e3:.2f} ± "
-                                                       f"{last['std_s'] * 1e3:.2f} ms"), file=out, flush=True)
+                                                       f"{last['std_s'] * 1e3:.2f} ms{note}"), file=out, flush=True)
                     _write_results(results_path, config_path, config, rows, complete=False)  # survives an interrupt
         finally:
             if lc is not None:
                 lc.close()
+        for row in rows:  # judged again against the quiet speeds of the whole run
+            if row["rounds"]:
+                _settle(row, watch.reference_s)
         print_table(rows, out)
+        print_machine_note(rows, out)
         _write_results(results_path, config_path, config, rows, complete=True)
     return rows
 
 
-def _add_round(row: Dict[str, Any], result: Dict[str, Any]) -> None:
-    """Adds one round's result to an entry's row. The row's step_times_s, mean_s and std_s are
-    those of its median round (by mean; the lower middle one of an even count), its round_means_s
-    every round's mean; simulated_s comes from the first round (every round simulates the same
-    PlacedGraph), and the timeline file holds the last round's traced step."""
+def _add_round(row: Dict[str, Any], result: Dict[str, Any], watch=None) -> None:
+    """Adds one round's result to an entry's row (its machine slowdown judged by `watch` as known
+    now) and settles the row's figures (_settle). simulated_s comes from the first round (every
+    round simulates the same PlacedGraph), and the timeline file holds the last round's traced
+    step."""
     t = result["step_times_s"]
-    row["rounds"].append({"step_times_s": t, "mean_s": statistics.fmean(t), "std_s": statistics.pstdev(t)})
+    probes = [{str(c): s for c, s in p.items()} for p in result.get("probes_s") or []]
+    row["rounds"].append({"step_times_s": t, "mean_s": statistics.fmean(t), "std_s": statistics.pstdev(t),
+                          "probes_s": probes})
     if "simulated_s" not in row:
         row["simulated_s"], row["timeline"] = result["simulated_s"], result["timeline"]
-    ordered = sorted(row["rounds"], key=lambda x: x["mean_s"])
+    _settle(row, watch.reference_s if watch is not None else {})
+
+
+def _settle(row: Dict[str, Any], reference_s: Dict[int, float]) -> None:
+    """Marks each round of `row` disturbed or not against the cores' quiet seconds `reference_s`
+    (machine_speed.DISTURBED_SLOWDOWN), then sets the row's step_times_s, mean_s and std_s to
+    those of its median round among the undisturbed ones (all rounds when every one was
+    disturbed; by mean, the lower middle one of an even count), round_means_s to every round's
+    mean, and the simulated / real ratio."""
+    for rnd in row["rounds"]:
+        probes = [{int(c): s for c, s in p.items()} for p in rnd["probes_s"]]
+        rnd["machine_slowdown"] = machine_speed.slowdown_of(probes, reference_s)
+        rnd["disturbed"] = rnd["machine_slowdown"] > machine_speed.DISTURBED_SLOWDOWN
+    quiet = [x for x in row["rounds"] if not x["disturbed"]] or row["rounds"]
+    ordered = sorted(quiet, key=lambda x: x["mean_s"])
     median = ordered[(len(ordered) - 1) // 2]
     row["step_times_s"], row["mean_s"], row["std_s"] = median["step_times_s"], median["mean_s"], median["std_s"]
     row["round_means_s"] = [x["mean_s"] for x in row["rounds"]]
+    row["disturbed_rounds"] = sum(x["disturbed"] for x in row["rounds"])
     sim = row["simulated_s"]
     row["ratio"] = sim / row["mean_s"] if sim else None
 
@@ -322,7 +367,21 @@ def print_table(rows, out=sys.stdout) -> None:
         ratio = f"{r['ratio']:9.3f}" if r.get("ratio") else f"{'-':>9s}"
         means = r.get("round_means_s") or []
         spread = f"  rounds {min(means) * 1e3:.2f}–{max(means) * 1e3:.2f}" if len(means) > 1 else ""
+        slow = r.get("disturbed_rounds") or 0
+        if slow:
+            spread += (f"  ({slow} of {len(means)} rounds on a slowed machine" +
+                       (", left out)" if slow < len(means) else ": none was quiet)"))
         print(f"{r['name']:40s} {r['mean_s'] * 1e3:8.2f} ± {r['std_s'] * 1e3:5.2f} {sim} {ratio}{spread}", file=out)
+
+
+def print_machine_note(rows, out=sys.stdout) -> None:
+    """One line when some rounds ran while the machine itself was slow (machine_speed)."""
+    rounds = [x for r in rows if not r["error"] for x in r["rounds"]]
+    slow = [x["machine_slowdown"] for x in rounds if x["disturbed"]]
+    if slow:
+        print(f"The machine ran up to {max(slow):.2f}x slower than its quiet speed during {len(slow)} of "
+              f"{len(rounds)} rounds (another load on this host, or a shared host): such rounds count only where "
+              f"every round of the row was slow, and rows can move by as much between runs.", file=out)
 
 
 POSITIONAL = ("CONFIG",)  # activate_config.txt (JSON), see examples/formats/README.md

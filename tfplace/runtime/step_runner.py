@@ -123,15 +123,18 @@ class StepRunner:
     def timed(self, steps: int, warmup: int, feed: Mapping[str, np.ndarray]) -> Tuple[List[float], str]:
         """(per-step wall seconds of `steps` timed steps after `warmup` ones, Chrome trace JSON
         of one extra FULL_TRACE step)."""
-        import tensorflow as tf
-        from tensorflow.python.client import timeline
-        fetch = self.step_def.train_op
         self.run_steps(warmup, feed)
         times = self.run_steps(steps, feed)
+        return times, self.traced_step(feed)
+
+    def traced_step(self, feed: Mapping[str, np.ndarray]) -> str:
+        """Runs one FULL_TRACE training step; returns its Chrome trace JSON."""
+        import tensorflow as tf
+        from tensorflow.python.client import timeline
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         meta = tf.compat.v1.RunMetadata()
-        self._run(fetch, dict(feed), options=options, run_metadata=meta)
-        return times, timeline.Timeline(meta.step_stats).generate_chrome_trace_format()
+        self._run(self.step_def.train_op, dict(feed), options=options, run_metadata=meta)
+        return timeline.Timeline(meta.step_stats).generate_chrome_trace_format()
 
 
 def reference_run(graph: OpGraph, feeds: Sequence[Mapping[str, np.ndarray]],
