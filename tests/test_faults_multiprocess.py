@@ -248,11 +248,11 @@ def test_process_a_dead_worker_is_replaced_for_the_next_entry(tmp_path, monkeypa
     config = _activate_config(tmp_path, ["dp_even_allreduce", "dp_proportional_allreduce"], steps=2)
     run_one, clusters = activate._run_one, []
 
-    def kill_in_first(job, cluster, lc, config, overheads=None):
+    def kill_in_first(job, cluster, lc, config, overheads=None, watch=None):
         clusters.append(lc)
         if len(clusters) == 1:
             lc.kill_task(1)
-        return run_one(job, cluster, lc, config, overheads)
+        return run_one(job, cluster, lc, config, overheads, watch)
 
     monkeypatch.setattr(activate, "_run_one", kill_in_first)
     rows = activate.run(config, out=open(os.devnull, "w"))

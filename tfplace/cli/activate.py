@@ -10,9 +10,9 @@ new cluster for the next entry. Results: `<output_dir>/results.json`, rewritten 
 ("complete": false until the last), so what ran survives an interrupt. Each core the run uses is
 probed just before and after every timed window (tfplace.runtime.machine_speed): a round during
 which the machine itself ran slow (a shared host) is marked "disturbed" in results.json and left
-out of the row's median unless every round of the row was; the table says how many were. One run at a time may
-use an output folder (a lock in it; a second run stops with exit 2). SIGTERM or Ctrl-C stops
-every server and Horovod rank and removes their temporary folders.
+out of the row's median unless every round of the row was; the table says how many were. One run
+at a time may use an output folder (a lock in it; a second run stops with exit 2). SIGTERM or
+Ctrl-C stops every server and Horovod rank and removes their temporary folders.
 
 Clusters whose hosts are all loopback run on a LocalCluster started here (one server process
 per task, each pinned and CPU-limited as its device's `emulation` in the cluster file says);
