@@ -128,6 +128,8 @@ def test_activate_leaves_out_a_round_run_on_a_slowed_machine(tmp_path, monkeypat
     assert "(round 2 of 3)" in text.getvalue() and "2.00x slower" in text.getvalue()
     assert "1 of 3 rounds on a slowed machine, left out" in text.getvalue()
     with open(tmp_path / "out" / "results.json") as f:
-        saved = json.load(f)["results"][0]
+        results = json.load(f)
+    assert results["core_quiet_s"] == {str(c): 1.0 for c in cores_of(None)}
+    saved = results["results"][0]
     assert [x["disturbed"] for x in saved["rounds"]] == [False, True, False]
     assert saved["rounds"][1]["machine_slowdown"] == pytest.approx(2.0)

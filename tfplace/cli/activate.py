@@ -289,7 +289,7 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
                             if last is not None and last["disturbed"] else "")
                     print(f"{row['name']}{which}: " + (row["error"] or f"{last['mean_s'] * 1e3:.2f} ± "
                                                        f"{last['std_s'] * 1e3:.2f} ms{note}"), file=out, flush=True)
-                    _write_results(results_path, config_path, config, rows, complete=False)  # survives an interrupt
+                    _write_results(results_path, config_path, config, rows, False, watch)  # survives an interrupt
         finally:
             if lc is not None:
                 lc.close()
@@ -298,7 +298,7 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
                 _settle(row, watch.reference_s)
         print_table(rows, out)
         print_machine_note(rows, out)
-        _write_results(results_path, config_path, config, rows, complete=True)
+        _write_results(results_path, config_path, config, rows, True, watch)
     return rows
 
 
@@ -348,12 +348,15 @@ def _running_cluster(lc, cluster: Cluster, out):
     return LocalCluster.for_cluster(cluster).start()
 
 
-def _write_results(path: str, config_path: str, config: ActivateConfig, rows, complete: bool) -> None:
-    """results.json, replaced atomically; `complete` is false while entries are still to run."""
+def _write_results(path: str, config_path: str, config: ActivateConfig, rows, complete: bool, watch=None) -> None:
+    """results.json, replaced atomically; `complete` is false while entries are still to run.
+    `core_quiet_s`: each probed core's quiet seconds in this run (machine_speed), which tell how
+    fast this machine was against another run's."""
     tmp = f"{path}.tmp{os.getpid()}"
+    quiet = {str(c): s for c, s in sorted(watch.reference_s.items())} if watch is not None else {}
     with open(tmp, "w") as f:
         json.dump({"config": os.path.abspath(config_path), "cluster": config.cluster, "complete": complete,
-                   "results": rows}, f, indent=1)
+                   "core_quiet_s": quiet, "results": rows}, f, indent=1)
     os.replace(tmp, path)
 
 
