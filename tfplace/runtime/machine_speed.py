@@ -4,7 +4,7 @@ On a shared host (a cloud VM whose cores share physical cores with other tenants
 changes while a benchmark runs. On the 2-core development VM a fixed pure-Python loop pinned to
 one core took 0.74-0.88 ms per repetition for seconds at a time and 1.30-1.42 ms (1.8x) for
 others, with nothing else of ours running; the tiny transformer's single-task step followed it
-(3.1-3.6 ms in the quick phases, 4.5-5.7 ms in the slow ones). Such a phase during an entry's
+(3.1-3.8 ms in the quick phases, 4.1-5.7 ms in the slow ones). Such a phase during an entry's
 timed steps moves its row by up to 2x and makes every comparison in the run (tfplace against
 Horovod, simulated against real) depend on when each entry ran.
 
@@ -13,9 +13,9 @@ quiet speed is its fastest probe of the run; a window whose probes show a core m
 `DISTURBED_SLOWDOWN` slower than that was measured on a disturbed machine. activate marks such
 rounds, leaves them out of a row's median where the row has a quiet round, and says how many there
 were (tfplace.cli.activate). The probe cannot see a phase that starts and ends inside the window;
-it catches the ones that overlap its edges. On that VM slow phases were common enough (a core
-was slow in 30-80% of the probes of a 20-s series) that most rounds of a run were disturbed:
-running them again would not find quiet ones, so activate reports them instead.
+it catches the ones that overlap its edges. On that VM slow phases were common enough (in five
+series of about 1.5 s, a core was slow in 13-73% of their blocks) that most rounds of a run were
+disturbed: running them again would not find quiet ones, so activate reports them instead.
 
     watch = SpeedWatch(cores=[0, 1])
     before = watch.probe()
