@@ -47,7 +47,19 @@ def test_cores_are_the_emulated_ones_or_every_allowed_core():
     hetero = load_cluster(os.path.join(ROOT, "clusters", "local_cpu_hetero.json"))
     plain = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
     assert cores_of(hetero) == [c for c in (0, 1) if c in allowed]
-    assert cores_of(plain) == allowed
+    assert cores_of(plain) == allowed[:machine_speed.MAX_UNPINNED_CORES]
+
+
+@pytest.mark.parametrize("allowed, pinned, expected", [
+    (range(32), None, list(range(8))),          # unpinned on a large machine: the first 8
+    (range(4), [[3], [1, 2]], [1, 2, 3]),       # the pinned ones, sorted
+    (range(2), [[0], [5]], [0]),                # one this process may not use: left out
+])
+def test_the_probed_cores(monkeypatch, allowed, pinned, expected):
+    from types import SimpleNamespace as NS
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(allowed))
+    devices = [NS(emulation=NS(cpus=tuple(c))) for c in pinned] if pinned else [NS(emulation=None)]
+    assert cores_of(NS(devices=devices)) == expected
 
 
 def _hog(core):

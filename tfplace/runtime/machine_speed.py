@@ -73,13 +73,16 @@ def slowdown_of(probes: Iterable[Mapping[int, float]], reference_s: Mapping[int,
     return worst
 
 
+MAX_UNPINNED_CORES = 8  # probed when no device is pinned: about 12 ms per core and probe
+
+
 def cores_of(cluster) -> list:
-    """The cores a run on `cluster` uses: those its devices' emulation pins, else every core this
-    process may use; only cores this process may be pinned to."""
+    """The cores a run on `cluster` uses: those its devices' emulation pins, else the first
+    MAX_UNPINNED_CORES cores this process may use; only cores this process may be pinned to."""
     allowed = os.sched_getaffinity(0)
     pinned = sorted({c for d in getattr(cluster, "devices", ()) if d.emulation is not None
                      for c in (d.emulation.cpus or ())})
-    return [c for c in (pinned or sorted(allowed)) if c in allowed]
+    return [c for c in pinned if c in allowed] if pinned else sorted(allowed)[:MAX_UNPINNED_CORES]
 
 
 class SpeedWatch:
