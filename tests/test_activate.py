@@ -280,8 +280,9 @@ def test_activate_simulates_with_the_profile_it_measured(tmp_path, monkeypatch):
 
     monkeypatch.setattr("tfplace.cli.profile.profile_cluster", fake_profile_cluster)
     ran = []
-    monkeypatch.setattr(activate, "_run_one", lambda job, cluster, lc, config, overheads=None, watch=None:
-                        ran.append(job["profile"]) or {"step_times_s": [1.0], "simulated_s": 1.0, "timeline": ""})
+    monkeypatch.setattr(activate, "_run_one", lambda job, cluster, lc, config, overheads, watch:
+                        ran.append(job["profile"]) or {"step_times_s": [1.0], "simulated_s": 1.0, "timeline": "",
+                                                       "probes_s": []})
     monkeypatch.setattr(activate, "_running_cluster", lambda lc, cluster, out: None)
     cfg = _write(tmp_path / "a.txt", {
         "format": "tfplace.activate_config", "cluster": os.path.join(ROOT, "clusters", "local_cpu_hetero.json"),

@@ -248,7 +248,7 @@ def test_process_a_dead_worker_is_replaced_for_the_next_entry(tmp_path, monkeypa
     config = _activate_config(tmp_path, ["dp_even_allreduce", "dp_proportional_allreduce"], steps=2)
     run_one, clusters = activate._run_one, []
 
-    def kill_in_first(job, cluster, lc, config, overheads=None, watch=None):
+    def kill_in_first(job, cluster, lc, config, overheads, watch):
         clusters.append(lc)
         if len(clusters) == 1:
             lc.kill_task(1)

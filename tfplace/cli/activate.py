@@ -161,11 +161,11 @@ def measure_graph_profile(graph: str, batch: int, cluster: Cluster, path: str, o
     return profile
 
 
-def measured_profiles(jobs, cluster: Cluster, config: ActivateConfig, overheads, out, watch=None) -> Dict[str, Any]:
+def measured_profiles(jobs, cluster: Cluster, config: ActivateConfig, overheads, out, watch) -> Dict[str, Any]:
     """With "profile": "measure": {bundle: Profile} of every graph a simulated entry runs
     (measure_graph_profile into <output_dir>/profiles/<stem>.profile.json, at the largest batch
-    it runs with), before any server starts. Empty otherwise. With `watch` (a SpeedWatch), the
-    printed line says when the machine ran slow while a profile was measured."""
+    it runs with), before any server starts. Empty otherwise. The printed line says when the
+    machine ran slow while a profile was measured (`watch`, a SpeedWatch)."""
     if config.profile != "measure":
         return {}
     batches: Dict[str, int] = {}
@@ -178,9 +178,9 @@ def measured_profiles(jobs, cluster: Cluster, config: ActivateConfig, overheads,
     profiles = {}
     for graph, batch in batches.items():
         path = os.path.join(folder, os.path.splitext(os.path.basename(graph))[0] + ".profile.json")
-        started, before = time.monotonic(), _probe(watch)
+        started, before = time.monotonic(), watch.probe()
         profiles[graph] = measure_graph_profile(graph, batch, cluster, path, overheads)
-        slow = watch.slowdown(before, _probe(watch)) if watch is not None else 1.0
+        slow = watch.slowdown(before, watch.probe())
         print(f"profiled {os.path.basename(graph)} on {len(profiles[graph].kinds)} kinds in "
               f"{time.monotonic() - started:.1f} s: {path}" +
               (f" (the machine ran {slow:.2f}x slower than its quiet speed: its costs may be high)"
@@ -188,9 +188,9 @@ def measured_profiles(jobs, cluster: Cluster, config: ActivateConfig, overheads,
     return profiles
 
 
-def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None, watch=None) -> Dict[str, Any]:
+def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads, watch) -> Dict[str, Any]:
     """One round of one entry: its step times, simulated time, timeline path and the machine
-    speed probes just before and after its timed steps (`watch`, a SpeedWatch; none: no probes)."""
+    speed probes just before and after its timed steps (`watch`, a SpeedWatch)."""
     from tfplace.baselines.problem import with_overheads
     from tfplace.simulator import simulate
     from tfplace.ir.loader import load_op_graph
@@ -204,12 +204,12 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None, 
             proportional_batches(b, _speed_weights(cluster))
         emulation = [d.emulation for d in cluster.devices] if cluster.has_emulation else None
         from tfplace.emulation.links import checked_layout
-        before = _probe(watch)  # the ranks start inside run_horovod: its window holds their start-up too
+        before = watch.probe()  # the ranks start inside run_horovod: its window holds their start-up too
         res = run_horovod(job["graph"], per, steps=config.steps, warmup_steps=config.warmup_steps,
                           emulation_per_rank=emulation, source=config.cluster, device_names=cluster.device_names,
                           host_links=checked_layout(cluster, per="device"))
         return {"step_times_s": list(res.report.step_times_s), "simulated_s": None, "timeline": "",
-                "probes_s": [before, _probe(watch)]}
+                "probes_s": [before, watch.probe()]}
     profile = job.get("profile") or simulation_profile(graph, cluster)  # measured_profiles' when measured
     strategy, grouping = job.get("strategy"), None
     if strategy is None:
@@ -222,9 +222,9 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None, 
     with StepRunner(lc, step) as runner:
         runner.initialize()
         runner.run_steps(config.warmup_steps, feed)
-        before = _probe(watch)
+        before = watch.probe()
         times = runner.run_steps(config.steps, feed)
-        after = _probe(watch)
+        after = watch.probe()
         trace = runner.traced_step(feed) if config.trace else ""
     path = ""
     if config.trace:
@@ -232,10 +232,6 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads=None, 
         with open(path, "w") as f:
             f.write(trace)
     return {"step_times_s": times, "simulated_s": sim, "timeline": path, "probes_s": [before, after]}
-
-
-def _probe(watch) -> Dict[int, float]:
-    return watch.probe() if watch is not None else {}
 
 
 def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
@@ -302,18 +298,18 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
     return rows
 
 
-def _add_round(row: Dict[str, Any], result: Dict[str, Any], watch=None) -> None:
+def _add_round(row: Dict[str, Any], result: Dict[str, Any], watch) -> None:
     """Adds one round's result to an entry's row (its machine slowdown judged by `watch` as known
     now) and settles the row's figures (_settle). simulated_s comes from the first round (every
     round simulates the same PlacedGraph), and the timeline file holds the last round's traced
     step."""
     t = result["step_times_s"]
-    probes = [{str(c): s for c, s in p.items()} for p in result.get("probes_s") or []]
+    probes = [{str(c): s for c, s in p.items()} for p in result["probes_s"]]
     row["rounds"].append({"step_times_s": t, "mean_s": statistics.fmean(t), "std_s": statistics.pstdev(t),
                           "probes_s": probes})
     if "simulated_s" not in row:
         row["simulated_s"], row["timeline"] = result["simulated_s"], result["timeline"]
-    _settle(row, watch.reference_s if watch is not None else {})
+    _settle(row, watch.reference_s)
 
 
 def _settle(row: Dict[str, Any], reference_s: Dict[int, float]) -> None:
@@ -348,12 +344,12 @@ def _running_cluster(lc, cluster: Cluster, out):
     return LocalCluster.for_cluster(cluster).start()
 
 
-def _write_results(path: str, config_path: str, config: ActivateConfig, rows, complete: bool, watch=None) -> None:
+def _write_results(path: str, config_path: str, config: ActivateConfig, rows, complete: bool, watch) -> None:
     """results.json, replaced atomically; `complete` is false while entries are still to run.
     `core_quiet_s`: each probed core's quiet seconds in this run (machine_speed), which tell how
     fast this machine was against another run's."""
     tmp = f"{path}.tmp{os.getpid()}"
-    quiet = {str(c): s for c, s in sorted(watch.reference_s.items())} if watch is not None else {}
+    quiet = {str(c): s for c, s in sorted(watch.reference_s.items())}
     with open(tmp, "w") as f:
         json.dump({"config": os.path.abspath(config_path), "cluster": config.cluster, "complete": complete,
                    "core_quiet_s": quiet, "results": rows}, f, indent=1)
