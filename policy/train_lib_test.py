@@ -41,7 +41,9 @@ def _state(out):
 @pytest.mark.slow
 def test_train_is_killed_and_resumes_without_losing_progress(tmp_path):
     config, out = _config(tmp_path, 14), str(tmp_path / "run")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    # a SIGKILLed process leaves TensorFlow's autograph modules in its temporary folder: this one's
+    (tmp_path / "tmp").mkdir()
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(tmp_path / "tmp"))
     proc = subprocess.Popen(_cmd(config, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:

@@ -132,7 +132,7 @@ _LAUNCHER = textwrap.dedent("""
     # its children with SIGINT ignored, and Python then keeps it ignored)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     with LocalCluster(num_tasks=2) as lc:
-        print(" ".join(map(str, lc.pids)), flush=True)
+        print(" ".join(map(str, lc.pids)), lc.log_dir, flush=True)
         if mode == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)   # no cleanup code runs
         time.sleep(60)                            # Ctrl-C lands here
@@ -172,12 +172,15 @@ def _wait_or_dump(proc, timeout_s: float, what: str) -> int:
 def test_no_orphans_after_ctrl_c_or_a_killed_launcher(mode):
     with _script(_LAUNCHER, mode) as proc:
         line = proc.stdout.readline()
-        pids = [int(x) for x in line.split()]
-        assert len(pids) == 2, proc.stderr.read()
+        *pids, log_dir = line.split()
+        pids = [int(x) for x in pids]
+        assert len(pids) == 2 and os.path.isdir(log_dir), proc.stderr.read()
         if mode == "sigint":
             proc.send_signal(signal.SIGINT)
         _wait_or_dump(proc, 30, f"the launcher ({mode})")
         assert _wait_gone(pids, 5.0), f"workers {pids} outlived their launcher ({mode})"
+        # nor does its temporary log folder: closed by the launcher, or by the orphaned tasks
+        assert not os.path.exists(log_dir), os.listdir(log_dir)
 
 
 _LEFT_OPEN = textwrap.dedent("""
@@ -289,3 +292,21 @@ def test_worker_that_fails_to_start_is_reported(tmp_path):
     with pytest.raises(WorkerDiedError, match="no tensorflow in this worker") as e:
         lc.start()
     assert "while starting" in str(e.value)
+
+
+@pytest.mark.parametrize("files,folder_kept", [
+    (["task0.try0.log", "task0.try0.ready", "task1.try1.log", "task1.try1.ready.tmp"], False),
+    (["task0.try0.log", "notes.txt"], True),   # not the cluster's: the folder stays, with it
+    ([], False),
+])
+def test_an_orphaned_task_removes_only_the_clusters_files(tmp_path, files, folder_kept):
+    from tfplace.runtime.worker import remove_log_dir
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    for name in files:
+        (folder / name).write_text("x")
+    remove_log_dir(str(folder))
+    remove_log_dir(str(folder))  # the second orphaned task finds it gone
+    assert folder.exists() == folder_kept
+    if folder_kept:
+        assert os.listdir(folder) == ["notes.txt"]

@@ -316,6 +316,8 @@ class LocalCluster:
                    "--parent-pid", str(os.getpid())]
             if self.collective_leader:
                 cmd += ["--collective-leader", self.leader]
+            if self._own_log_dir:  # a SIGKILLed launcher cannot remove its temporary folder: the tasks do
+                cmd += ["--orphan-cleanup-dir", self.log_dir]
             env = dict(os.environ)
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             env.update(self.envs[task] or {})

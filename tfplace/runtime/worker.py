@@ -2,13 +2,14 @@
 
     python -m tfplace.runtime.worker --cluster-spec '{"worker": ["127.0.0.1:4001", "127.0.0.1:4002"]}' \
         --task 1 [--job worker] [--intra-threads 1] [--inter-threads 1] \
-        [--collective-leader /job:worker/replica:0/task:0] [--ready-file PATH] [--parent-pid PID]
+        [--collective-leader /job:worker/replica:0/task:0] [--ready-file PATH] [--parent-pid PID] \
+        [--orphan-cleanup-dir DIR]
 
 Starts a `tf.distribute.Server` for task `--task` of job `--job`, writes `--ready-file` (the
 address it serves) once the server listens, and then waits. It exits by itself, within
 `PARENT_POLL_S`, when the process that started it (`--parent-pid`) is gone, so a crashed or
-SIGKILLed launcher never leaves servers behind; the launcher still terminates it explicitly
-on a normal shutdown. A port taken by another process exits with `PORT_IN_USE_EXIT`, which
+SIGKILLed launcher never leaves servers behind, nor (with `--orphan-cleanup-dir`) its temporary
+log folder; the launcher still terminates it explicitly on a normal shutdown. A port taken by another process exits with `PORT_IN_USE_EXIT`, which
 the launcher answers by starting the cluster again on new ports.
 
 Thread limits (`--intra-threads`, `--inter-threads`) apply to every op this task runs; they are
@@ -27,6 +28,7 @@ import argparse
 import errno
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -48,6 +50,8 @@ def _parse(argv):
                    help="task that leads collective groups, e.g. /job:worker/replica:0/task:0")
     p.add_argument("--ready-file", default="", help="written with the address once serving")
     p.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
+    p.add_argument("--orphan-cleanup-dir", default="",
+                   help="the launcher's temporary log folder: removed when the launcher is gone (see remove_log_dir)")
     args = p.parse_args(argv)
     try:
         spec = json.loads(args.cluster_spec)
@@ -113,7 +117,33 @@ def main(argv=None) -> int:
     # server.join() never returns; poll instead so the task dies with its launcher.
     while _parent_alive(args.parent_pid):
         time.sleep(PARENT_POLL_S)
+    if args.orphan_cleanup_dir:
+        remove_log_dir(args.orphan_cleanup_dir)
     return 0
+
+
+# the files a LocalCluster writes into its log folder (tfplace.runtime.local_cluster)
+_CLUSTER_FILE = re.compile(r"task\d+\.try\d+\.(log|ready)(\.tmp)?")
+
+
+def remove_log_dir(path: str) -> None:
+    """Removes a launcher's temporary log folder after the launcher died without closing its
+    cluster (SIGKILL): every task file in it, then the folder once it is empty. Each orphaned task
+    calls it; whichever is last removes the folder. Anything else in the folder keeps it."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return
+    for name in names:
+        if _CLUSTER_FILE.fullmatch(name):
+            try:
+                os.unlink(os.path.join(path, name))
+            except OSError:  # another task removed it first
+                pass
+    try:
+        os.rmdir(path)
+    except OSError:  # not empty yet, or already gone
+        pass
 
 
 if __name__ == "__main__":
