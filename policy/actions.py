@@ -176,6 +176,42 @@ def restrict(action: Dict[str, np.ndarray], mask: np.ndarray,
     return out
 
 
+def canonical_device_permutation(action: Dict[str, np.ndarray], classes: Sequence[Sequence[int]],
+                                 group_weights: Sequence[float]) -> np.ndarray:
+    """[D] the new index of each device when the devices of each class of identical devices
+    (`classes`, device indices in order; tfplace.policy.features.identical_device_classes) are
+    relabelled so that the class's first device carries the most work: by the sum over groups of
+    `group_weights` [G] (e.g. the group's seconds) x the device's share weight, then by the number
+    of groups whose parameter server it is, then by the first group that uses it."""
+    shares = np.asarray(action["shares"])
+    sync, ps = np.asarray(action["sync"]), np.asarray(action["ps_device"])
+    levels = np.asarray(SHARE_LEVELS)[shares]  # [G, D]
+    load = np.asarray(group_weights, dtype=np.float64) @ levels
+    serves = np.bincount(ps[sync == 1], minlength=shares.shape[1])
+    used = levels > 0
+    first = np.where(used.any(axis=0), used.argmax(axis=0), shares.shape[0])
+    new_of = np.arange(shares.shape[1])
+    for members in classes:
+        ranked = sorted(members, key=lambda i: (-load[i], -serves[i], first[i], i))
+        for new, old in zip(members, ranked):
+            new_of[old] = new
+    return new_of
+
+
+def canonical_device_order(action: Dict[str, np.ndarray], classes: Sequence[Sequence[int]],
+                           group_weights: Sequence[float]) -> Dict[str, np.ndarray]:
+    """`action` with its devices relabelled by canonical_device_permutation: one of the equal
+    targets that differ only by which of two identical devices runs what, the same one for every
+    search. (The decoded strategies are the same up to that relabelling, except where the split
+    of a batch breaks a tie by device index; the simulator's own tie-breaks can move the time of
+    a relabelled strategy by a few percent.)"""
+    new_of = canonical_device_permutation(action, classes, group_weights)
+    out = {k: np.array(v, copy=True) for k, v in action.items()}
+    out["shares"][:, new_of] = np.asarray(action["shares"])
+    out["ps_device"] = new_of[np.asarray(action["ps_device"])].astype(np.int32)
+    return out
+
+
 def _group_decision(row: np.ndarray, micro: int, sync: int, ps: int, prio: int, names: Sequence[str],
                     speeds: np.ndarray, batch: int) -> GroupDecision:
     weights = np.asarray(SHARE_LEVELS)[row] * speeds

@@ -152,3 +152,61 @@ def test_restrict_leaves_the_masked_devices_out_and_moves_their_servers():
     assert out["micro"].tolist() == [1, 0, 1] and act["shares"][:, 2].tolist() != [0, 0, 0]  # input untouched
     s = A.decode(out, ["x", "y", "z"], ["a", "b", "c"], [2.0, 2.0, 1.0], 12, 4)
     assert all(name != "c" for g in s.groups.values() for name, _ in g.shares)
+
+
+def _canonical_case():
+    """3 groups on devices [a, b, c, d] where b, c, d are identical; group weights 1, 2, 4."""
+    act = A.proportional_action(3, 4)
+    act["shares"][:] = [[0, 2, 0, 0],   # group 0 on b
+                        [0, 0, 0, 2],   # group 1 on d
+                        [2, 0, 0, 2]]   # group 2 on a and d
+    act["sync"][:] = [1, 1, 0]
+    act["ps_device"][:] = [2, 2, 1]     # groups 0 and 1 keep their variables on c
+    return act, ((0,), (1, 2, 3)), [1.0, 2.0, 4.0]
+
+
+def test_canonical_device_order_puts_the_busiest_identical_device_first():
+    act, classes, weights = _canonical_case()
+    out = A.canonical_device_order(act, classes, weights)
+    # d carried 6 units of work, b 1 and c none (it only serves two PS): d, b, c become b, c, d
+    np.testing.assert_array_equal(out["shares"], [[0, 0, 2, 0], [0, 2, 0, 0], [2, 2, 0, 0]])
+    np.testing.assert_array_equal(out["ps_device"], [3, 3, 2])
+    np.testing.assert_array_equal(out["sync"], act["sync"])
+    np.testing.assert_array_equal(act["shares"][0], [0, 2, 0, 0])  # the input is left as it was
+
+
+@pytest.mark.parametrize("perm", [(0, 1, 2, 3), (0, 2, 1, 3), (0, 3, 2, 1), (0, 2, 3, 1)])
+def test_canonical_device_order_is_one_order_for_every_relabelling(perm):
+    # relabel the identical devices b, c, d any way: the canonical action is the same
+    act, classes, weights = _canonical_case()
+    perm = np.asarray(perm)
+    relabelled = {k: np.array(v, copy=True) for k, v in act.items()}
+    relabelled["shares"][:, perm] = act["shares"]
+    relabelled["ps_device"] = perm[act["ps_device"]].astype(np.int32)
+    want = A.canonical_device_order(act, classes, weights)
+    got = A.canonical_device_order(relabelled, classes, weights)
+    assert A.action_key(got) == A.action_key(want)
+    assert A.action_key(A.canonical_device_order(got, classes, weights)) == A.action_key(got)  # idempotent
+
+
+def test_canonical_device_order_relabels_the_strategy():
+    # one device per group (no batch split to break ties by index): the canonical action is the
+    # same strategy with identical devices swapped, so each device's compute moves with it and
+    # the bytes sent stay the same
+    from tfplace.simulator import SimOptions, simulate
+    task = tiny_task("mlp", "four")  # v100_0, v100_1 identical; p100_0, p100_1 identical
+    rng = np.random.default_rng(5)
+    swapped = 0
+    for _ in range(10):
+        act = A.random_action(rng, task.num_groups, task.num_devices)
+        act["shares"][:] = 0
+        act["shares"][np.arange(task.num_groups), rng.integers(0, task.num_devices, task.num_groups)] = 2
+        canon = task.canonical(act)
+        new_of = task.canonical_permutation(act)
+        np.testing.assert_array_equal(canon["shares"][:, new_of], act["shares"])
+        swapped += int((new_of != np.arange(task.num_devices)).any())
+        reports = [simulate(task.lowerer.lower(task.decode(a)), task.cluster, SimOptions()) for a in (act, canon)]
+        np.testing.assert_allclose(np.asarray(reports[1].compute_s)[new_of], reports[0].compute_s, rtol=1e-12)
+        assert reports[1].comm_bytes == reports[0].comm_bytes
+        assert A.action_key(task.canonical(canon)) == A.action_key(canon)  # idempotent
+    assert swapped >= 3  # the check saw relabellings, not only actions already in order

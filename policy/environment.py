@@ -36,7 +36,7 @@ from tfplace.baselines.problem import with_overheads
 from tfplace.formats.strategy import Strategy
 
 from tfplace.policy import actions as A
-from tfplace.policy.features import GraphFeatures, build_features
+from tfplace.policy.features import GraphFeatures, build_features, group_seconds, identical_device_classes
 from tfplace.policy.fallbacks import device_speed
 
 
@@ -67,6 +67,7 @@ class PlacementTask:
         self.reference_time_s = 1.0  # set to the best baseline's time by the trainer
         self._cache: Dict[bytes, Evaluation] = {}
         self.num_simulations = 0
+        self._canonical_args = None
 
     @property
     def num_groups(self) -> int:
@@ -80,6 +81,24 @@ class PlacementTask:
         """The action's strategy, batch-statistics replicas raised to the minimum batch (Lowerer.legalize)."""
         return self.lowerer.legalize(A.decode(action, self.grouping.group_names, self.cluster.device_names,
                                               self.speeds, self.batch_size, self.max_groups, self.label))
+
+    def _canonical_inputs(self):
+        """(classes of identical devices, each group's seconds on the fastest kind), made once."""
+        if self._canonical_args is None:
+            seconds = group_seconds(self.graph, self.grouping, self.profile, self.cluster.kinds, self.batch_size)
+            self._canonical_args = (identical_device_classes(self.cluster), seconds.min(axis=1))
+        return self._canonical_args
+
+    def canonical_permutation(self, action: Dict[str, np.ndarray]) -> np.ndarray:
+        """[D] the new index of each device under `canonical` (A.canonical_device_permutation)."""
+        return A.canonical_device_permutation(action, *self._canonical_inputs())
+
+    def canonical(self, action: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """`action` with each class of identical devices relabelled so that its first device does
+        the most work (A.canonical_device_order, weighted by each group's seconds on the fastest
+        kind): the same strategy up to that relabelling, in the order the device rank feature
+        describes."""
+        return A.canonical_device_order(action, *self._canonical_inputs())
 
     def simulate(self, strategy: Strategy, trace: bool = False) -> SimReport:
         self.num_simulations += 1

@@ -16,7 +16,12 @@ float32 unless noted, and no width depends on G or D, so one policy serves any g
   devices   [D, DEVICE_FEATURES] log2 of speed relative to the fastest device, speed share,
                                  memory log10(GB) / 2, memory relative to the largest, NIC and
                                  intra-host bandwidth (log10 B/s / 10), mean and min path bandwidth
-                                 to the other devices (log10 B/s / 10), share of devices on its host.
+                                 to the other devices (log10 B/s / 10), share of devices on its host,
+                                 and (last column, DEVICE_RANK_COLUMN) the device's rank among the
+                                 devices identical to it (same kind, host and memory) over the
+                                 class size: 0 for the first or only one. The rank is read only by
+                                 networks built with NetworkConfig.device_rank_feature (see
+                                 identical_device_classes).
   pairs     [G, D, PAIR_FEATURES] per (group, device): log2 of the group's seconds on this
                                  device over its fastest-device seconds, log10 seconds (shifted),
                                  group params / device memory.
@@ -64,7 +69,8 @@ OP_CATEGORIES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
 CATEGORY_NAMES = tuple(name for name, _ in OP_CATEGORIES)
 NODE_FEATURES = len(OP_CATEGORIES) + 11
 EDGE_FEATURES = 4
-DEVICE_FEATURES = 9
+DEVICE_FEATURES = 10
+DEVICE_RANK_COLUMN = 9  # the last device column; older policies read the columns before it
 PAIR_FEATURES = 3
 GLOBAL_FEATURES = 5
 
@@ -175,6 +181,31 @@ def _edges(gg, g: int, cut: np.ndarray):
     return np.concatenate([fwd, rev, selfs]), senders, receivers
 
 
+def identical_device_classes(cluster: Cluster) -> Tuple[Tuple[int, ...], ...]:
+    """The cluster's devices grouped into classes of identical ones (same kind, host and memory:
+    same speed and the same links), each in device order; singletons included.
+
+    A permutation-equivariant network gives identical devices identical outputs, so its greedy
+    strategy cannot put one group on the first of two identical GPUs and the next group on the
+    second (op-level model parallelism). The rank inside the class (a device feature) lets it,
+    and pre-training orders each target's identical devices the same way
+    (tfplace.policy.actions.canonical_device_order) so that the rank means the same thing in
+    every target."""
+    classes: Dict[tuple, list] = {}
+    for i, dev in enumerate(cluster.devices):
+        classes.setdefault((dev.kind, dev.host, int(cluster.memory_bytes[i])), []).append(i)
+    return tuple(tuple(c) for c in classes.values())
+
+
+def _class_rank(cluster: Cluster) -> np.ndarray:
+    """[D] rank of each device inside its identical class over the class size, in [0, 1)."""
+    out = np.zeros(cluster.num_devices)
+    for members in identical_device_classes(cluster):
+        for rank, i in enumerate(members):
+            out[i] = rank / len(members)
+    return out
+
+
 def device_features(cluster: Cluster) -> np.ndarray:
     d = cluster.num_devices
     speed = np.array([device_speed(x) for x in cluster.devices])
@@ -188,7 +219,8 @@ def device_features(cluster: Cluster) -> np.ndarray:
     nic = np.array([cluster.host_of(i).nic_bandwidth_bytes_per_s for i in range(d)])
     intra = np.array([cluster.host_of(i).intra_bandwidth_bytes_per_s for i in range(d)])
     cols = [np.log2(speed / speed.max()), speed / speed.sum(), np.log10(mem / 1e9 + 1e-3) / 2, mem / mem.max(),
-            np.log10(nic) / 10, np.log10(intra) / 10, np.log10(mean_bw) / 10, np.log10(min_bw) / 10, host_share]
+            np.log10(nic) / 10, np.log10(intra) / 10, np.log10(mean_bw) / 10, np.log10(min_bw) / 10, host_share,
+            _class_rank(cluster)]
     return np.stack(cols, axis=1)
 
 

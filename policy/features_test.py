@@ -44,3 +44,23 @@ def test_faster_device_has_lower_cost_pair_feature():
     heavy = np.argmax(task.features.nodes[:, len(F.OP_CATEGORIES) + 1])
     assert task.features.pairs[heavy, v, 0] <= task.features.pairs[heavy, p, 0]
     assert task.features.devices[v, 0] >= task.features.devices[p, 0]
+
+
+@pytest.mark.parametrize("devices,classes,ranks", [
+    # (name, kind, host, memory GB) -> classes of identical devices and the rank column
+    ([("a", "V100", "h0", 16), ("b", "V100", "h0", 16), ("c", "V100", "h1", 16), ("d", "P100", "h0", 16)],
+     ((0, 1), (2,), (3,)), [0.0, 0.5, 0.0, 0.0]),
+    ([("a", "V100", "h0", 16), ("b", "P100", "h0", 16), ("c", "V100", "h0", 16), ("d", "V100", "h0", 16)],
+     ((0, 2, 3), (1,)), [0.0, 0.0, 1 / 3, 2 / 3]),
+    ([("a", "V100", "h0", 16), ("b", "V100", "h0", 8)], ((0,), (1,)), [0.0, 0.0]),  # a capped one differs
+])
+def test_identical_devices_are_ranked_inside_their_class(devices, classes, ranks):
+    from tfplace.formats.cluster import Device, Host, build_cluster
+    cluster = build_cluster("c", [Host("h0"), Host("h1")],
+                            [Device(n, k, h, int(gb * 1e9)) for n, k, h, gb in devices])
+    assert F.identical_device_classes(cluster) == classes
+    np.testing.assert_allclose(F.device_features(cluster)[:, F.DEVICE_RANK_COLUMN], ranks)
+    # the other columns cannot tell the devices of one class apart: the rank is what can
+    cols = F.device_features(cluster)[:, :F.DEVICE_RANK_COLUMN]
+    for members in classes:
+        assert all(np.array_equal(cols[members[0]], cols[i]) for i in members)

@@ -76,3 +76,32 @@ def test_training_is_reproducible_with_a_seed():
         np.testing.assert_array_equal(a, b)
     one, two = _weights(_learner(1, obs)), _weights(_learner(2, obs))
     assert any(not np.array_equal(a, b) for a, b in zip(one, two))
+
+
+def _share_accuracy_after_imitation(rank_feature: int, steps: int) -> float:
+    """Imitates a target that puts alternate groups of the tiny MLP on v100_0 and v100_1, two
+    identical devices (op-level model parallelism), for `steps` steps; returns the fraction of
+    the target's share levels the greedy strategy then matches."""
+    task = _task()
+    obs = task.features.as_observation()
+    tf.keras.utils.set_random_seed(0)
+    network = NetworkConfig(hidden_size=16, num_message_passing_steps=2, mlp_layers=1,
+                            device_rank_feature=rank_feature)
+    learner = ReinforceLearner(PlacementNetwork(network, ActionLayout()), RLConfig(learning_rate=1e-2))
+    learner.build(obs)
+    g, d = task.num_groups, task.num_devices
+    target = {"shares": np.zeros((g, d), np.int32), "micro": np.zeros(g, np.int32), "sync": np.zeros(g, np.int32),
+              "ps_device": np.zeros(g, np.int32), "priority": np.zeros(g, np.int32)}
+    target["shares"][np.arange(g), np.arange(g) % 2] = 2  # group i whole on v100_(i mod 2)
+    for _ in range(steps):
+        learner.imitate([(obs, target)])
+    return float((learner.greedy(obs)["shares"] == target["shares"]).mean())
+
+
+def test_only_a_network_that_reads_the_device_rank_can_imitate_model_parallelism_over_identical_devices():
+    # Without the rank, v100_0 and v100_1 get the same logits for every group, so each group is
+    # wrong on one of the two columns: at most 1 - 1/4 of the share levels can match. With it,
+    # the target is learned exactly (measured with seed 0: 0.75 for both after 40 steps, 0.75 and
+    # 1.0 after 80).
+    assert _share_accuracy_after_imitation(0, 100) <= 0.75
+    assert _share_accuracy_after_imitation(1, 100) == 1.0

@@ -7,7 +7,8 @@ scored per (group, device), so no weight shape depends on the number of groups o
 Inputs: the observation dict of `tfplace.policy.features` with a leading batch dimension B (all
 observations of one batch come from the same (graph, cluster), so sizes agree).
 Architecture (sizes from `TrainConfig.network`):
-  1. encoders: MLPs for nodes, edges, globals, devices, to `hidden_size`;
+  1. encoders: MLPs for nodes, edges, globals, devices, to `hidden_size` (the devices' rank
+     column only with `device_rank_feature`);
   2. `num_message_passing_steps` rounds, each (one set of weights for all rounds, residual):
      a. a graph_nets `GraphNetwork` over the group graph (edge, node, global blocks; MLPs with
         `mlp_layers` layers);
@@ -71,6 +72,7 @@ class PlacementNetwork(network.Network):
         h, k = config.hidden_size, config.mlp_layers
         self._layout = layout
         self._steps = config.num_message_passing_steps
+        self._device_rank = bool(config.device_rank_feature)
         self._encoder = gn.modules.GraphIndependent(
             edge_model_fn=_mlp_factory(h, k, "enc_edge"), node_model_fn=_mlp_factory(h, k, "enc_node"),
             global_model_fn=_mlp_factory(h, k, "enc_global"))
@@ -112,7 +114,10 @@ class PlacementNetwork(network.Network):
         m = tf.shape(observation["senders"])[1]
         graph = self._encoder(self._graphs(observation, b, g, m))
         h = graph.nodes.shape[-1]
-        dev = self._device_enc(observation["devices"])  # [B, D, H]
+        devices = observation["devices"]
+        if not self._device_rank:  # a policy made before the rank column: the same inputs as then
+            devices = devices[..., :F.DEVICE_RANK_COLUMN]
+        dev = self._device_enc(devices)  # [B, D, H]
         for _ in range(self._steps):
             out = self._core(graph)
             nodes = tf.reshape(graph.nodes + out.nodes, [b, g, h])

@@ -85,3 +85,15 @@ def test_planning_draws_from_the_marginals_as_the_network_does():
         assert np.abs(freq - probs[k]).max() < 0.035, k  # 4000 draws: sd <= 0.008
     one_hot = {k: np.eye(v.shape[-1])[np.zeros(v.shape[:-1], int) + 1] for k, v in probs.items()}
     assert all((a[k] == 1).all() for a in A.sample_from(np.random.default_rng(1), one_hot, 5) for k in a)
+
+
+def test_only_the_rank_feature_lets_identical_devices_differ():
+    # v100_0 and v100_1 (and the two P100s) are identical: a network without the rank column
+    # gives them the same share logits for every group, one with it can tell them apart
+    obs = batch_observation(tiny_task("mlp", "four").features.as_observation())
+    for rank, differ in ((0, False), (1, True)):
+        tf.random.set_seed(3)
+        config = NetworkConfig(hidden_size=16, num_message_passing_steps=2, mlp_layers=1, device_rank_feature=rank)
+        logits = PlacementNetwork(config, ActionLayout())(obs)[0]["shares"].distribution.logits.numpy()[0]
+        gap = max(np.abs(logits[:, 0] - logits[:, 1]).max(), np.abs(logits[:, 2] - logits[:, 3]).max())
+        assert (gap > 1e-4) == differ, (rank, gap)

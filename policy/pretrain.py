@@ -117,8 +117,11 @@ def build_task(spec: TaskSpec, max_groups: int, resolve_bundle) -> PlacementTask
                          default_profile(graph, cluster.kinds), spec.batch_size, max_groups)
 
 
-def expert_target(learner, task: PlacementTask, search_seconds: float, seed: int) -> Tuple[Dict, float, str]:
-    """(target action, its effective time s, where it came from) of one policy-guided search."""
+def expert_target(learner, task: PlacementTask, search_seconds: float, seed: int,
+                  canonical: bool = False) -> Tuple[Dict, float, str]:
+    """(target action, its effective time s, where it came from) of one policy-guided search;
+    `canonical`: each class of identical devices relabelled (PlacementTask.canonical), for a
+    network that reads the device rank."""
     from tfplace.policy.planner import plan_task
     result = plan_task(learner, task, search_seconds, samples=4, seed=seed, mode="both")
     cands = [(A.encode(result.best.strategy, task.grouping.group_names, task.cluster.device_names, task.speeds),
@@ -127,6 +130,9 @@ def expert_target(learner, task: PlacementTask, search_seconds: float, seed: int
         cands.append((result.best_action.action, result.best_action.source))
     scored = [(task.evaluate(a).effective_time_s, i, a, src) for i, (a, src) in enumerate(cands)]
     t, _, act, src = min(scored, key=lambda x: (x[0], x[1]))
+    if canonical:  # the same strategy up to identical devices; the simulator's tie-breaks may move its time a little
+        act = task.canonical(act)
+        t = task.evaluate(act).effective_time_s
     return act, t, src
 
 
@@ -166,7 +172,8 @@ def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, obje
                 continue
             task = tasks[spec.label]
             search_seed = int(np.random.SeedSequence([config.seed, r, i]).generate_state(1)[0])
-            act, t, src = expert_target(learner, task, config.search_seconds, search_seed)
+            act, t, src = expert_target(learner, task, config.search_seconds, search_seed,
+                                        canonical=bool(config.network.device_rank_feature))
             old = targets.get(spec.label)
             if old is None or t < old["effective_time_s"]:
                 targets[spec.label] = {"action": A.action_to_json(act), "effective_time_s": t, "source": src,

@@ -1,6 +1,7 @@
 """Pre-training by expert iteration: the task draw respects the split, imitation moves the policy
 to the search's targets (a flipped loss would not), and an interrupted run resumes."""
 
+import dataclasses
 import json
 import os
 
@@ -107,3 +108,23 @@ def test_pretrain_learns_the_targets_writes_provenance_and_resumes(tmp_path):
     pretrain.pretrain(config, again.append, bundle_for_entry)
     assert sum("resumed from" in m for m in again) == 2
     assert not any("search" in m and "target" in m for m in again)
+
+
+@pytest.mark.parametrize("canonical", [False, True])
+def test_expert_targets_are_relabelled_for_a_network_that_reads_the_device_rank(canonical, monkeypatch):
+    # the search "finds" a strategy that puts every group on v100_1 and none on v100_0, its
+    # identical twin: the target of a network that reads the device rank is the same strategy
+    # on v100_0 (the first of the pair carries the work), with its own simulated time
+    import types
+    from tfplace.policy import planner
+    task = tiny_task("mlp", "four")
+    found = A.proportional_action(task.num_groups, task.num_devices)
+    found["shares"][:] = 0
+    found["shares"][:, 1] = 2
+    entry = types.SimpleNamespace(action=found, source="search", strategy=task.decode(found))
+    monkeypatch.setattr(planner, "plan_task", lambda *a, **k: types.SimpleNamespace(best=entry, best_action=entry))
+    learner = pretrained.new_learner(dataclasses.replace(SMALL, device_rank_feature=int(canonical)))
+    act, t, _ = pretrain.expert_target(learner, task, 0.5, seed=1, canonical=canonical)
+    assert t == task.evaluate(act).effective_time_s
+    on = [task.cluster.device_names[int(i)] for i in np.flatnonzero(act["shares"].any(axis=0))]
+    assert on == (["v100_0"] if canonical else ["v100_1"])

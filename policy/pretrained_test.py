@@ -1,6 +1,7 @@
 """Policy weights files: exact round trip, one clear error for a file from another network or a
 damaged one, and the shipped pre-trained policy (loads, says how it was made)."""
 
+import dataclasses
 import json
 import os
 
@@ -15,12 +16,13 @@ from tfplace.policy.testing_fixtures import tiny_task
 SMALL = NetworkConfig(hidden_size=8, num_message_passing_steps=1, mlp_layers=1)
 
 
-def test_weights_round_trip_bit_exactly_and_plan_the_same(tmp_path):
-    learner = pretrained.new_learner(SMALL)
+@pytest.mark.parametrize("network", [SMALL, dataclasses.replace(SMALL, device_rank_feature=1)])
+def test_weights_round_trip_bit_exactly_and_plan_the_same(tmp_path, network):
+    learner = pretrained.new_learner(network)
     path = str(tmp_path / "w.json")
-    pretrained.save_weights(learner, path, SMALL, 16, {"seed": 3})
+    pretrained.save_weights(learner, path, network, 16, {"seed": 3})
     back, weights = pretrained.load_weights(path)
-    assert weights.network == SMALL and weights.max_groups == 16 and weights.provenance == {"seed": 3}
+    assert weights.network == network and weights.max_groups == 16 and weights.provenance == {"seed": 3}
     for a, b in zip(learner.network.trainable_variables, back.network.trainable_variables):
         assert a.name == b.name and np.array_equal(a.numpy(), b.numpy())
     obs = tiny_task("cnn", "four").features.as_observation()
@@ -39,6 +41,8 @@ def _edit(path, change):
     (lambda b: b.update(format="tfplace.cluster"), "format"),
     (lambda b: b.update(version=9), "version"),
     (lambda b: b["network"].update(hidden_size=0), "network"),
+    (lambda b: b["network"].update(device_rank_feature=2), "network"),
+    (lambda b: b["network"].update(device_rank_feature=True), "network"),
     (lambda b: b.update(max_groups="64"), "max_groups"),
     (lambda b: b["variables"][0]["values"].pop(), "variables[0]"),
     (lambda b: b["network"].update(hidden_size=16), "variables[0]"),  # another architecture: shapes differ

@@ -38,6 +38,10 @@ def define_flags() -> None:
     flags.DEFINE_integer("epochs", d.epochs, "imitation passes over the targets per round", lower_bound=1)
     flags.DEFINE_integer("rl_steps", d.rl_steps, "REINFORCE steps after the rounds", lower_bound=0)
     flags.DEFINE_integer("hidden_size", d.network.hidden_size, "network width", lower_bound=4)
+    flags.DEFINE_integer("device_rank_feature", d.network.device_rank_feature,
+                         "1: the network reads each device's rank among identical devices (so it can place "
+                         "groups on different ones) and targets are relabelled to match; 0: it does not",
+                         lower_bound=0, upper_bound=1)
     flags.DEFINE_string("split", None, "split file (default: policy/split.json)")
     flags.DEFINE_string("work_dir", None, "folder for targets and per-round weights (default: OUT.work)")
     common.output_file_flag("out")
@@ -56,7 +60,8 @@ def main(argv) -> int:
                             num_validation_tasks=FLAGS.num_validation_tasks,
                             rounds=FLAGS.rounds, search_seconds=FLAGS.search_seconds, epochs=FLAGS.epochs,
                             rl_steps=FLAGS.rl_steps, split_path=FLAGS.split, work_dir=FLAGS.work_dir,
-                            network=dataclasses.replace(base.network, hidden_size=FLAGS.hidden_size))
+                            network=dataclasses.replace(base.network, hidden_size=FLAGS.hidden_size,
+                                                        device_rank_feature=FLAGS.device_rank_feature))
     os.makedirs(config.work, exist_ok=True)
     with common.OutputLock(config.work, FLAGS.work_dir or FLAGS.out, "work_dir" if FLAGS.work_dir else "out"):
         pretrain(config, lambda m: (sys.stderr.write(m + "\n"), sys.stderr.flush()), bundle_for_entry)

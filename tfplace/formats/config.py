@@ -80,11 +80,14 @@ class Budget:
 
 @dataclasses.dataclass(frozen=True)
 class NetworkConfig:
-    """Graph-network sizes."""
+    """Graph-network sizes. device_rank_feature = 1: the device encoder also reads each device's
+    rank among the devices identical to it (tfplace.policy.features), so identical devices can
+    get different outputs; 0: it reads only the other device columns (policies made before)."""
     hidden_size: int = 64
     num_message_passing_steps: int = 3
     num_heads: int = 4
     mlp_layers: int = 2
+    device_rank_feature: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +117,8 @@ class SimulatorConfig:
 # section field -> (JSON type, range check); the defaults are the dataclass defaults above.
 _RULES: Dict[type, Dict[str, Tuple[type, Dict[str, Any]]]] = {
     NetworkConfig: {"hidden_size": (int, _pos), "num_message_passing_steps": (int, _pos),
-                    "num_heads": (int, _pos), "mlp_layers": (int, _pos)},
+                    "num_heads": (int, _pos), "mlp_layers": (int, _pos),
+                    "device_rank_feature": (int, dict(check=lambda v: v in (0, 1), must="be 0 or 1"))},
     RLConfig: {"algorithm": (str, dict(check=lambda v: v in RL_ALGORITHMS, must=f"be one of {list(RL_ALGORITHMS)}")),
                "learning_rate": (float, _pos), "entropy_coef": (float, _non_neg),
                "samples_per_step": (int, _pos), "oom_penalty": (float, dict(check=lambda v: v >= 1, must="be >= 1")),

@@ -47,8 +47,12 @@ class PolicyWeights:
 def _network_config(path: str, body: Dict[str, Any]) -> NetworkConfig:
     fields = {f.name for f in dataclasses.fields(NetworkConfig)}
     net = body.get("network")
-    if not isinstance(net, dict) or set(net) - fields or not all(isinstance(v, int) and v > 0 for v in net.values()):
-        raise InputError(path, "network", f"must be an object of positive integers with keys among {sorted(fields)}",
+    flags = {"device_rank_feature"}  # 0 or 1; every other field is a positive size
+    if (not isinstance(net, dict) or set(net) - fields
+            or not all(isinstance(v, int) and not isinstance(v, bool) and (v in (0, 1) if k in flags else v > 0)
+                       for k, v in net.items())):
+        raise InputError(path, "network", f"must be an object of positive integers (device_rank_feature: 0 or 1) "
+                                          f"with keys among {sorted(fields)}",
                          f"write the file with tfplace.policy.pretrained.save_weights ({PRETRAIN_COMMAND})")
     return NetworkConfig(**net)
 
