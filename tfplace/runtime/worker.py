@@ -9,8 +9,9 @@ Starts a `tf.distribute.Server` for task `--task` of job `--job`, writes `--read
 address it serves) once the server listens, and then waits. It exits by itself, within
 `PARENT_POLL_S`, when the process that started it (`--parent-pid`) is gone, so a crashed or
 SIGKILLed launcher never leaves servers behind, nor (with `--orphan-cleanup-dir`) its temporary
-log folder; the launcher still terminates it explicitly on a normal shutdown. A port taken by another process exits with `PORT_IN_USE_EXIT`, which
-the launcher answers by starting the cluster again on new ports.
+log folder; the launcher still terminates it explicitly on a normal shutdown. A port taken by
+another process exits with `PORT_IN_USE_EXIT`, which the launcher answers by starting the cluster
+again on new ports.
 
 Thread limits (`--intra-threads`, `--inter-threads`) apply to every op this task runs; they are
 how a local cluster emulates devices of different speeds on one machine. Its malloc keeps freed
