@@ -318,7 +318,10 @@ class Trainer:
             batch.append((obs, acts, self.learner.advantages(run.label, rewards)))
         stats = self.learner.update(batch)
         if self.config.rl.imitate_best:  # expert iteration: the policy follows the best action found so far
-            demos = [(run.task.features.as_observation(), best.action)
+            # a network that reads the device rank follows it with identical devices in one order
+            # (as pre-training does): a new best that only swaps them is the same demonstration
+            canonical = bool(self.config.network.device_rank_feature)
+            demos = [(run.task.features.as_observation(), run.task.canonical(best.action) if canonical else best.action)
                      for run in self.runs if (best := run.pool.best_with_action()) is not None]
             if demos:
                 stats["imitation_loss"] = self.learner.imitate(demos)

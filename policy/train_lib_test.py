@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,6 +84,32 @@ def test_train_is_killed_and_resumes_without_losing_progress(tmp_path):
     assert report["best_baseline"] == min(feasible, key=feasible.get)
     for name, t in feasible.items():  # speed-ups over each baseline, by hand
         assert report["speedups"][name] == pytest.approx(t / report["time_s"])
+
+
+@pytest.mark.parametrize("rank_feature", [0, 1])
+def test_a_network_that_reads_the_device_rank_imitates_the_best_in_canonical_order(tmp_path, rank_feature,
+                                                                                   monkeypatch):
+    from tfplace.formats.config import load_train_config
+    from tfplace.policy import actions as A
+    from tfplace.policy import train_lib
+    config = load_train_config(_config(tmp_path, 2))
+    config = dataclasses.replace(config, network=dataclasses.replace(config.network, device_rank_feature=rank_feature),
+                                 output_dir=str(tmp_path / "run"))
+    trainer = train_lib.Trainer(config, log=lambda m: None, progress=False)
+    run = trainer.runs[0]
+    # the pool's best: every group on the second of two identical devices (an order no canonical
+    # action has), ahead of everything training finds
+    from tfplace.policy.features import identical_device_classes
+    classes = [c for c in identical_device_classes(run.task.cluster) if len(c) > 1]
+    best = A.proportional_action(run.task.num_groups, run.task.num_devices)
+    best["shares"][:] = 0
+    best["shares"][:, classes[0][1]] = 2
+    run.pool.add(train_lib.PoolEntry("planted", run.task.decode(best), 1e-9, 1e-9, False, 0, best))
+    seen = []
+    monkeypatch.setattr(trainer.learner, "imitate", lambda demos: seen.extend(d for _, d in demos) or 0.0)
+    trainer.train_step()
+    used = sorted({int(i) for d in seen for i in np.flatnonzero(d["shares"].any(axis=0))})
+    assert used == [classes[0][0] if rank_feature else classes[0][1]], used
 
 
 # ---- seeds -------------------------------------------------------------------------------------
