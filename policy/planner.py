@@ -41,6 +41,9 @@ class PlanResult:
     out: Optional[str] = None
     trace: List[Tuple[float, float, str]] = dataclasses.field(default_factory=list)
     best_action: Optional[PoolEntry] = None  # the best strategy found that is an action (decode-able)
+    baseline_entries: List[PoolEntry] = dataclasses.field(default_factory=list)  # every baseline, simulated
+    task: Optional[PlacementTask] = None  # set by plan(): what was planned (graph, grouping, profile)
+    bundle: Optional[str] = None  # set by plan(): the graph bundle planned
 
 
 def _to_stderr(message: str) -> None:
@@ -156,7 +159,7 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
     bb = pool.best_baseline()
     return PlanResult(task.label, pool.best, zero, pool.baseline_times(), bb.source, bb.time_s,
                       time.time() - start, zero_s, trace=trace,
-                      best_action=best_action(best_act))
+                      best_action=best_action(best_act), baseline_entries=list(pool.baselines))
 
 
 def load_any_policy(run_dir: Optional[str] = None, weights: Optional[str] = None):
@@ -191,6 +194,7 @@ def plan(run_dir: Optional[str], *, graph: Optional[str], model: Optional[str], 
     if ckpt is not None:
         tf.train.Checkpoint(network=learner.network).read(ckpt).expect_partial()
     result = plan_task(learner, task, search_seconds, samples, seed)
+    result.task, result.bundle = task, bundle
     if out:
         save_strategy(result.best.strategy, out)
         result.out = out

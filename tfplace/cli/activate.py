@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from tfplace.cli import common
 from tfplace.formats.cluster import Cluster, load_cluster
@@ -211,7 +211,7 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads, watch
         return {"step_times_s": list(res.report.step_times_s), "simulated_s": None, "timeline": "",
                 "probes_s": [before, watch.probe()]}
     profile = job.get("profile") or simulation_profile(graph, cluster)  # measured_profiles' when measured
-    strategy, grouping = job.get("strategy"), None
+    strategy, grouping = job.get("strategy"), job.get("grouping")  # a plan's own grouping (tfplace.cli.real_check)
     if strategy is None:
         strategy, grouping = baseline_plan(job["baseline"], graph, cluster, profile, job["batch"],
                                            overheads=overheads)
@@ -258,43 +258,57 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
         profiles = measured_profiles(jobs, cluster, config, overheads, out, watch)
         for job in jobs:
             job["profile"] = profiles.get(job.get("graph"))
-        rows: List[Dict[str, Any]] = [{"name": job["name"], "kind": job["kind"], "error": None, "rounds": []}
-                                      for job in jobs]
-        lc = None
-        try:
-            for r in range(config.rounds):  # round by round, so that a drift of the machine touches every entry
-                if r and lc is not None:  # every round on fresh servers
-                    lc.close()
-                    lc = None
-                for job, row in zip(jobs, rows):
-                    if row["error"] is not None:  # failed in an earlier round: reported then
-                        continue
-                    if job.get("error") is not None:
-                        row["error"] = str(job["error"])
-                        print(f"{row['name']}: {row['error']}", file=out, flush=True)
-                        continue
-                    try:
-                        lc = _running_cluster(lc, cluster, out)
-                        _add_round(row, _run_one(job, cluster, lc, config, overheads, watch), watch)
-                    except Exception as err:  # one bad entry must not stop the others
-                        row["error"] = f"{type(err).__name__}: {err}"
-                        traceback.print_exc(file=sys.stderr)
-                    which = f" (round {r + 1} of {config.rounds})" if config.rounds > 1 else ""
-                    last = row["rounds"][-1] if row["rounds"] and row["error"] is None else None
-                    note = (f"; the machine ran {last['machine_slowdown']:.2f}x slower than its quiet speed"
-                            if last is not None and last["disturbed"] else "")
-                    print(f"{row['name']}{which}: " + (row["error"] or f"{last['mean_s'] * 1e3:.2f} ± "
-                                                       f"{last['std_s'] * 1e3:.2f} ms{note}"), file=out, flush=True)
-                    _write_results(results_path, config_path, config, rows, False, watch)  # survives an interrupt
-        finally:
-            if lc is not None:
-                lc.close()
-        for row in rows:  # judged again against the quiet speeds of the whole run
-            if row["rounds"]:
-                _settle(row, watch.reference_s)
+        rows = run_rounds(jobs, cluster, config, overheads, watch, out,
+                          after_entry=lambda rows: _write_results(results_path, config_path, config, rows, False,
+                                                                  watch))  # what ran survives an interrupt
         print_table(rows, out)
         print_machine_note(rows, out)
         _write_results(results_path, config_path, config, rows, True, watch)
+    return rows
+
+
+def run_rounds(jobs: List[Dict[str, Any]], cluster: Cluster, config: ActivateConfig, overheads, watch, out,
+               after_entry: Optional[Callable[[List[Dict[str, Any]]], None]] = None) -> List[Dict[str, Any]]:
+    """Runs every job (see _jobs) `config.rounds` times, round by round, each round on fresh servers
+    of `cluster` (so that a drift of the machine touches every entry), and prints a line per entry
+    and round. Returns one row per job: its rounds, median round and simulated / real ratio, settled
+    against the quiet core speeds of the whole run (`watch`, a SpeedWatch already calibrated); a
+    job that failed has its "error". `after_entry(rows)` runs after every entry."""
+    rows: List[Dict[str, Any]] = [{"name": job["name"], "kind": job["kind"], "error": None, "rounds": []}
+                                  for job in jobs]
+    lc = None
+    try:
+        for r in range(config.rounds):
+            if r and lc is not None:  # every round on fresh servers
+                lc.close()
+                lc = None
+            for job, row in zip(jobs, rows):
+                if row["error"] is not None:  # failed in an earlier round: reported then
+                    continue
+                if job.get("error") is not None:
+                    row["error"] = str(job["error"])
+                    print(f"{row['name']}: {row['error']}", file=out, flush=True)
+                    continue
+                try:
+                    lc = _running_cluster(lc, cluster, out)
+                    _add_round(row, _run_one(job, cluster, lc, config, overheads, watch), watch)
+                except Exception as err:  # one bad entry must not stop the others
+                    row["error"] = f"{type(err).__name__}: {err}"
+                    traceback.print_exc(file=sys.stderr)
+                which = f" (round {r + 1} of {config.rounds})" if config.rounds > 1 else ""
+                last = row["rounds"][-1] if row["rounds"] and row["error"] is None else None
+                note = (f"; the machine ran {last['machine_slowdown']:.2f}x slower than its quiet speed"
+                        if last is not None and last["disturbed"] else "")
+                print(f"{row['name']}{which}: " + (row["error"] or f"{last['mean_s'] * 1e3:.2f} ± "
+                                                   f"{last['std_s'] * 1e3:.2f} ms{note}"), file=out, flush=True)
+                if after_entry is not None:
+                    after_entry(rows)
+    finally:
+        if lc is not None:
+            lc.close()
+    for row in rows:  # judged again against the quiet speeds of the whole run
+        if row["rounds"]:
+            _settle(row, watch.reference_s)
     return rows
 
 

@@ -9,11 +9,17 @@ network sizes and max_groups, its state.json the checkpoint) or --policy FILE (a
 `python -m tfplace.pretrain`) names another. The result is the best of: the policy's greedy
 strategy, `--samples` policy samples, every baseline, and (with --search_seconds) the
 policy-guided search (tfplace.policy.planner.plan_task); it is never worse than the best baseline.
+
+--confirm_real K (a cluster of loopback tasks, emulated as its file says; any other is refused
+before planning): the result and the K baselines the simulator ranks next run for real,
+--confirm_rounds rounds on fresh servers of --confirm_steps steps after as many warm-up steps,
+and the strategy whose median round ran fastest is written (tfplace.cli.real_check).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -40,6 +46,12 @@ def define_flags() -> None:
     flags.DEFINE_integer("samples", 8, "policy samples evaluated zero-shot", lower_bound=0)
     flags.DEFINE_integer("seed", 0, "sampling / search seed", lower_bound=0)
     flags.DEFINE_string("out", "strategy.json", "where to write the strategy")
+    flags.DEFINE_integer("confirm_real", 0, "run the plan and the K next-best baselines on the cluster for real "
+                         "(loopback tasks, emulated as the cluster file says) and write the fastest", lower_bound=0)
+    flags.DEFINE_integer("confirm_rounds", 3, "with --confirm_real: rounds on fresh servers; the median counts",
+                         lower_bound=1)
+    flags.DEFINE_integer("confirm_steps", 20, "with --confirm_real: timed steps per round (after as many "
+                         "warm-up steps)", lower_bound=1)
     common.define_overheads_flag()
     flags.mark_flags_as_mutual_exclusive(["graph", "model"], required=True)
     flags.mark_flags_as_mutual_exclusive(["checkpoint", "policy"])
@@ -72,17 +84,31 @@ def main(argv) -> int:
     from tfplace.policy import planner
     graph = FLAGS.graph and common.resolve_graph(FLAGS.graph, "argument --graph", FLAGS.batch_size, bundle=True,
                                                  **common.step_options(common.args()))
+    if FLAGS.confirm_real:  # a cluster that cannot run here is refused before any planning
+        from tfplace.formats.cluster import load_cluster
+        from tfplace.runtime.local_cluster import LocalCluster
+        LocalCluster.for_cluster(load_cluster(FLAGS.cluster))
     result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
                           cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
-                          samples=FLAGS.samples, seed=FLAGS.seed, out=FLAGS.out,
+                          samples=FLAGS.samples, seed=FLAGS.seed, out=None if FLAGS.confirm_real else FLAGS.out,
                           resolve_bundle=bundle_for_entry, overheads=FLAGS.overheads, weights=FLAGS.policy)
-    print(planner.format_result(result))
+    print(planner.format_result(result), flush=True)
+    if FLAGS.confirm_real:
+        from tfplace.cli import real_check
+        from tfplace.formats.strategy import save_strategy
+        check = real_check.confirm(result.task, result, result.bundle, FLAGS.cluster, FLAGS.overheads,
+                                   FLAGS.confirm_real, FLAGS.confirm_steps, FLAGS.confirm_steps, FLAGS.confirm_rounds)
+        print(real_check.format_check(check))
+        save_strategy(check.strategy, FLAGS.out)
+        print(f"strategy written to {FLAGS.out}")
     return 0
 
 
 def run() -> None:
-    """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract."""
-    common.run(main, define_flags, __doc__)
+    """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract; with
+    --confirm_real the command starts servers, so it runs in a private network (common.run)."""
+    servers = any(a.split("=")[0] in ("--confirm_real", "-confirm_real") for a in sys.argv[1:])
+    common.run(main, define_flags, __doc__, servers=servers)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,138 @@
+"""`python -m tfplace.plan --confirm_real K`: the plan and the K next baselines run for real, and the
+fastest for real is written (tfplace.cli.real_check)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tfplace.cli import real_check
+from tfplace.formats.errors import TfplaceError
+from tfplace.formats.strategy import load_strategy
+from tfplace.policy.pool import strategy_key
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def planned():
+    """A search-only plan of the tiny CNN on the four-device fake cluster (no policy, no search
+    time: the pool's best of every baseline and the two action starts)."""
+    from tfplace.policy import planner
+    from tfplace.policy.testing_fixtures import tiny_task
+    task = tiny_task("cnn", "four", batch_size=16)
+    return task, planner.plan_task(None, task, 0.0, mode="search")
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 100])
+def test_candidates_are_the_plan_then_the_k_fastest_distinct_baselines_that_fit(planned, k):
+    _, result = planned
+    picked = real_check.candidates(result.best, result.baseline_entries, k)
+    assert picked[0] == (real_check.PLAN_NAME, result.best)
+    keys = [strategy_key(e.strategy) for _, e in picked]
+    assert len(set(keys)) == len(keys)  # every candidate is another strategy
+    rest = [e for _, e in picked[1:]]
+    assert all(not e.oom for e in rest)
+    assert [e.effective_time_s for e in rest] == sorted(e.effective_time_s for e in rest)
+    # no distinct baseline left out was faster than one taken
+    left = [e for e in result.baseline_entries if not e.oom and strategy_key(e.strategy) not in keys]
+    if rest and left:
+        assert min(e.effective_time_s for e in left) >= rest[-1].effective_time_s
+    distinct = {strategy_key(e.strategy) for e in result.baseline_entries if not e.oom} - {keys[0]}
+    assert len(rest) == min(k, len(distinct))
+    assert [n for n, _ in picked[1:]] == [e.source for e in rest]
+
+
+def test_a_plan_that_is_a_baseline_is_not_run_twice(planned):
+    _, result = planned
+    base = sorted(result.baseline_entries, key=lambda e: e.effective_time_s)[1]
+    picked = real_check.candidates(base, result.baseline_entries, 100)
+    assert [strategy_key(e.strategy) for _, e in picked].count(strategy_key(base.strategy)) == 1
+
+
+def _row(mean_ms=None, error=None):
+    if error is not None:
+        return {"name": "x", "error": error, "rounds": []}
+    return {"name": "x", "error": None, "rounds": [{}], "mean_s": mean_ms / 1e3, "round_means_s": [mean_ms / 1e3]}
+
+
+@pytest.mark.parametrize("real_ms, chosen", [
+    ([5.0, 4.0, 6.0], 1),            # a baseline the plan beat in simulation runs faster: it is written
+    ([3.0, 4.0, 6.0], 0),            # the plan runs fastest
+    ([4.0, 4.0, 6.0], 0),            # a tie keeps the plan
+    (["boom", 7.0, 6.0], 2),         # the plan failed for real
+    ([5.0, "oom", 4.5], 2),
+    (["a", "b", "c"], None),         # nothing ran: an error, nothing written
+])
+def test_the_fastest_strategy_for_real_is_chosen(planned, monkeypatch, real_ms, chosen):
+    """confirm() with the real runs faked (activate.run_rounds): the strategy it returns is the
+    one whose median round ran fastest, whatever the simulator said."""
+    from tfplace.cli import activate
+    from tfplace.runtime import machine_speed
+    task, result = planned
+    rows = [_row(error=v) if isinstance(v, str) else _row(v) for v in real_ms]
+    seen = {}
+
+    def fake_rounds(jobs, cluster, config, overheads, watch, out, after_entry=None):
+        seen["jobs"], seen["config"] = jobs, config
+        return rows
+    monkeypatch.setattr(activate, "run_rounds", fake_rounds)
+    monkeypatch.setattr(machine_speed.SpeedWatch, "calibrate", lambda self, probes=3: None)
+    args = (task, result, "bundle.json", "c.json", None, 2, 7, 3, 2)
+    if chosen is None:
+        with pytest.raises(TfplaceError, match="no strategy ran for real"):
+            real_check.confirm(*args, out=open(os.devnull, "w"))
+        return
+    check = real_check.confirm(*args, out=open(os.devnull, "w"))
+    picked = real_check.candidates(result.best, result.baseline_entries, 2)
+    assert check.chosen == chosen and check.strategy is picked[chosen][1].strategy
+    assert [j["name"] for j in seen["jobs"]] == [n for n, _ in picked]
+    assert all(j["grouping"] is task.grouping and j["graph"] == "bundle.json" for j in seen["jobs"])
+    assert (seen["config"].steps, seen["config"].warmup_steps, seen["config"].rounds) == (7, 3, 2)
+    text = real_check.format_check(check)
+    assert text.count("<- written") == 1
+    if chosen:
+        assert f"written instead of the plan: {picked[chosen][0]}" in text
+    else:
+        assert "the plan ran fastest for real" in text
+
+
+@pytest.mark.multiprocess
+def test_plan_command_checks_for_real_and_writes_the_fastest(tmp_path):
+    """End to end on the local 3-task cluster: the plan and two baselines run on real servers,
+    the table marks one row written, it is the fastest for real, and its strategy is the file's."""
+    out = str(tmp_path / "s.json")
+    result = subprocess.run([sys.executable, "-m", "tfplace.plan", "--model", "tiny_mlp", "--batch_size", "12",
+                             "--cluster", os.path.join(REPO, "clusters/local_cpu.json"), "--out", out,
+                             "--confirm_real", "2", "--confirm_rounds", "1", "--confirm_steps", "3"],
+                            capture_output=True, text=True, timeout=600, cwd=str(tmp_path),
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = re.findall(r"^  (\S+)(?: \([^)]*\))? +([\d.]+) +([\d.]+) +[\d.]+(?:  rounds \S+)?(  <- written)?$",
+                      result.stdout, re.M)
+    assert len(rows) == 3, result.stdout
+    real_ms = [float(r[2]) for r in rows]
+    written = [i for i, r in enumerate(rows) if r[3]]
+    assert written == [real_ms.index(min(real_ms))], result.stdout
+    assert f"strategy written to {out}" in result.stdout
+    s = load_strategy(out)
+    assert s.global_batch_size == 12
+    if written[0] == 0:
+        assert "the plan ran fastest for real" in result.stdout
+    else:
+        assert f"written instead of the plan: {rows[written[0]][0]}" in result.stdout
+
+
+def test_plan_command_refuses_a_cluster_it_cannot_run_before_planning(tmp_path):
+    out = str(tmp_path / "s.json")
+    result = subprocess.run([sys.executable, "-m", "tfplace.plan", "--model", "tiny_mlp", "--batch_size", "12",
+                             "--cluster", os.path.join(REPO, "clusters/two_kind_4gpu.json"), "--out", out,
+                             "--confirm_real", "1"],
+                            capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert "two_kind_4gpu.json: hosts[0].address" in last and "loopback" in last and "Fix:" in last
+    assert "zero-shot" not in result.stdout and not os.path.exists(out)

@@ -1,0 +1,122 @@
+"""A plan checked for real before it is written (`python -m tfplace.plan ... --confirm_real K`).
+
+The simulator ranks strategies; what a user keeps is what runs faster on the cluster. With
+--confirm_real K, plan runs its best strategy and the K baselines the simulator ranks next (those
+that fit in memory, each distinct) on the cluster itself: a local cluster of loopback tasks,
+emulated as its file says, round by round on fresh servers, exactly as activate runs its entries
+(tfplace.cli.activate.run_rounds). The strategy whose median round ran fastest is written. When
+that is a baseline the plan beat in simulation, the command says so and by how much: a plan is
+never recommended over a checked baseline that runs faster for real.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from tfplace.formats.errors import TfplaceError
+
+PLAN_NAME = "plan"
+
+
+@dataclasses.dataclass
+class RealCheck:
+    """What the check ran and chose: `picked` as candidates() gives it (the plan first), `rows`
+    activate's result rows in the same order, `chosen` the index of the one to write."""
+    picked: List[Tuple[str, Any]]
+    rows: List[Dict[str, Any]]
+    chosen: int
+    rounds: int
+    steps: int
+    warmup_steps: int
+
+    @property
+    def strategy(self):
+        """The Strategy to write: the chosen candidate's."""
+        return self.picked[self.chosen][1].strategy
+
+
+def candidates(best, baselines: Sequence, k: int) -> List[Tuple[str, Any]]:
+    """(entry name, PoolEntry) to run for real: the plan (`best`) named PLAN_NAME, then the `k`
+    baselines with the lowest simulated effective time that fit in memory and mean another strategy
+    than the plan and every baseline already taken (tfplace.policy.pool.strategy_key), each named
+    by its baseline name."""
+    from tfplace.policy.pool import strategy_key
+    out = [(PLAN_NAME, best)]
+    seen = {strategy_key(best.strategy)}
+    for e in sorted(baselines, key=lambda e: e.effective_time_s):
+        if len(out) > k:
+            break
+        key = strategy_key(e.strategy)
+        if e.oom or key in seen:
+            continue
+        seen.add(key)
+        out.append((e.source, e))
+    return out
+
+
+def fastest(rows: Sequence[Dict[str, Any]]) -> Optional[int]:
+    """Index of the row whose median round ran fastest (its mean_s) among the rows that ran (no
+    error); the first of equal ones; None when none ran."""
+    ran = [i for i, r in enumerate(rows) if r.get("error") is None and r.get("rounds")]
+    return min(ran, key=lambda i: rows[i]["mean_s"]) if ran else None
+
+
+def confirm(task, result, bundle: str, cluster_path: str, overheads_path: Optional[str], k: int, steps: int,
+            warmup_steps: int, rounds: int, out=sys.stdout) -> RealCheck:
+    """Runs candidates(result.best, result.baseline_entries, k) of the graph bundle `bundle` on the
+    cluster of `task` (the PlacementTask planned: its grouping and profile, so each rewrite is the
+    strategy the plan simulated)
+    for `rounds` rounds of `warmup_steps` + `steps` steps; returns the RealCheck. Raises
+    TfplaceError when no candidate ran."""
+    from tfplace.cli import activate
+    from tfplace.formats.config import ActivateConfig
+    from tfplace.runtime import machine_speed
+    picked = candidates(result.best, result.baseline_entries, k)
+    config = ActivateConfig(cluster=cluster_path, strategies=(), baselines=(), graphs=(), output_dir="",
+                            steps=steps, warmup_steps=warmup_steps, rounds=rounds, trace=False,
+                            overheads=overheads_path)
+    jobs = [{"name": name, "kind": "strategy", "strategy": e.strategy, "grouping": task.grouping,
+             "graph": bundle, "profile": task.profile, "error": None} for name, e in picked]
+    print(f"checking {len(jobs)} strategies for real on {cluster_path}: " + ", ".join(n for n, _ in picked),
+          file=out, flush=True)
+    watch = machine_speed.SpeedWatch(machine_speed.cores_of(task.cluster))
+    watch.calibrate()
+    rows = activate.run_rounds(jobs, task.cluster, config, task.overheads, watch, out)
+    chosen = fastest(rows)
+    if chosen is None:
+        raise TfplaceError(f"{cluster_path}: no strategy ran for real: " +
+                           "; ".join(f"{r['name']}: {r['error']}" for r in rows))
+    return RealCheck(picked, rows, chosen, rounds, steps, warmup_steps)
+
+
+def format_check(check: RealCheck) -> str:
+    """The check as a table (simulated and real ms, their ratio, the rounds' range) and one line
+    saying what was written and why."""
+    lines = [f"for real: median of {check.rounds} round(s) of {check.steps} steps after {check.warmup_steps} warm-up",
+             f"  {'entry':<34} {'simulated ms':>12} {'real ms':>10} {'sim/real':>9}"]
+    sims_s = [e.time_s for _, e in check.picked]
+    for i, ((name, entry), sim_s, row) in enumerate(zip(check.picked, sims_s, check.rows)):
+        label = f"{name} ({entry.source})" if name == PLAN_NAME else name
+        mark = "  <- written" if i == check.chosen else ""
+        if row.get("error") is not None or not row.get("rounds"):
+            lines.append(f"  {label:<34} {sim_s * 1e3:12.3f}  FAILED: {str(row.get('error')).splitlines()[0][:80]}")
+            continue
+        means = row.get("round_means_s") or [row["mean_s"]]
+        spread = f"  rounds {min(means) * 1e3:.3f}-{max(means) * 1e3:.3f}" if len(means) > 1 else ""
+        lines.append(f"  {label:<34} {sim_s * 1e3:12.3f} {row['mean_s'] * 1e3:10.3f} "
+                     f"{sim_s / row['mean_s']:9.3f}{spread}{mark}")
+    plan_row, best = check.rows[0], check.rows[check.chosen]
+    if check.chosen == 0:
+        others = [r["mean_s"] for r in check.rows[1:] if r.get("error") is None and r.get("rounds")]
+        lines.append("the plan ran fastest for real" +
+                     (f", {min(others) / plan_row['mean_s']:.2f}x faster than the next checked baseline"
+                      if others else " (no checked baseline ran)"))
+    else:
+        sim_gain = sims_s[check.chosen] / sims_s[0]
+        real = (f"{plan_row['mean_s'] / best['mean_s']:.2f}x faster than the plan for real"
+                if plan_row.get("error") is None and plan_row.get("rounds") else "the plan failed for real")
+        lines.append(f"written instead of the plan: {check.picked[check.chosen][0]}, {real} "
+                     f"(the simulator had the plan {sim_gain:.2f}x faster)")
+    return "\n".join(lines)
