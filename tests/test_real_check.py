@@ -1,6 +1,7 @@
 """`python -m tfplace.plan --confirm_real K`: the plan and the K next baselines run for real, and the
 fastest for real is written (tfplace.cli.real_check)."""
 
+import io
 import os
 import re
 import subprocess
@@ -83,9 +84,9 @@ def test_the_fastest_strategy_for_real_is_chosen(planned, monkeypatch, real_ms, 
     args = (task, result, "bundle.json", "c.json", None, 2, 7, 3, 2)
     if chosen is None:
         with pytest.raises(TfplaceError, match="no strategy ran for real"):
-            real_check.confirm(*args, out=open(os.devnull, "w"))
+            real_check.confirm(*args, out=io.StringIO())
         return
-    check = real_check.confirm(*args, out=open(os.devnull, "w"))
+    check = real_check.confirm(*args, out=io.StringIO())
     picked = real_check.candidates(result.best, result.baseline_entries, 2)
     assert check.chosen == chosen and check.strategy is picked[chosen][1].strategy
     assert [j["name"] for j in seen["jobs"]] == [n for n, _ in picked]
