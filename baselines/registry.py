@@ -27,7 +27,6 @@ from __future__ import annotations
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from tfplace.formats.errors import InputError
-from tfplace.formats.profile import Profile
 from tfplace.formats.strategy import Strategy
 from tfplace.profiling import device_model
 
@@ -60,11 +59,6 @@ SIMULATED_AS = {"horovod_even": "dp_even_allreduce", "horovod_proportional": "dp
 REFERENCE = "dp_even_allreduce"  # speed-ups are reported over this one
 
 
-def default_profile(graph, kinds: Sequence[str]) -> Profile:
-    """The device model's profile (tfplace.profiling.device_model.default_profile): the graph's
-    bundled measured profile derived to each kind, else the roofline model. Raises InputError
-    for a kind the device model does not know."""
-    return device_model.default_profile(graph, list(kinds))
 
 
 def baseline_factories(graph, cluster, batch_size: int, max_groups: int, profile=None, grouping=None,
@@ -74,7 +68,7 @@ def baseline_factories(graph, cluster, batch_size: int, max_groups: int, profile
     overheads: the cluster's RuntimeOverheads (the planners simulate with them), or None. The
     pipeline planner is quiet here and runs once for both pipeline entries. Names whose generator
     cannot apply (DP-EV with fewer samples than devices) are left out."""
-    problem = make_problem(graph, cluster, profile if profile is not None else default_profile(graph, cluster.kinds),
+    problem = make_problem(graph, cluster, profile if profile is not None else device_model.cluster_profile(graph, cluster),
                            max_groups=max_groups, global_batch_size=batch_size, grouping=grouping,
                            overheads=overheads)
     plans: Dict[str, pipeline.PipelinePlan] = {}

@@ -82,8 +82,11 @@ def test_default_profile_is_the_device_models():
     from tfplace.profiling import device_model
     graph = testing.tiny_graph("cnn", 16)
     cluster = testing.four_device_cluster()  # v100_0, v100_1, p100_0, p100_1
-    profile = registry.default_profile(graph, cluster.kinds)
+    profile = device_model.cluster_profile(graph, cluster)
     assert profile.to_json() == device_model.default_profile(graph, cluster.kinds).to_json()
+    # a problem made without a profile gets that one
+    assert registry.baseline_factories(graph, cluster, 16, 10)["dp_proportional_allreduce"]().to_json() == \
+        registry.baseline_factories(graph, cluster, 16, 10, profile=profile)["dp_proportional_allreduce"]().to_json()
     # not every kind equally fast (what a uniform stand-in would give): the V100 is faster
     weights = data_parallel.device_weights(registry.make_problem(graph, cluster, profile, max_groups=10))
     assert weights[0] == weights[1] > weights[2] == weights[3]

@@ -62,6 +62,7 @@ from tfplace.ir.loader import load_op_graph
 from tfplace.ir.grouping import make_grouping
 from tfplace.formats.jsonio import write_json
 from tfplace.formats.profile import load_profile
+from tfplace.profiling.device_model import cluster_profile
 from tfplace.simulator import SimOptions, write_trace
 from tfplace.formats.reports import SimReport
 from tfplace.formats.strategy import save_strategy
@@ -69,7 +70,7 @@ from tfplace.formats.strategy import save_strategy
 from tfplace.policy import actions as A
 from tfplace.policy.agent import ReinforceLearner
 from tfplace.policy.environment import PlacementEnvironment, PlacementTask, evaluate_many
-from tfplace.policy.fallbacks import baseline_strategies, default_profile
+from tfplace.policy.fallbacks import baseline_strategies
 from tfplace.policy.network import PlacementNetwork
 from tfplace.policy.pool import PoolEntry, StrategyPool
 from tfplace.policy import train_state
@@ -136,7 +137,7 @@ def build_task(label: str, bundle: str, batch_size: int, cluster_path: str, prof
     (tfplace.overheads, read only when given: GPU clusters have none)."""
     graph = load_op_graph(bundle)
     cluster = load_cluster(cluster_path)
-    profile = load_profile(profile_path) if profile_path else default_profile(graph, cluster.kinds)
+    profile = load_profile(profile_path) if profile_path else cluster_profile(graph, cluster)
     overheads = None
     if overheads_path:
         from tfplace.overheads.model import load_overheads

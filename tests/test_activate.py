@@ -188,12 +188,13 @@ def test_an_option_the_model_does_not_take_is_an_error_naming_it(tmp_path, capsy
 
 
 def test_quota_kinds_get_the_cpu_profile_over_their_share():
-    from tfplace.cli.activate import simulation_profile, _speed_weights
+    from tfplace.cli.activate import _speed_weights
     from tfplace.formats.cluster import load_cluster
     from tfplace.ir.loader import load_op_graph
+    from tfplace.profiling.device_model import cluster_profile
     cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu_hetero.json"))
     graph = load_op_graph(os.path.join(ROOT, "graph_defs", "zoo", "tiny_mlp_b16_sgd.json"))
-    profile = simulation_profile(graph, cluster)
+    profile = cluster_profile(graph, cluster)
     for op in graph.names:
         if profile.has(op, "CPU"):
             assert profile.seconds(op, "CPU_half", 8) == pytest.approx(2 * profile.seconds(op, "CPU", 8))

@@ -135,3 +135,20 @@ def test_a_number_out_of_range_is_a_usage_error_naming_the_flag(name, argv, flag
     result = _run(COMMANDS[name][0], argv, tmp_path)
     errors = _error_lines(result.stderr)
     assert result.returncode == 2 and len(errors) == 1 and flag in errors[0], result.stderr
+
+
+@pytest.mark.parametrize("cluster", ["local_cpu_hetero.json", "local_cpu_hetero_shaped.json"])
+def test_the_bundled_emulated_clusters_need_no_profile(cluster, tmp_path):
+    """Without --profile, compare, simulate and plan take the device model's costs on a cluster of
+    quota-emulated kinds too (CPU_half: the CPU over its quota), as activate does."""
+    path = os.path.join(REPO, "clusters", cluster)
+    done = _run(["-m", "tfplace.compare"], ["--graph", TINY, "--cluster", path, "--out", "{tmp}/cmp", "--no-plot"],
+                tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "CPU_half = CPU at a 0.5 quota" in done.stdout
+    done = _run(["-m", "tfplace.simulate"], ["--graph", TINY, "--cluster", path, "--strategy",
+                                             "{tmp}/cmp/strategies/dp_even_allreduce.json"], tmp_path)
+    assert done.returncode == 0 and "iteration time" in done.stdout, done.stderr[-2000:]
+    done = _run(["-m", "tfplace.plan"], ["--graph", TINY, "--cluster", path, "--samples", "0", "--out", "{tmp}/s.json"],
+                tmp_path)
+    assert done.returncode == 0 and "strategy written to" in done.stdout, done.stderr[-2000:]

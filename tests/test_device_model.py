@@ -209,3 +209,52 @@ def test_bad_inputs_name_the_field():
         dm.derive_profile(_measured_cpu(g), g, "Z80", ["V100"])
     with pytest.raises(InputError, match="no 'V100' measurements"):
         dm.derive_profile(_measured_cpu(g), g, "V100", ["P100"])
+
+
+def _cluster_file(tmp_path, kinds_fractions):
+    """A loopback cluster file with one device per (kind, cpu_fraction or None)."""
+    import json
+    from tfplace.formats.cluster import load_cluster
+    host = {"name": "h", "address": "127.0.0.1", "nic_bandwidth_bytes_per_s": 2e9, "nic_latency_s": 7e-5,
+            "intra_bandwidth_bytes_per_s": 2e9, "intra_latency_s": 7e-5}
+    devices = []
+    for i, (kind, fraction) in enumerate(kinds_fractions):
+        d = {"name": f"d{i}", "kind": kind, "host": "h", "memory_bytes": 4_000_000_000, "task": i}
+        if fraction is not None:
+            d["emulation"] = {"cpus": [0], "cpu_fraction": fraction}
+        devices.append(d)
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"format": "tfplace.cluster", "version": 1, "name": "c", "hosts": [host],
+                                "devices": devices}))
+    return load_cluster(str(path))
+
+
+@pytest.mark.parametrize("devices, slowdowns", [
+    ([("V100", None), ("P100", None)], {}),                          # the device table's kinds as they are
+    ([("CPU", None), ("CPU_half", 0.5), ("CPU_half", 0.5)], {"CPU_half": 2.0}),   # clusters/local_cpu_hetero.json
+    ([("CPU_quarter", 0.25), ("CPU_half", 0.5)], {"CPU_quarter": 4.0, "CPU_half": 2.0}),  # no plain CPU device
+])
+def test_cluster_profile_gives_quota_kinds_the_cpu_over_their_quota(tmp_path, devices, slowdowns):
+    """Every command's profile without --profile (simulate, compare, plan, train, activate)."""
+    graph = chain_graph(6, batch_size=8)
+    cluster = _cluster_file(tmp_path, devices)
+    profile = dm.cluster_profile(graph, cluster)
+    plain = dm.default_profile(graph, [k for k in cluster.kinds if k not in slowdowns] + (["CPU"] if slowdowns else []))
+    for op in graph.names:
+        for kind in cluster.kinds:
+            base = "CPU" if kind in slowdowns else kind
+            assert profile.seconds(op, kind, 8) == pytest.approx(slowdowns.get(kind, 1.0) * plain.seconds(op, base, 8))
+    assert dm.quota_kinds(cluster) == {k: 1.0 / s for k, s in slowdowns.items()}
+
+
+@pytest.mark.parametrize("devices, field", [
+    ([("V100", None), ("B300", None)], "devices[1].kind"),                  # not in the device table
+    ([("CPU_half", 0.5), ("CPU_half", 0.25)], "devices[0].kind"),           # one kind, two quotas
+    ([("CPU", None), ("CPU_half", None)], "devices[1].kind"),               # an unknown CPU kind with no quota
+])
+def test_cluster_profile_of_an_unknown_kind_names_the_cluster_file_and_asks_for_a_profile(tmp_path, devices, field):
+    cluster = _cluster_file(tmp_path, devices)
+    with pytest.raises(InputError) as err:
+        dm.cluster_profile(chain_graph(4), cluster)
+    assert err.value.source.endswith("c.json") and err.value.field == field, str(err.value)
+    assert "--profile" in err.value.fix and "python -m tfplace.profile" in err.value.fix

@@ -27,7 +27,7 @@ entry failed, 2 on a usage error or bad input (one line naming the file, the fie
 
 from __future__ import annotations
 
-import dataclasses
+import dataclasses as dc
 import json
 import os
 import statistics
@@ -60,45 +60,9 @@ def baseline_plan(name: str, graph, cluster: Cluster, profile, batch: Optional[i
     return registry.generate(name, problem), problem.grouping
 
 
-def _quota_kinds(cluster: Cluster) -> Dict[str, float]:
-    """CPU kinds the device model lacks whose devices all run under one declared CPU quota
-    ("CPU_half" at cpu_fraction 0.5) -> that fraction. They are a whole CPU slowed by the quota:
-    their op times are the CPU kind's over the fraction (the quota's nominal slowdown; a profile
-    measured with `python -m tfplace.profile --cpu-fraction` has the measured one)."""
-    from tfplace.formats.cluster import is_cpu_kind
-    from tfplace.formats.errors import InputError
-    from tfplace.profiling.device_model import device_spec
-    out: Dict[str, float] = {}
-    for kind in cluster.kinds:
-        try:
-            device_spec(kind)
-            continue
-        except InputError:
-            pass
-        fractions = {d.emulation.cpu_fraction if d.emulation else None for d in cluster.devices if d.kind == kind}
-        if is_cpu_kind(kind) and len(fractions) == 1 and None not in fractions:
-            out[kind] = fractions.pop()
-    return out
-
-
 def _speed_weights(cluster: Cluster) -> List[float]:
     from tfplace.profiling.device_model import device_speed
     return [float(device_speed(d)) for d in cluster.devices]
-
-
-def simulation_profile(graph, cluster: Cluster):
-    """The device model's profile of the cluster's kinds (the bundled measured one when the graph
-    has it, else the roofline model), the one the search would use; quota kinds from "CPU"."""
-    from tfplace.profiling.device_model import default_profile
-    from tfplace.profiling.profiler import merge_profiles, scaled_kind
-    quota = _quota_kinds(cluster)
-    known = [k for k in cluster.kinds if k not in quota]
-    profile = default_profile(graph, known + (["CPU"] if quota and "CPU" not in known else []))
-    for kind, fraction in quota.items():
-        cpu = dataclasses.replace(profile, ops={op: {kind: per["CPU"]} for op, per in profile.ops.items()
-                                                 if "CPU" in per}, derived={kind: "CPU"}, conditions={})
-        profile = merge_profiles(profile, scaled_kind(cpu, kind, 1.0 / fraction))
-    return profile
 
 
 def _graph_path(entry: GraphEntry) -> str:
@@ -150,7 +114,6 @@ def measure_graph_profile(graph: str, batch: int, cluster: Cluster, path: str, o
     emulated (tfplace.cli.profile.profile_cluster, at profile_batch_sizes(batch)), written to
     `path`; with `overheads`, its comm fit (raw.comm, the fit its collective_s was measured
     against) is the profile's."""
-    import dataclasses as dc
     from tfplace.cli.profile import profile_cluster
     from tfplace.formats.profile import comm_from_json, load_profile
     profile_cluster(graph, cluster, path, profile_batch_sizes(batch))
@@ -192,6 +155,7 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads, watch
     """One round of one entry: its step times, simulated time, timeline path and the machine
     speed probes just before and after its timed steps (`watch`, a SpeedWatch)."""
     from tfplace.baselines.problem import with_overheads
+    from tfplace.profiling.device_model import cluster_profile
     from tfplace.simulator import simulate
     from tfplace.ir.loader import load_op_graph
     from tfplace.rewrite.graph_rewrite import rewrite_step
@@ -210,7 +174,7 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads, watch
                           host_links=checked_layout(cluster, per="device"))
         return {"step_times_s": list(res.report.step_times_s), "simulated_s": None, "timeline": "",
                 "probes_s": [before, watch.probe()]}
-    profile = job.get("profile") or simulation_profile(graph, cluster)  # measured_profiles' when measured
+    profile = job.get("profile") or cluster_profile(graph, cluster)  # measured_profiles' when measured
     strategy, grouping = job.get("strategy"), job.get("grouping")  # a plan's own grouping (tfplace.cli.real_check)
     if strategy is None:
         strategy, grouping = baseline_plan(job["baseline"], graph, cluster, profile, job["batch"],

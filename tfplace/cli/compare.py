@@ -174,9 +174,12 @@ def execute(args) -> int:
         profile = load_profile(args.profile)
         profile_label = args.profile
     else:
-        profile = registry.default_profile(graph, cluster.kinds)
+        from tfplace.profiling.device_model import cluster_profile, quota_kinds
+        profile = cluster_profile(graph, cluster)
         bundled = profile.conditions.get("bundled") if isinstance(profile.conditions, dict) else None
-        profile_label = f"device model ({'bundled ' + bundled + ' scaled per kind' if bundled else 'roofline'})"
+        profile_label = f"device model ({'bundled ' + bundled + ' scaled per kind' if bundled else 'roofline'}"
+        quota = quota_kinds(cluster)
+        profile_label += "".join(f"; {k} = CPU at a {f:g} quota" for k, f in quota.items()) + ")"
     overheads = common.load_overheads_arg(args.overheads)
     if overheads is not None:
         profile_label += f"; runtime overheads: {args.overheads}"

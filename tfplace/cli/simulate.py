@@ -8,9 +8,9 @@
 loss reduction and inputs are inferred; `--train_op`, `--loss`, `--loss_reduction`, `--inputs` name
 them when the error says inference cannot tell. Prints the iteration time, per-device peak memory against capacity, OOM and utilisation; with
 `--trace PATH` writes the Chrome trace (open in chrome://tracing or https://ui.perfetto.dev).
-Without `--profile` the device model supplies one (`tfplace.profiling.device_model.default_profile`: the
-graph's bundled measured profile, derived to the cluster's kinds, else the pure roofline model);
-if no device model is installed the command stops with a message asking for --profile. The
+Without `--profile` the device model supplies one (`tfplace.profiling.device_model.cluster_profile`: the
+graph's bundled measured profile, derived to the cluster's kinds, else the pure roofline model; a CPU
+kind under a declared CPU quota is the CPU over its quota; another unknown kind asks for --profile). The
 strategy's `max_groups` picks the grouping its group names refer to. `--overheads FILE` adds the
 runtime overheads measured on a CPU-emulated cluster (`python -m tfplace.cli.overheads`). `--json PATH` also writes
 the report as JSON. Output paths, numbers, the zoo model name and input files (regular files
@@ -22,14 +22,11 @@ bad input with one message naming the file, the field and the fix (tfplace.cli.c
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 
 from absl import flags
 
 from tfplace.cli import common
-from tfplace.formats.errors import InputError
 
 
 def define_flags() -> None:
@@ -53,37 +50,21 @@ def define_flags() -> None:
         common.input_file_flag(name)
 
 
-def _device_model_profile(graph, cluster):
-    try:
-        model = importlib.import_module("tfplace.profiling.device_model")
-    except ModuleNotFoundError:
-        model = None
-    fn = getattr(model, "default_profile", None) or getattr(model, "roofline_profile", None)
-    if fn is None:
-        raise InputError("argument --profile", "", "missing, and no device model is available "
-                         "(tfplace.device_model)",
-                         "pass --profile PROFILE_JSON (measure one with `python -m tfplace.profile`)")
-    return fn(graph, cluster.kinds)
-
-
 def execute(args) -> int:
     from tfplace.baselines.problem import with_overheads
     from tfplace.formats.cluster import load_cluster
     from tfplace.ir.grouping import make_grouping
     from tfplace.lowering.lower import lower
     from tfplace.formats.profile import load_profile
+    from tfplace.profiling.device_model import cluster_profile
     from tfplace.simulator import SimOptions, simulate, write_trace
     from tfplace.formats.strategy import load_strategy, validate_strategy
 
     cluster = load_cluster(args.cluster)
     strategy = load_strategy(args.strategy)
     overheads = common.load_overheads_arg(args.overheads)
-    if args.profile is None:
-        # Checked before loading the graph, so the message comes without a TensorFlow import.
-        if importlib.util.find_spec("tfplace.profiling.device_model") is None:
-            _device_model_profile(None, cluster)
     graph = common.load_graph_arg(args.graph, "argument --graph", args, strategy.global_batch_size)
-    profile = load_profile(args.profile) if args.profile else _device_model_profile(graph, cluster)
+    profile = load_profile(args.profile) if args.profile else cluster_profile(graph, cluster)
     grouping = make_grouping(graph, strategy.max_groups)
     validate_strategy(strategy, grouping.group_names, cluster.device_names)
     placed = with_overheads(lower(graph, grouping, cluster, strategy, profile), cluster, overheads)

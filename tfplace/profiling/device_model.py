@@ -709,6 +709,50 @@ def device_speed(device) -> float:
     return relative_speed(device.kind)
 
 
+def _known(kind: str) -> bool:
+    """Whether the device table has `kind` (aliases allowed)."""
+    return ALIASES.get(kind, kind) in DEVICES
+
+
+def quota_kinds(cluster) -> Dict[str, float]:
+    """CPU kinds the device table lacks whose devices all run under one declared CPU quota
+    ("CPU_half" at cpu_fraction 0.5, clusters/local_cpu_hetero.json) -> that fraction: a whole CPU
+    slowed by the quota, as device_speed rates them."""
+    from tfplace.formats.cluster import is_cpu_kind
+    out: Dict[str, float] = {}
+    for kind in cluster.kinds:
+        if _known(kind):
+            continue
+        fractions = {d.emulation.cpu_fraction if d.emulation else None for d in cluster.devices if d.kind == kind}
+        if is_cpu_kind(kind) and len(fractions) == 1 and None not in fractions:
+            out[kind] = fractions.pop()
+    return out
+
+
+def cluster_profile(graph: OpGraph, cluster) -> Profile:
+    """The device model's profile of every kind of `cluster` (a tfplace.formats.cluster.Cluster),
+    what every command uses without --profile: default_profile for the kinds of the device table; a
+    quota kind (quota_kinds) gets the CPU kind's op times over its quota (the quota's nominal
+    slowdown; `python -m tfplace.profile --cluster C` measures the real one). Raises InputError
+    naming the cluster file and the device for any other kind the device table lacks."""
+    from tfplace.profiling.profiler import merge_profiles, scaled_kind
+    quota = quota_kinds(cluster)
+    for i, d in enumerate(cluster.devices):
+        if not _known(d.kind) and d.kind not in quota:
+            raise InputError(cluster.source or cluster.name, f"devices[{i}].kind",
+                             f"the device model does not know the kind {d.kind!r} (known: {sorted(DEVICES)}; a CPU "
+                             "kind under a declared CPU quota is a CPU slowed by it)",
+                             "measure a profile on the cluster and pass it with --profile "
+                             "(python -m tfplace.profile --graph G --cluster C --out P), or use a known kind")
+    known = [k for k in cluster.kinds if k not in quota]
+    profile = default_profile(graph, known + (["CPU"] if quota and "CPU" not in known else []))
+    for kind, fraction in quota.items():
+        cpu = dataclasses.replace(profile, ops={op: {kind: per["CPU"]} for op, per in profile.ops.items()
+                                                 if "CPU" in per}, derived={kind: "CPU"}, conditions={})
+        profile = merge_profiles(profile, scaled_kind(cpu, kind, 1.0 / fraction))
+    return profile
+
+
 # ---------------------------------------------------------------------------------------------
 # Bundled profiles
 # ---------------------------------------------------------------------------------------------
