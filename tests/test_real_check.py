@@ -53,10 +53,12 @@ def test_a_plan_that_is_a_baseline_is_not_run_twice(planned):
     assert [strategy_key(e.strategy) for _, e in picked].count(strategy_key(base.strategy)) == 1
 
 
-def _row(mean_ms=None, error=None):
+def _row(mean_ms=None, error=None, spread_ms=0.0):
     if error is not None:
         return {"name": "x", "error": error, "rounds": []}
-    return {"name": "x", "error": None, "rounds": [{}], "mean_s": mean_ms / 1e3, "round_means_s": [mean_ms / 1e3]}
+    rounds = [mean_ms - spread_ms, mean_ms, mean_ms + spread_ms]
+    return {"name": "x", "error": None, "rounds": [{}] * 3, "mean_s": mean_ms / 1e3,
+            "round_means_s": [m / 1e3 for m in rounds]}
 
 
 @pytest.mark.parametrize("real_ms, chosen", [
@@ -98,6 +100,17 @@ def test_the_fastest_strategy_for_real_is_chosen(planned, monkeypatch, real_ms, 
         assert f"written instead of the plan: {picked[chosen][0]}" in text
     else:
         assert "the plan ran fastest for real" in text
+    assert "they tie" not in text  # no spread between rounds: no overlap
+
+
+@pytest.mark.parametrize("spread_ms, tie", [(0.2, False), (0.6, True)])
+def test_a_baseline_whose_rounds_overlap_the_plans_is_called_a_tie(planned, spread_ms, tie):
+    _, result = planned
+    picked = real_check.candidates(result.best, result.baseline_entries, 1)
+    rows = [_row(5.0, spread_ms=spread_ms), _row(4.0, spread_ms=spread_ms)]  # plan 5 ms, baseline 4 ms median
+    text = real_check.format_check(real_check.RealCheck(picked, rows, real_check.fastest(rows), 3, 20, 20))
+    assert f"written instead of the plan: {picked[1][0]}, 1.25x faster" in text
+    assert ("they tie" in text) == tie, text
 
 
 @pytest.mark.multiprocess
