@@ -305,3 +305,26 @@ def test_activate_profile_takes_two_values(tmp_path, value):
                                       "graphs": [{"model": "tiny_mlp", "batch_size": 16}], "profile": value})
     with pytest.raises(InputError, match="profile"):
         load_activate_config(cfg)
+
+
+def _verdict_row(name, real_ms, sim_ms=None, graph="g/tiny_mlp_b16_sgd.json", error=None):
+    return {"name": name, "graph": graph, "error": error, "rounds": [{}] if error is None else [],
+            "mean_s": real_ms / 1e3 if real_ms else None, "simulated_s": sim_ms / 1e3 if sim_ms else None}
+
+
+@pytest.mark.parametrize("rows, expected", [
+    # the simulator's first pick ran fastest
+    ([_verdict_row("a", 2.0, 1.0), _verdict_row("b", 3.0, 1.5)],
+     ["tiny_mlp_b16_sgd: fastest for real a (2.00 ms); the simulator ranked a first of its 2 entries too"]),
+    # it did not: the pick ran 1.50x slower than the fastest simulated entry; Horovod (not simulated) ran fastest
+    ([_verdict_row("a", 3.0, 1.0), _verdict_row("b", 2.0, 1.5), _verdict_row("horovod_even.x", 1.0)],
+     ["tiny_mlp_b16_sgd: fastest for real horovod_even.x (1.00 ms); the simulator ranked a first of its 2 entries, "
+      "which ran 1.50x slower than b"]),
+    # failed rows do not count; a graph with one row that ran says nothing; graphs apart
+    ([_verdict_row("a", None, 1.0, error="boom"), _verdict_row("b", 2.0, 1.5), _verdict_row("c", 1.0, 1.0, graph="h.json"),
+      _verdict_row("d", 4.0, 2.0, graph="h.json")],
+     ["h: fastest for real c (1.00 ms); the simulator ranked c first of its 2 entries too"]),
+])
+def test_the_verdict_names_the_fastest_for_real_and_whether_the_simulator_agreed(rows, expected):
+    from tfplace.cli.activate import verdict_lines
+    assert verdict_lines(rows) == expected

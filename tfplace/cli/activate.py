@@ -4,7 +4,8 @@ For every entry (strategy files, then baselines on every graph): rewrite (tfplac
 warm-up, timed steps, mean ± std per-iteration time (with `"rounds": N`, every entry runs N
 times, round by round on fresh servers, and the median round counts), a Chrome timeline of one FULL_TRACE step
 (`<output_dir>/<entry>.timeline.json`), the simulated time of the same PlacedGraph, and a final
-table with measured time, simulated time and their ratio. A bad entry is reported (its error
+table with measured time, simulated time and their ratio, then per graph the entry that ran fastest
+for real and whether the simulator ranked it first (verdict_lines). A bad entry is reported (its error
 in the table and in results.json) and the others still run; a worker that died is replaced by a
 new cluster for the next entry. Results: `<output_dir>/results.json`, rewritten after every entry
 ("complete": false until the last), so what ran survives an interrupt. Each core the run uses is
@@ -226,6 +227,8 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
                           after_entry=lambda rows: _write_results(results_path, config_path, config, rows, False,
                                                                   watch))  # what ran survives an interrupt
         print_table(rows, out)
+        for line in verdict_lines(rows):
+            print(line, file=out)
         print_machine_note(rows, out)
         _write_results(results_path, config_path, config, rows, True, watch)
     return rows
@@ -238,8 +241,8 @@ def run_rounds(jobs: List[Dict[str, Any]], cluster: Cluster, config: ActivateCon
     and round. Returns one row per job: its rounds, median round and simulated / real ratio, settled
     against the quiet core speeds of the whole run (`watch`, a SpeedWatch already calibrated); a
     job that failed has its "error". `after_entry(rows)` runs after every entry."""
-    rows: List[Dict[str, Any]] = [{"name": job["name"], "kind": job["kind"], "error": None, "rounds": []}
-                                  for job in jobs]
+    rows: List[Dict[str, Any]] = [{"name": job["name"], "kind": job["kind"], "graph": job.get("graph"),
+                                   "error": None, "rounds": []} for job in jobs]
     lc = None
     try:
         for r in range(config.rounds):
@@ -349,6 +352,33 @@ def print_table(rows, out=sys.stdout) -> None:
             spread += (f"  ({slow} of {len(means)} rounds on a slowed machine" +
                        (", left out)" if slow < len(means) else ": none was quiet)"))
         print(f"{r['name']:40s} {r['mean_s'] * 1e3:8.2f} ± {r['std_s'] * 1e3:5.2f} {sim} {ratio}{spread}", file=out)
+
+
+def verdict_lines(rows: List[Dict[str, Any]]) -> List[str]:
+    """One line per graph that ran two or more entries: the entry that ran fastest for real (median
+    round), and whether the simulator ranked the same one first among the entries it simulates
+    (Horovod rows are not simulated); when not, how much slower its pick ran."""
+    by_graph: Dict[str, List[Dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("error") is None and r.get("rounds") and r.get("graph"):
+            by_graph.setdefault(r["graph"], []).append(r)
+    lines = []
+    for graph, ran in by_graph.items():
+        if len(ran) < 2:
+            continue
+        best = min(ran, key=lambda r: r["mean_s"])
+        line = f"{os.path.splitext(os.path.basename(graph))[0]}: fastest for real {best['name']} ({best['mean_s'] * 1e3:.2f} ms)"
+        simulated = [r for r in ran if r.get("simulated_s")]
+        if len(simulated) >= 2:
+            pick = min(simulated, key=lambda r: r["simulated_s"])
+            fastest_simulated = min(simulated, key=lambda r: r["mean_s"])
+            if pick is fastest_simulated:
+                line += f"; the simulator ranked {pick['name']} first of its {len(simulated)} entries too"
+            else:
+                line += (f"; the simulator ranked {pick['name']} first of its {len(simulated)} entries, which ran "
+                         f"{pick['mean_s'] / fastest_simulated['mean_s']:.2f}x slower than {fastest_simulated['name']}")
+        lines.append(line)
+    return lines
 
 
 def print_machine_note(rows, out=sys.stdout) -> None:
