@@ -34,10 +34,10 @@ from tfplace.formats.reports import SimReport
 from tfplace.simulator import SimOptions, simulate
 from tfplace.baselines.problem import with_overheads
 from tfplace.formats.strategy import Strategy
+from tfplace.profiling.device_model import device_speed
 
 from tfplace.policy import actions as A
 from tfplace.policy.features import GraphFeatures, build_features, group_seconds, identical_device_classes
-from tfplace.policy.fallbacks import device_speed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +62,7 @@ class PlacementTask:
         self.batch_size, self.max_groups, self.oom_penalty = batch_size, max_groups, oom_penalty
         self.sim_options, self.layout = sim_options, layout
         self.features: GraphFeatures = build_features(graph, grouping, cluster, profile, batch_size)
-        self.speeds = [device_speed(d) for d in cluster.devices]
+        self.speeds = [float(device_speed(d)) for d in cluster.devices]
         self.lowerer = Lowerer(graph, grouping, cluster, profile)
         self.reference_time_s = 1.0  # set to the best baseline's time by the trainer
         self._cache: Dict[bytes, Evaluation] = {}

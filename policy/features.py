@@ -43,7 +43,7 @@ from tfplace.ir.graph_ir import OpGraph
 from tfplace.ir.grouping import Grouping, group_graph
 from tfplace.formats.profile import Profile
 
-from tfplace.policy.fallbacks import device_speed
+from tfplace.profiling.device_model import device_speed
 
 # Fixed vocabulary of op categories; an op type maps to the first category whose keyword it
 # contains (case-sensitive TF op names), else "other". Order matters ("Grad" before "Conv").
@@ -208,7 +208,7 @@ def _class_rank(cluster: Cluster) -> np.ndarray:
 
 def device_features(cluster: Cluster) -> np.ndarray:
     d = cluster.num_devices
-    speed = np.array([device_speed(x) for x in cluster.devices])
+    speed = np.array([float(device_speed(x)) for x in cluster.devices])
     mem = cluster.memory_bytes.astype(np.float64)
     bw = np.array([[cluster.path_bandwidth_bytes_per_s(i, j) if i != j else np.nan for j in range(d)]
                    for i in range(d)]) if d > 1 else np.full((1, 1), np.nan)

@@ -47,7 +47,7 @@ from tfplace.ir.loader import load_op_graph
 from tfplace.policy import actions as A
 from tfplace.policy import distribution, pretrained
 from tfplace.policy.environment import PlacementTask
-from tfplace.policy.fallbacks import default_profile
+from tfplace.profiling.device_model import default_profile
 
 Log = Callable[[str], None]
 

@@ -14,7 +14,7 @@ from tfplace.formats.strategy import Strategy, decision, even_strategy, validate
 
 from tfplace.policy import search as S
 from tfplace.policy.environment import PlacementTask
-from tfplace.policy.fallbacks import default_profile
+from tfplace.profiling.device_model import default_profile
 from tfplace.policy.pool import PoolEntry, StrategyPool
 from tfplace.policy.testing_fixtures import tiny_task
 from tfplace.policy.train_lib import seed_pool

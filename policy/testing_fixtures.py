@@ -6,7 +6,7 @@ from tfplace import testing
 from tfplace.ir.grouping import make_grouping
 
 from tfplace.policy.environment import PlacementTask
-from tfplace.policy.fallbacks import default_profile
+from tfplace.profiling.device_model import default_profile
 
 
 def tiny_task(model: str = "mlp", cluster: str = "four", batch_size: int = 8, max_groups: int = 16) -> PlacementTask:

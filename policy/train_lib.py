@@ -70,7 +70,7 @@ from tfplace.formats.strategy import save_strategy
 from tfplace.policy import actions as A
 from tfplace.policy.agent import ReinforceLearner
 from tfplace.policy.environment import PlacementEnvironment, PlacementTask, evaluate_many
-from tfplace.policy.fallbacks import baseline_strategies
+from tfplace.baselines.registry import baseline_factories
 from tfplace.policy.network import PlacementNetwork
 from tfplace.policy.pool import PoolEntry, StrategyPool
 from tfplace.policy import train_state
@@ -151,8 +151,9 @@ def build_task(label: str, bundle: str, batch_size: int, cluster_path: str, prof
 def seed_pool(task: PlacementTask, size: int) -> StrategyPool:
     """A pool with every baseline plus the proportional action (a start for local search)."""
     pool = StrategyPool(size)
-    for name, factory in baseline_strategies(task.graph, task.cluster, task.batch_size, task.max_groups,
-                                             task.label, task.profile, task.grouping, task.overheads).items():
+    for name, factory in baseline_factories(task.graph, task.cluster, task.batch_size, task.max_groups,
+                                            profile=task.profile, grouping=task.grouping,
+                                            overheads=task.overheads).items():
         strategy = task.lowerer.legalize(factory())  # batch norm keeps its least batch per replica
         ev = task.evaluate_strategy(strategy)
         pool.add_baseline(PoolEntry(name, strategy, ev.time_s, ev.effective_time_s, ev.oom, 0))
