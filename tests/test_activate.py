@@ -328,3 +328,14 @@ def _verdict_row(name, real_ms, sim_ms=None, graph="g/tiny_mlp_b16_sgd.json", er
 def test_the_verdict_names_the_fastest_for_real_and_whether_the_simulator_agreed(rows, expected):
     from tfplace.cli.activate import verdict_lines
     assert verdict_lines(rows) == expected
+
+
+def test_the_table_lines_up_however_long_the_entry_names():
+    from tfplace.cli.activate import print_table
+    rows = [{"name": n, "error": None, "mean_s": 0.012, "std_s": 0.001, "simulated_s": 0.006, "ratio": 0.5}
+            for n in ("single.tiny_mlp_b16_sgd", "dp_proportional_allreduce.tiny_transformer_b16_t8_n2_sgd")]
+    text = io.StringIO()
+    print_table(rows, text)
+    lines = text.getvalue().splitlines()
+    assert len({line.index("±") for line in lines[1:]}) == 1, lines
+    assert lines[0].index("measured ms") + len("measured ms") == lines[1].index("±") + 7, lines

@@ -338,10 +338,12 @@ def _write_results(path: str, config_path: str, config: ActivateConfig, rows, co
 
 
 def print_table(rows, out=sys.stdout) -> None:
-    print(f"{'entry':40s} {'measured ms':>16s} {'simulated ms':>13s} {'sim/real':>9s}", file=out)
+    """The result table: an entry column as wide as its longest name, so the numbers line up."""
+    w = max([40] + [len(r["name"]) for r in rows])
+    print(f"{'entry':{w}s} {'measured ms':>16s} {'simulated ms':>13s} {'sim/real':>9s}", file=out)
     for r in rows:
         if r["error"]:
-            print(f"{r['name']:40s} FAILED: {r['error'].splitlines()[0][:100]}", file=out)
+            print(f"{r['name']:{w}s} FAILED: {r['error'].splitlines()[0][:100]}", file=out)
             continue
         sim = f"{r['simulated_s'] * 1e3:13.2f}" if r.get("simulated_s") else f"{'-':>13s}"
         ratio = f"{r['ratio']:9.3f}" if r.get("ratio") else f"{'-':>9s}"
@@ -351,7 +353,7 @@ def print_table(rows, out=sys.stdout) -> None:
         if slow:
             spread += (f"  ({slow} of {len(means)} rounds on a slowed machine" +
                        (", left out)" if slow < len(means) else ": none was quiet)"))
-        print(f"{r['name']:40s} {r['mean_s'] * 1e3:8.2f} ± {r['std_s'] * 1e3:5.2f} {sim} {ratio}{spread}", file=out)
+        print(f"{r['name']:{w}s} {r['mean_s'] * 1e3:8.2f} ± {r['std_s'] * 1e3:5.2f} {sim} {ratio}{spread}", file=out)
 
 
 def verdict_lines(rows: List[Dict[str, Any]]) -> List[str]:
