@@ -64,11 +64,13 @@ REFERENCE = "dp_even_allreduce"  # speed-ups are reported over this one
 def baseline_factories(graph, cluster, batch_size: int, max_groups: int, profile=None, grouping=None,
                        include: Optional[Sequence[str]] = None, overheads=None) -> Dict[str, Callable[[], Strategy]]:
     """name -> zero-argument factory for every strategy generator (or those in `include`), over
-    one shared Problem (for seeding the policy's pool). profile None: `default_profile`;
+    one shared Problem (for seeding the policy's pool). profile None: `device_model.cluster_profile`;
     overheads: the cluster's RuntimeOverheads (the planners simulate with them), or None. The
     pipeline planner is quiet here and runs once for both pipeline entries. Names whose generator
     cannot apply (DP-EV with fewer samples than devices) are left out."""
-    problem = make_problem(graph, cluster, profile if profile is not None else device_model.cluster_profile(graph, cluster),
+    if profile is None:
+        profile = device_model.cluster_profile(graph, cluster)
+    problem = make_problem(graph, cluster, profile,
                            max_groups=max_groups, global_batch_size=batch_size, grouping=grouping,
                            overheads=overheads)
     plans: Dict[str, pipeline.PipelinePlan] = {}

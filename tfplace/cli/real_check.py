@@ -67,9 +67,8 @@ def confirm(task, result, bundle: str, cluster_path: str, overheads_path: Option
             warmup_steps: int, rounds: int, out=sys.stdout) -> RealCheck:
     """Runs candidates(result.best, result.baseline_entries, k) of the graph bundle `bundle` on the
     cluster of `task` (the PlacementTask planned: its grouping and profile, so each rewrite is the
-    strategy the plan simulated)
-    for `rounds` rounds of `warmup_steps` + `steps` steps; returns the RealCheck. Raises
-    TfplaceError when no candidate ran."""
+    strategy the plan simulated) for `rounds` rounds of `warmup_steps` + `steps` steps; returns the
+    RealCheck. Raises TfplaceError when no candidate ran."""
     from tfplace.cli import activate
     from tfplace.formats.config import ActivateConfig
     from tfplace.runtime import machine_speed
