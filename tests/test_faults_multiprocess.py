@@ -5,10 +5,10 @@ Table-driven by category:
     Gloo) accepts connections through loopback only, looked at from the machine's own network
     namespace, and the run leaves no temporary folder; a port taken between choosing and binding
     is retried on new ports.
-  * process: SIGTERM / SIGINT to `activate.py` while TF servers or Horovod ranks run leaves no
-    process and no temporary folder, exits 143 / 130, and keeps the results written so far; a
-    worker that dies in one entry is replaced for the next; a second run on the same output
-    folder stops with exit 2 naming the run that holds it.
+  * process: SIGTERM / SIGINT to `activate.py` (or to `plan --confirm_real`) while TF servers or
+    Horovod ranks run leaves no process and no temporary folder, exits 143 / 130, and keeps the
+    results written so far; a worker that dies in one entry is replaced for the next; a second
+    run on the same output folder stops with exit 2 naming the run that holds it.
 The unit-level faults (bad files, paths, values, resume) are in test_faults_unit_*.py.
 """
 
@@ -97,11 +97,16 @@ def _alive(pid: int) -> bool:
 def _start_activate(tmp_path, config):
     """`python activate.py config` in the machine's namespace, with its own TMPDIR (so its
     temporary folders can be counted) and its own process group (so the test can sweep it)."""
+    return _start(tmp_path, [os.path.join(ROOT, "activate.py"), config])
+
+
+def _start(tmp_path, args):
+    """`python *args` as _start_activate starts activate.py."""
     tmp = tmp_path / "tmpdir"
     tmp.mkdir(exist_ok=True)
     env = dict(os.environ, TMPDIR=str(tmp), TF_CPP_MIN_LOG_LEVEL="2")
     env.pop(netns.ALLOW_OPEN_PORTS_ENV, None)
-    return subprocess.Popen([PYTHON, os.path.join(ROOT, "activate.py"), config], cwd=ROOT, env=env,
+    return subprocess.Popen([PYTHON, *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=_in_machine_namespace(), start_new_session=True), tmp
 
@@ -238,6 +243,33 @@ def test_process_a_stopped_activate_leaves_nothing_behind(tmp_path, sig, status,
                 results = json.load(f)
             assert results["complete"] is False
             assert [r["name"] for r in results["results"]] and results["results"][0]["error"] is None
+    finally:
+        _sweep(proc)
+
+
+@pytest.mark.multiprocess
+def test_process_a_stopped_plan_check_leaves_nothing_behind(tmp_path):
+    """SIGTERM to `python -m tfplace.plan --confirm_real` while its TF servers run: exit 143, no
+    server left, no temporary folder, and no strategy file (nothing was chosen)."""
+    out = tmp_path / "s.json"
+    proc, tmp = _start(tmp_path, ["-m", "tfplace.plan", "--model", "tiny_mlp", "--batch_size", "12", "--cluster",
+                                  CLUSTER, "--out", str(out), "--samples", "0", "--confirm_real", "1",
+                                  "--confirm_steps", "100000"])
+    try:
+        _wait_for(lambda: [p for p in _descendants(proc.pid) if "tfplace.runtime.worker" in _cmdline(p)], 240,
+                  "TF servers")
+        time.sleep(1.0)
+        family = [proc.pid, *_descendants(proc.pid)]
+        proc.send_signal(signal.SIGTERM)
+        text, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 143, text
+        assert "stopped by" in text and "Traceback" not in text, text
+        deadline = time.monotonic() + 15
+        while [p for p in family if _alive(p)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in family if _alive(p)], [(p, _cmdline(p)) for p in family if _alive(p)]
+        assert os.listdir(tmp) == [], f"temporary folders left: {os.listdir(tmp)}"
+        assert not out.exists()
     finally:
         _sweep(proc)
 
