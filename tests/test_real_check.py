@@ -32,18 +32,33 @@ def test_candidates_are_the_plan_then_the_k_fastest_distinct_baselines_that_fit(
     _, result = planned
     picked = real_check.candidates(result.best, result.baseline_entries, k)
     assert picked[0] == (real_check.PLAN_NAME, result.best)
+    assert [n for n, _ in picked[1:]] == [e.source for _, e in picked[1:]]
     keys = [strategy_key(e.strategy) for _, e in picked]
     assert len(set(keys)) == len(keys)  # every candidate is another strategy
-    rest = [e for _, e in picked[1:]]
-    assert all(not e.oom for e in rest)
-    assert [e.effective_time_s for e in rest] == sorted(e.effective_time_s for e in rest)
-    # no distinct baseline left out was faster than one taken
-    left = [e for e in result.baseline_entries if not e.oom and strategy_key(e.strategy) not in keys]
-    if rest and left:
-        assert min(e.effective_time_s for e in left) >= rest[-1].effective_time_s
+    single = next(e for e in result.baseline_entries if e.source == "single")
     distinct = {strategy_key(e.strategy) for e in result.baseline_entries if not e.oom} - {keys[0]}
-    assert len(rest) == min(k, len(distinct))
-    assert [n for n, _ in picked[1:]] == [e.source for e in rest]
+    ranked = [e for _, e in picked[1:1 + min(k, len(distinct))]]
+    assert all(not e.oom for e in ranked)
+    assert [e.effective_time_s for e in ranked] == sorted(e.effective_time_s for e in ranked)
+    # no distinct baseline left out was faster than one of the k taken
+    left = [e for e in result.baseline_entries if not e.oom and strategy_key(e.strategy) not in keys]
+    if ranked and left:
+        assert min(e.effective_time_s for e in left) >= ranked[-1].effective_time_s
+    # and the fastest device alone is checked too, whatever its rank, unless it is the plan
+    wanted = k > 0 and not single.oom and strategy_key(single.strategy) != keys[0]
+    extra = [e for _, e in picked[1 + len(ranked):]]
+    assert extra == ([single] if wanted and single not in ranked else [])
+    assert (("single", single) in picked) == wanted
+
+
+def test_the_fastest_device_alone_is_checked_even_when_the_simulator_ranks_it_last(planned):
+    import dataclasses
+    _, result = planned
+    ranked_last = [dataclasses.replace(e, effective_time_s=1e9) if e.source == "single" else e
+                   for e in result.baseline_entries]
+    picked = real_check.candidates(result.best, ranked_last, 1)
+    assert len(picked) == 3 and picked[-1][0] == "single"
+    assert real_check.candidates(result.best, ranked_last, 0) == [(real_check.PLAN_NAME, result.best)]
 
 
 def test_a_plan_that_is_a_baseline_is_not_run_twice(planned):
@@ -126,7 +141,8 @@ def test_plan_command_checks_for_real_and_writes_the_fastest(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     rows = re.findall(r"^  (\S+)(?: \([^)]*\))? +([\d.]+) +([\d.]+) +[\d.]+(?:  rounds \S+)?(  <- written)?$",
                       result.stdout, re.M)
-    assert len(rows) == 3, result.stdout
+    checked = int(re.search(r"checking (\d+) strategies for real", result.stdout).group(1))
+    assert checked in (3, 4) and len(rows) == checked, result.stdout  # plan, 2 ranked next, maybe `single`
     real_ms = [float(r[2]) for r in rows]
     written = [i for i, r in enumerate(rows) if r[3]]
     assert written == [real_ms.index(min(real_ms))], result.stdout

@@ -161,6 +161,10 @@ def test_page_commands_run_as_written(tmp_path):
     assert "densenet121_b32_momentum.json" in outputs[0]
     assert "densenet121" in outputs[1] and "heft" in outputs[1]
     assert "iteration time" in outputs[2]
+    # then profiled on a local emulated cluster and planned, the plan checked for real there
+    assert [c[2] for c in commands[3:]] == ["tfplace.profile", "tfplace.plan"]
+    assert "for real: median of 1 round(s)" in outputs[4] and "strategy written to densenet_strategy.json" in outputs[4]
+    assert os.path.exists(tmp_path / "densenet_strategy.json")
     _, meta = __import__("tfplace.graph_defs", fromlist=["read_bundle"]).read_bundle(
         str(tmp_path / "my_models" / "densenet121_b32_momentum.json"))
     assert [i["name"] for i in meta["inputs"]] == ["input_0", "labels"]  # no feed of Keras's own input

@@ -2,7 +2,7 @@
 
 The simulator ranks strategies; what a user keeps is what runs faster on the cluster. With
 --confirm_real K, plan runs its best strategy and the K baselines the simulator ranks next (those
-that fit in memory, each distinct) on the cluster itself: a local cluster of loopback tasks,
+that fit in memory, each distinct), and the fastest device alone, on the cluster itself: a local cluster of loopback tasks,
 emulated as its file says, round by round on fresh servers, exactly as activate runs its entries
 (tfplace.cli.activate.run_rounds). The strategy whose median round ran fastest is written. When
 that is a baseline the plan beat in simulation, the command says so and by how much: a plan is
@@ -37,22 +37,32 @@ class RealCheck:
         return self.picked[self.chosen][1].strategy
 
 
+ALWAYS_CHECKED = "single"  # the fastest device alone: what a split must beat, and what a simulator that
+# misses runtime overheads ranks too low (a DenseNet-121 plan ran 1.9x slower than it: benchmarks/hetero_bench.md)
+
+
 def candidates(best, baselines: Sequence, k: int) -> List[Tuple[str, Any]]:
     """(entry name, PoolEntry) to run for real: the plan (`best`) named PLAN_NAME, then the `k`
     baselines with the lowest simulated effective time that fit in memory and mean another strategy
     than the plan and every baseline already taken (tfplace.policy.pool.strategy_key), each named
-    by its baseline name."""
+    by its baseline name; then ALWAYS_CHECKED when k > 0 and it fits and is not taken yet."""
     from tfplace.policy.pool import strategy_key
     out = [(PLAN_NAME, best)]
     seen = {strategy_key(best.strategy)}
+
+    def take(e) -> None:
+        key = strategy_key(e.strategy)
+        if not e.oom and key not in seen:
+            seen.add(key)
+            out.append((e.source, e))
     for e in sorted(baselines, key=lambda e: e.effective_time_s):
         if len(out) > k:
             break
-        key = strategy_key(e.strategy)
-        if e.oom or key in seen:
-            continue
-        seen.add(key)
-        out.append((e.source, e))
+        take(e)
+    if k > 0:
+        for e in baselines:
+            if e.source == ALWAYS_CHECKED:
+                take(e)
     return out
 
 
