@@ -11,7 +11,8 @@ strategy, `--samples` policy samples, every baseline, and (with --search_seconds
 policy-guided search (tfplace.policy.planner.plan_task); it is never worse than the best baseline.
 
 --confirm_real K (a cluster of loopback tasks, emulated as its file says; any other is refused
-before planning): the result and the K baselines the simulator ranks next run for real,
+before planning): the result, the K baselines the simulator ranks next and the fastest device
+alone run for real,
 --confirm_rounds rounds on fresh servers of --confirm_steps steps after as many warm-up steps,
 and the strategy whose median round ran fastest is written (tfplace.cli.real_check).
 """
@@ -46,8 +47,8 @@ def define_flags() -> None:
     flags.DEFINE_integer("samples", 8, "policy samples evaluated zero-shot", lower_bound=0)
     flags.DEFINE_integer("seed", 0, "sampling / search seed", lower_bound=0)
     flags.DEFINE_string("out", "strategy.json", "where to write the strategy")
-    flags.DEFINE_integer("confirm_real", 0, "run the plan and the K next-best baselines on the cluster for real "
-                         "(loopback tasks, emulated as the cluster file says) and write the fastest", lower_bound=0)
+    flags.DEFINE_integer("confirm_real", 0, "run the plan, the K next-best baselines and the fastest device alone on the "
+                         "cluster for real (loopback tasks, emulated as the cluster file says) and write the fastest", lower_bound=0)
     flags.DEFINE_integer("confirm_rounds", 3, "with --confirm_real: rounds on fresh servers; the median counts",
                          lower_bound=1)
     flags.DEFINE_integer("confirm_steps", 20, "with --confirm_real: timed steps per round (after as many "
