@@ -12,9 +12,9 @@ policy-guided search (tfplace.policy.planner.plan_task); it is never worse than 
 
 --confirm_real K (a cluster of loopback tasks, emulated as its file says; any other is refused
 before planning): the result, the K baselines the simulator ranks next and the fastest device
-alone run for real,
---confirm_rounds rounds on fresh servers of --confirm_steps steps after as many warm-up steps,
-and the strategy whose median round ran fastest is written (tfplace.cli.real_check).
+alone run for real, --confirm_rounds rounds on fresh servers of --confirm_steps steps after as
+many warm-up steps, and the strategy whose median round ran fastest is written
+(tfplace.cli.real_check).
 """
 
 from __future__ import annotations
