@@ -146,9 +146,28 @@ def test_the_bundled_emulated_clusters_need_no_profile(cluster, tmp_path):
                 tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "CPU_half = CPU at a 0.5 quota" in done.stdout
+    assert f"note: {path} runs on CPU tasks and no --overheads was given" in done.stderr  # and names the file
     done = _run(["-m", "tfplace.simulate"], ["--graph", TINY, "--cluster", path, "--strategy",
                                              "{tmp}/cmp/strategies/dp_even_allreduce.json"], tmp_path)
     assert done.returncode == 0 and "iteration time" in done.stdout, done.stderr[-2000:]
     done = _run(["-m", "tfplace.plan"], ["--graph", TINY, "--cluster", path, "--samples", "0", "--out", "{tmp}/s.json"],
                 tmp_path)
     assert done.returncode == 0 and "strategy written to" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("cluster, overheads, expected", [
+    ("local_cpu_hetero.json", None, "give --overheads {dir}/local_cpu_hetero.overheads.json (found beside"),
+    ("local_cpu.json", None, "measure them: python -m tfplace.cli.overheads --cluster {dir}/local_cpu.json"),
+    ("local_cpu_hetero.json", "clusters/local_cpu_hetero.overheads.json", None),  # given: nothing to say
+    ("two_kind_4gpu.json", None, None),                                            # GPUs: no runtime-overheads model
+])
+def test_a_cpu_cluster_without_overheads_gets_a_note_naming_the_fix(cluster, overheads, expected):
+    from tfplace.cli.common import overheads_note
+    from tfplace.formats.cluster import load_cluster
+    folder = os.path.join(REPO, "clusters")
+    path = os.path.join(folder, cluster)
+    note = overheads_note(load_cluster(path), path, overheads)
+    if expected is None:
+        assert note is None
+    else:
+        assert note.startswith(f"note: {path} runs on CPU tasks") and expected.format(dir=folder) in note, note

@@ -85,10 +85,14 @@ def main(argv) -> int:
     from tfplace.policy import planner
     graph = FLAGS.graph and common.resolve_graph(FLAGS.graph, "argument --graph", FLAGS.batch_size, bundle=True,
                                                  **common.step_options(common.args()))
+    from tfplace.formats.cluster import load_cluster
+    cluster = load_cluster(FLAGS.cluster)
     if FLAGS.confirm_real:  # a cluster that cannot run here is refused before any planning
-        from tfplace.formats.cluster import load_cluster
         from tfplace.runtime.local_cluster import LocalCluster
-        LocalCluster.for_cluster(load_cluster(FLAGS.cluster))
+        LocalCluster.for_cluster(cluster)
+    note = common.overheads_note(cluster, FLAGS.cluster, FLAGS.overheads)
+    if note:
+        print(note, file=sys.stderr)
     result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
                           cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
                           samples=FLAGS.samples, seed=FLAGS.seed, out=None if FLAGS.confirm_real else FLAGS.out,
