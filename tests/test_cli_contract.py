@@ -160,13 +160,15 @@ def test_the_bundled_emulated_clusters_need_no_profile(cluster, tmp_path):
     ("local_cpu.json", None, "measure them: python -m tfplace.cli.overheads --cluster {dir}/local_cpu.json"),
     ("local_cpu_hetero.json", "clusters/local_cpu_hetero.overheads.json", None),  # given: nothing to say
     ("two_kind_4gpu.json", None, None),                                            # GPUs: no runtime-overheads model
+    ("local_cpu.json", "", "then \"overheads\" in the config O"),                # activate's wording
 ])
 def test_a_cpu_cluster_without_overheads_gets_a_note_naming_the_fix(cluster, overheads, expected):
     from tfplace.cli.common import overheads_note
     from tfplace.formats.cluster import load_cluster
     folder = os.path.join(REPO, "clusters")
     path = os.path.join(folder, cluster)
-    note = overheads_note(load_cluster(path), path, overheads)
+    give = '"overheads" in the config' if overheads == "" else "--overheads"
+    note = overheads_note(load_cluster(path), path, overheads, give=give)
     if expected is None:
         assert note is None
     else:

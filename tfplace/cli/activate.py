@@ -209,11 +209,14 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
     errors = {name: err for name, err in validate_entries(config) if err is not None}
     cluster = load_cluster(config.cluster)
     overheads = common.load_overheads_arg(config.overheads)  # before any work: its errors name the file
+    note = common.overheads_note(cluster, config.cluster, config.overheads, give='"overheads" in the config')
     # loopback hosts, cores and quotas are checked here, before any export or server
     LocalCluster.for_cluster(cluster)
     os.makedirs(config.output_dir, exist_ok=True)
     results_path = os.path.join(config.output_dir, "results.json")
     watch = machine_speed.SpeedWatch(machine_speed.cores_of(cluster))
+    if note:
+        print(note, file=out, flush=True)
     with common.OutputLock(config.output_dir, config_path, "output_dir"):  # one run per folder
         jobs = _jobs(config, errors)
         if config.trace:
@@ -369,7 +372,8 @@ def verdict_lines(rows: List[Dict[str, Any]]) -> List[str]:
         if len(ran) < 2:
             continue
         best = min(ran, key=lambda r: r["mean_s"])
-        line = f"{os.path.splitext(os.path.basename(graph))[0]}: fastest for real {best['name']} ({best['mean_s'] * 1e3:.2f} ms)"
+        stem = os.path.splitext(os.path.basename(graph))[0]
+        line = f"{stem}: fastest for real {best['name']} ({best['mean_s'] * 1e3:.2f} ms)"
         simulated = [r for r in ran if r.get("simulated_s")]
         if len(simulated) >= 2:
             pick = min(simulated, key=lambda r: r["simulated_s"])

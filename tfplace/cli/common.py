@@ -67,19 +67,21 @@ def load_overheads_arg(path: Optional[str]):
     return load_overheads(path)
 
 
-def overheads_note(cluster, cluster_path: str, overheads_path: Optional[str]) -> Optional[str]:
+def overheads_note(cluster, cluster_path: str, overheads_path: Optional[str],
+                   give: str = "--overheads") -> Optional[str]:
     """A line to print when `cluster` (loaded from `cluster_path`) runs on CPU tasks and no
-    --overheads was given: the simulator then leaves out what TensorFlow's runtime adds per step and
-    per message, and on such clusters ranks splits too high. Names the overheads file beside the
-    cluster file when there is one (<stem>.overheads.json), else the command that measures it.
-    None for GPU clusters or when overheads were given."""
+    overheads file was given (`give`: how this command takes one): the simulator then leaves out
+    what TensorFlow's runtime adds per step and per message, and on such clusters ranks splits too
+    high. Names the overheads file beside the cluster file when there is one
+    (<stem>.overheads.json), else the command that measures one. None for GPU clusters or when
+    overheads were given."""
     from tfplace.formats.cluster import is_cpu_kind
     if overheads_path or not all(is_cpu_kind(d.kind) for d in cluster.devices):
         return None
     beside = os.path.splitext(cluster_path)[0] + ".overheads.json"
-    fix = (f"give --overheads {beside} (found beside the cluster file)" if os.path.isfile(beside) else
-           f"measure them: python -m tfplace.cli.overheads --cluster {cluster_path} --out O, then --overheads O")
-    return (f"note: {cluster_path} runs on CPU tasks and no --overheads was given: simulated times leave out "
+    fix = (f"give {give} {beside} (found beside the cluster file)" if os.path.isfile(beside) else
+           f"measure them: python -m tfplace.cli.overheads --cluster {cluster_path} --out O, then {give} O")
+    return (f"note: {cluster_path} runs on CPU tasks and no {give} was given: simulated times leave out "
             f"the runtime's per-step and per-message costs, so splits look faster than they run; {fix}")
 
 
