@@ -146,7 +146,7 @@ def test_the_bundled_emulated_clusters_need_no_profile(cluster, tmp_path):
                 tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "CPU_half = CPU at a 0.5 quota" in done.stdout
-    assert f"note: {path} runs on CPU tasks and no --overheads was given" in done.stderr  # and names the file
+    assert f"note: {path} runs on CPU tasks and no runtime-overheads file was given" in done.stderr
     done = _run(["-m", "tfplace.simulate"], ["--graph", TINY, "--cluster", path, "--strategy",
                                              "{tmp}/cmp/strategies/dp_even_allreduce.json"], tmp_path)
     assert done.returncode == 0 and "iteration time" in done.stdout, done.stderr[-2000:]
@@ -157,17 +157,18 @@ def test_the_bundled_emulated_clusters_need_no_profile(cluster, tmp_path):
 
 @pytest.mark.parametrize("cluster, overheads, expected", [
     ("local_cpu_hetero.json", None, "give --overheads {dir}/local_cpu_hetero.overheads.json (found beside"),
-    ("local_cpu.json", None, "measure them: python -m tfplace.cli.overheads --cluster {dir}/local_cpu.json"),
+    ("local_cpu.json", None, "measure them (python -m tfplace.cli.overheads --cluster {dir}/local_cpu.json --out O), "
+                             "then give --overheads O"),
     ("local_cpu_hetero.json", "clusters/local_cpu_hetero.overheads.json", None),  # given: nothing to say
     ("two_kind_4gpu.json", None, None),                                            # GPUs: no runtime-overheads model
-    ("local_cpu.json", "", "then \"overheads\" in the config O"),                # activate's wording
+    ("local_cpu.json", "", 'then give "overheads": "O" in the config'),            # activate's wording
 ])
 def test_a_cpu_cluster_without_overheads_gets_a_note_naming_the_fix(cluster, overheads, expected):
     from tfplace.cli.common import overheads_note
     from tfplace.formats.cluster import load_cluster
     folder = os.path.join(REPO, "clusters")
     path = os.path.join(folder, cluster)
-    give = '"overheads" in the config' if overheads == "" else "--overheads"
+    give = '"overheads": "{}" in the config' if overheads == "" else "--overheads {}"
     note = overheads_note(load_cluster(path), path, overheads, give=give)
     if expected is None:
         assert note is None

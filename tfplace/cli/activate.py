@@ -209,7 +209,7 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
     errors = {name: err for name, err in validate_entries(config) if err is not None}
     cluster = load_cluster(config.cluster)
     overheads = common.load_overheads_arg(config.overheads)  # before any work: its errors name the file
-    note = common.overheads_note(cluster, config.cluster, config.overheads, give='"overheads" in the config')
+    note = common.overheads_note(cluster, config.cluster, config.overheads, give='"overheads": "{}" in the config')
     # loopback hosts, cores and quotas are checked here, before any export or server
     LocalCluster.for_cluster(cluster)
     os.makedirs(config.output_dir, exist_ok=True)

@@ -68,21 +68,22 @@ def load_overheads_arg(path: Optional[str]):
 
 
 def overheads_note(cluster, cluster_path: str, overheads_path: Optional[str],
-                   give: str = "--overheads") -> Optional[str]:
+                   give: str = "--overheads {}") -> Optional[str]:
     """A line to print when `cluster` (loaded from `cluster_path`) runs on CPU tasks and no
-    overheads file was given (`give`: how this command takes one): the simulator then leaves out
-    what TensorFlow's runtime adds per step and per message, and on such clusters ranks splits too
-    high. Names the overheads file beside the cluster file when there is one
+    overheads file was given (`give`: how this command takes one, {} for the path): the simulator
+    then leaves out what TensorFlow's runtime adds per step and per message, and on such clusters
+    ranks splits too high. Names the overheads file beside the cluster file when there is one
     (<stem>.overheads.json), else the command that measures one. None for GPU clusters or when
     overheads were given."""
     from tfplace.formats.cluster import is_cpu_kind
     if overheads_path or not all(is_cpu_kind(d.kind) for d in cluster.devices):
         return None
     beside = os.path.splitext(cluster_path)[0] + ".overheads.json"
-    fix = (f"give {give} {beside} (found beside the cluster file)" if os.path.isfile(beside) else
-           f"measure them: python -m tfplace.cli.overheads --cluster {cluster_path} --out O, then {give} O")
-    return (f"note: {cluster_path} runs on CPU tasks and no {give} was given: simulated times leave out "
-            f"the runtime's per-step and per-message costs, so splits look faster than they run; {fix}")
+    fix = (f"give {give.format(beside)} (found beside the cluster file)" if os.path.isfile(beside) else
+           f"measure them (python -m tfplace.cli.overheads --cluster {cluster_path} --out O), then give "
+           f"{give.format('O')}")
+    return (f"note: {cluster_path} runs on CPU tasks and no runtime-overheads file was given: simulated times "
+            f"leave out the runtime's per-step and per-message costs, so splits look faster than they run; {fix}")
 
 
 # ------------------------------------------------------------------------------- output paths
