@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -399,10 +398,6 @@ def infeasible_tasks(summary: Dict[str, object]) -> List[str]:
 
 
 # ---- per-task outputs --------------------------------------------------------------------------
-def rewrite_available() -> bool:
-    return importlib.util.find_spec("tfplace.rewrite.graph_rewrite") is not None
-
-
 def write_outputs(run: TaskRun, folder: str) -> None:
     os.makedirs(folder, exist_ok=True)
     best, bb = run.pool.best, run.pool.best_baseline()
@@ -429,12 +424,10 @@ def write_outputs(run: TaskRun, folder: str) -> None:
 def write_rewritten_graph(run: TaskRun, best: PoolEntry, path: str) -> str:
     """Writes the rewritten GraphDef of the best strategy (only when the best changed); returns
     what best_time.log says about it."""
-    if not rewrite_available():
-        return "not written: the rewrite pass (tfplace.rewrite.graph_rewrite) does not exist yet"
     key = json.dumps(best.strategy.to_json(), sort_keys=True)
     if getattr(run, "_rewritten_key", None) == key and os.path.exists(path):
         return "best_graph.pb"
-    from tfplace.rewrite import graph_rewrite as rewrite  # optional: the rewrite pass is another issue's module
+    from tfplace.rewrite import graph_rewrite as rewrite  # loaded only when a best graph is written
     try:
         graph_def = rewrite.rewrite(run.task.graph, best.strategy, run.task.cluster,
                                     grouping=run.task.grouping, profile=run.task.profile)

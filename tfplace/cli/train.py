@@ -66,10 +66,7 @@ def _train(config) -> int:
         return stop.exit_status
     for label, t in summary["tasks"].items():
         log(_summary_line(label, t))
-    if not train_lib.rewrite_available():
-        log("best_graph.pb not written: the rewrite pass (tfplace.rewrite.graph_rewrite) does not exist yet")
-    else:
-        log("best_graph.pb: see rewritten_graph in each best_time.log")
+    log("best_graph.pb: see rewritten_graph in each best_time.log")
     log(f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s; outputs in {config.output_dir}")
     failed = train_lib.infeasible_tasks(summary)
     if failed and not config.accept_infeasible:
