@@ -174,3 +174,18 @@ def test_a_cpu_cluster_without_overheads_gets_a_note_naming_the_fix(cluster, ove
         assert note is None
     else:
         assert note.startswith(f"note: {path} runs on CPU tasks") and expected.format(dir=folder) in note, note
+
+
+def test_training_on_a_bundled_emulated_cluster_needs_no_profile_and_notes_the_overheads(tmp_path):
+    """The main job on clusters/local_cpu_hetero.json without profiles: it trains (the quota kind
+    is the CPU over its quota) and says which overheads file its config could name."""
+    path = os.path.join(REPO, "clusters", "local_cpu_hetero.json")
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"format": "tfplace.train_config", "version": 1,
+                                  "graphs": [{"model": "tiny_mlp", "batch_size": 12}], "clusters": [path],
+                                  "budget": {"steps": 1}, "output_dir": str(tmp_path / "run")}))
+    done = _run(["-m", "tfplace.train"], ["--config", str(config)], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    beside = os.path.join(REPO, "clusters", "local_cpu_hetero.overheads.json")
+    assert f'give "{beside}" as "overheads"[0] in the config' in done.stderr, done.stderr[-2000:]
+    assert (tmp_path / "run" / "tiny_mlp_b12" / "best_strategy.json").exists()
