@@ -157,16 +157,21 @@ def test_the_bundled_emulated_clusters_need_no_profile(cluster, tmp_path):
 
 @pytest.mark.parametrize("cluster, overheads, expected", [
     ("local_cpu_hetero.json", None, "give --overheads {dir}/local_cpu_hetero.overheads.json (found beside"),
-    ("local_cpu.json", None, "measure them (python -m tfplace.cli.overheads --cluster {dir}/local_cpu.json --out O), "
-                             "then give --overheads O"),
+    ("local_cpu.json", None, "give --overheads {dir}/local_cpu.overheads.json (found beside"),
+    ("copy of local_cpu.json", None, "measure them (python -m tfplace.cli.overheads --cluster {dir}/local_cpu.json "
+                                     "--out O), then give --overheads O"),   # no file beside it
     ("local_cpu_hetero.json", "clusters/local_cpu_hetero.overheads.json", None),  # given: nothing to say
     ("two_kind_4gpu.json", None, None),                                            # GPUs: no runtime-overheads model
-    ("local_cpu.json", "", 'then give "overheads": "O" in the config'),            # activate's wording
+    ("copy of local_cpu.json", "", 'then give "overheads": "O" in the config'),    # activate's wording
 ])
-def test_a_cpu_cluster_without_overheads_gets_a_note_naming_the_fix(cluster, overheads, expected):
+def test_a_cpu_cluster_without_overheads_gets_a_note_naming_the_fix(cluster, overheads, expected, tmp_path):
+    import shutil
     from tfplace.cli.common import overheads_note
     from tfplace.formats.cluster import load_cluster
     folder = os.path.join(REPO, "clusters")
+    if cluster.startswith("copy of "):
+        cluster, folder = cluster[len("copy of "):], str(tmp_path)
+        shutil.copy(os.path.join(REPO, "clusters", cluster), tmp_path / cluster)
     path = os.path.join(folder, cluster)
     give = '"overheads": "{}" in the config' if overheads == "" else "--overheads {}"
     note = overheads_note(load_cluster(path), path, overheads, give=give)
