@@ -359,22 +359,27 @@ def print_table(rows, out=sys.stdout) -> None:
         print(f"{r['name']:{w}s} {r['mean_s'] * 1e3:8.2f} ± {r['std_s'] * 1e3:5.2f} {sim} {ratio}{spread}", file=out)
 
 
+def ran(row: Dict[str, Any]) -> bool:
+    """Whether a result row ran: no error and at least one round."""
+    return row.get("error") is None and bool(row.get("rounds"))
+
+
 def verdict_lines(rows: List[Dict[str, Any]]) -> List[str]:
     """One line per graph that ran two or more entries: the entry that ran fastest for real (median
     round), and whether the simulator ranked the same one first among the entries it simulates
     (Horovod rows are not simulated); when not, how much slower its pick ran."""
     by_graph: Dict[str, List[Dict[str, Any]]] = {}
     for r in rows:
-        if r.get("error") is None and r.get("rounds") and r.get("graph"):
+        if ran(r) and r.get("graph"):
             by_graph.setdefault(r["graph"], []).append(r)
     lines = []
-    for graph, ran in by_graph.items():
-        if len(ran) < 2:
+    for graph, entries in by_graph.items():
+        if len(entries) < 2:
             continue
-        best = min(ran, key=lambda r: r["mean_s"])
+        best = min(entries, key=lambda r: r["mean_s"])
         stem = os.path.splitext(os.path.basename(graph))[0]
         line = f"{stem}: fastest for real {best['name']} ({best['mean_s'] * 1e3:.2f} ms)"
-        simulated = [r for r in ran if r.get("simulated_s")]
+        simulated = [r for r in entries if r.get("simulated_s")]
         if len(simulated) >= 2:
             pick = min(simulated, key=lambda r: r["simulated_s"])
             fastest_simulated = min(simulated, key=lambda r: r["mean_s"])

@@ -1,10 +1,10 @@
 """A plan checked for real before it is written (`python -m tfplace.plan ... --confirm_real K`).
 
 The simulator ranks strategies; what a user keeps is what runs faster on the cluster. With
---confirm_real K, plan runs its best strategy and the K baselines the simulator ranks next (those
-that fit in memory, each distinct), and the fastest device alone, on the cluster itself: a local cluster of loopback tasks,
-emulated as its file says, round by round on fresh servers, exactly as activate runs its entries
-(tfplace.cli.activate.run_rounds). The strategy whose median round ran fastest is written. When
+--confirm_real K, plan runs its best strategy, the K baselines the simulator ranks next (those
+that fit in memory, each distinct) and the fastest device alone on the cluster itself: a local
+cluster of loopback tasks, emulated as its file says, round by round on fresh servers, exactly as
+activate runs its entries (tfplace.cli.activate.run_rounds). The strategy whose median round ran fastest is written. When
 that is a baseline the plan beat in simulation, the command says so and by how much: a plan is
 never recommended over a checked baseline that runs faster for real.
 """
@@ -69,8 +69,9 @@ def candidates(best, baselines: Sequence, k: int) -> List[Tuple[str, Any]]:
 def fastest(rows: Sequence[Dict[str, Any]]) -> Optional[int]:
     """Index of the row whose median round ran fastest (its mean_s) among the rows that ran (no
     error); the first of equal ones; None when none ran."""
-    ran = [i for i, r in enumerate(rows) if r.get("error") is None and r.get("rounds")]
-    return min(ran, key=lambda i: rows[i]["mean_s"]) if ran else None
+    from tfplace.cli.activate import ran
+    done = [i for i, r in enumerate(rows) if ran(r)]
+    return min(done, key=lambda i: rows[i]["mean_s"]) if done else None
 
 
 def confirm(task, result, bundle: str, cluster_path: str, overheads_path: Optional[str], k: int, steps: int,
@@ -107,13 +108,14 @@ def _round_means(row: Dict[str, Any]) -> List[float]:
 def format_check(check: RealCheck) -> str:
     """The check as a table (simulated and real ms, their ratio, the rounds' range) and one line
     saying what was written and why."""
+    from tfplace.cli.activate import ran
     lines = [f"for real: median of {check.rounds} round(s) of {check.steps} steps after {check.warmup_steps} warm-up",
              f"  {'entry':<34} {'simulated ms':>12} {'real ms':>10} {'sim/real':>9}"]
     sims_s = [e.time_s for _, e in check.picked]
     for i, ((name, entry), sim_s, row) in enumerate(zip(check.picked, sims_s, check.rows)):
         label = f"{name} ({entry.source})" if name == PLAN_NAME else name
         mark = "  <- written" if i == check.chosen else ""
-        if row.get("error") is not None or not row.get("rounds"):
+        if not ran(row):
             lines.append(f"  {label:<34} {sim_s * 1e3:12.3f}  FAILED: {str(row.get('error')).splitlines()[0][:80]}")
             continue
         means = _round_means(row)
@@ -122,16 +124,16 @@ def format_check(check: RealCheck) -> str:
                      f"{sim_s / row['mean_s']:9.3f}{spread}{mark}")
     plan_row, best = check.rows[0], check.rows[check.chosen]
     if check.chosen == 0:
-        others = [r["mean_s"] for r in check.rows[1:] if r.get("error") is None and r.get("rounds")]
+        others = [r["mean_s"] for r in check.rows[1:] if ran(r)]
         lines.append("the plan ran fastest for real" +
                      (f", {min(others) / plan_row['mean_s']:.2f}x faster than the next checked baseline"
                       if others else " (no checked baseline ran)"))
     else:
         sim_gain = sims_s[check.chosen] / sims_s[0]
         real = (f"{plan_row['mean_s'] / best['mean_s']:.2f}x faster than the plan for real"
-                if plan_row.get("error") is None and plan_row.get("rounds") else "the plan failed for real")
+                if ran(plan_row) else "the plan failed for real")
         overlap = ""
-        if plan_row.get("error") is None and plan_row.get("rounds"):
+        if ran(plan_row):
             plan_means, best_means = _round_means(plan_row), _round_means(best)
             if min(plan_means) <= max(best_means):
                 overlap = "; their rounds overlap: within this machine's spread they tie"
