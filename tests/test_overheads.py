@@ -33,7 +33,7 @@ FULL = {"step_s": 9e-4, "feed_input_s": 2e-5, "feed_s_per_byte": 4e-10, "worker_
         "message_cpu_share": {"P100|V100": {"P100": 0.6, "V100": 0.4}}, "inter_op_threads": 1,
         "collective_cpu_s": {"2": {"bytes": [16, 1048576], "seconds": [2.4e-4, 1.9e-3],
                                    "seconds_by_kind": {"V100": [2e-4, 1.5e-3]}}},
-        "message_cpu_s_per_byte": 1.1e-9, "how": "by hand", "raw": {"note": [1, 2]}}
+        "message_cpu_s_per_byte": 1.1e-9, "machine_probe_s": 7.5e-4, "how": "by hand", "raw": {"note": [1, 2]}}
 
 
 def _dp_pair():
@@ -54,7 +54,7 @@ def test_the_file_round_trips(tmp_path):
     again = load_overheads(path)
     assert again.to_json() == over.to_json()
     assert again.collective_cpu_s["2"]["seconds_by_kind"]["V100"] == (2e-4, 1.5e-3)
-    assert again.source == str(path)
+    assert again.source == str(path) and again.machine_probe_s == 7.5e-4
 
 
 def test_the_value_is_read_only():
@@ -74,6 +74,8 @@ def test_the_value_is_read_only():
     ({"collective_s": {"1": 1e-4}}, "collective_s.1", "group size"),
     ({"message_cpu_s": {"P100|V100": -1e-4}}, "message_cpu_s.P100|V100", ">= 0"),
     ({"inter_op_threads": 0}, "inter_op_threads", ">= 1"),
+    ({"machine_probe_s": 0}, "machine_probe_s", "> 0"),
+    ({"machine_probe_s": "fast"}, "machine_probe_s", "must be a number"),
     ({"message_cpu_share": {"P100|V100": {"P100": 0.7, "V100": 0.7}}}, "message_cpu_share.P100|V100", "add up to 1"),
     ({"collective_cpu_s": {"2": {"bytes": [16, 8], "seconds": [1e-4, 2e-4]}}}, "collective_cpu_s.2", "increasing"),
     ({"collective_cpu_s": {"2": {"bytes": [16], "seconds": [1e-4], "extra": 1}}}, "collective_cpu_s.2.extra",

@@ -329,5 +329,7 @@ def test_the_command_measures_the_local_cluster_and_writes_a_valid_file(tmp_path
     # the comm fit was measured in each pass; collective_s is relative to it, kept in raw
     assert len(overheads.raw["passes"]) == 2 and set(overheads.raw["comm"]["allreduce"]) == {"2", "3"}
     assert "2 pass(es)" in overheads.how and not overheads.collective_cpu_s  # --noraw
+    # stamped with this machine's quiet speed: the probe's loop takes well under a second here
+    assert 1e-5 < overheads.machine_probe_s < 1.0 and "machine: quiet speed probe" in result.stdout
     with open(out) as f:
         assert json.load(f)["format"] == "tfplace.runtime_overheads"

@@ -11,7 +11,10 @@ new cluster for the next entry. Results: `<output_dir>/results.json`, rewritten 
 ("complete": false until the last), so what ran survives an interrupt. Each core the run uses is
 probed just before and after every timed window (tfplace.runtime.machine_speed): a round during
 which the machine itself ran slow (a shared host) is marked "disturbed" in results.json and left
-out of the row's median unless every round of the row was; the table says how many were. One run
+out of the row's median unless every round of the row was; the table says how many were. With
+`"overheads": "measure"` the runtime overheads are measured on the cluster first (into
+<output_dir>/overheads.json); an overheads file measured on a machine whose cores ran more than
+1.3x faster or slower than this one's is named in a note (machine_speed.speed_mismatch_note). One run
 at a time may use an output folder (a lock in it; a second run stops with exit 2). SIGTERM or
 Ctrl-C stops every server and Horovod rank and removes their temporary folders.
 
@@ -39,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from tfplace.cli import common
 from tfplace.formats.cluster import Cluster, load_cluster
-from tfplace.formats.config import ActivateConfig, GraphEntry, load_activate_config, validate_entries
+from tfplace.formats.config import MEASURE, ActivateConfig, GraphEntry, load_activate_config, validate_entries
 from tfplace.formats.strategy import load_strategy
 from tfplace.runtime import machine_speed
 
@@ -125,6 +128,49 @@ def measure_graph_profile(graph: str, batch: int, cluster: Cluster, path: str, o
     return profile
 
 
+MEASURE_FIX = 'measure them on this machine: write "overheads": "measure" in the config'
+OVERHEADS_PASSES = 2  # as the bundled overheads files were measured
+
+
+def check_measurable(cluster: Cluster, config: ActivateConfig) -> None:
+    """Raises InputError naming the config's "overheads" field when its cluster cannot have its
+    runtime overheads measured here (tfplace.cli.overheads.check_local_cluster: loopback CPU tasks,
+    one device each, at least two)."""
+    from tfplace.cli.overheads import check_local_cluster
+    from tfplace.formats.errors import InputError
+    try:
+        check_local_cluster(cluster, config.cluster)
+    except InputError as err:
+        raise InputError(config.source, "overheads", f'is "measure", but {err.source}: {err.field} {err.problem}',
+                         'leave "overheads" out (GPU clusters need none) or give a measured file') from None
+
+
+def measured_overheads(cluster: Cluster, config: ActivateConfig, out, watch):
+    """With "overheads": "measure": the cluster's runtime overheads measured now, on server tasks
+    emulated as the cluster file says, with the settings of `python -m tfplace.cli.overheads
+    --cluster C --passes 2` (one intra-op and one inter-op thread per task, the client unpinned),
+    written to <output_dir>/overheads.json. The machine ran slow during them when `watch` says so."""
+    from tfplace.cli import overheads as overheads_cli
+    from tfplace.overheads.model import save_overheads
+    from tfplace.runtime.local_cluster import LocalCluster
+    kwargs = dict(LocalCluster.task_settings(cluster), threads_per_task=[1] * cluster.num_tasks,
+                  inter_threads_per_task=[1] * cluster.num_tasks)
+    path = os.path.join(config.output_dir, "overheads.json")
+    started, before = time.monotonic(), watch.probe()
+    how = (f"measured by activate ({config.source}) on {os.path.basename(config.cluster)}: {cluster.num_tasks} server "
+           f"tasks emulated as the cluster file says, 1 intra-op + 1 inter-op thread each, the client unpinned, "
+           f"{OVERHEADS_PASSES} passes on fresh servers")
+    print(f"measuring the runtime overheads of {config.cluster} ({OVERHEADS_PASSES} passes, about a minute)",
+          file=out, flush=True)
+    overheads = overheads_cli.measure(cluster, config.cluster, kwargs, how, passes=OVERHEADS_PASSES)
+    save_overheads(overheads, path)
+    slow = watch.slowdown(before, watch.probe())
+    print(f"measured the runtime overheads in {time.monotonic() - started:.0f} s: {path}" +
+          (f" (the machine ran {slow:.2f}x slower than its quiet speed: they may be high)"
+           if slow > machine_speed.DISTURBED_SLOWDOWN else ""), file=out, flush=True)
+    return overheads
+
+
 def measured_profiles(jobs, cluster: Cluster, config: ActivateConfig, overheads, out, watch) -> Dict[str, Any]:
     """With "profile": "measure": {bundle: Profile} of every graph a simulated entry runs
     (measure_graph_profile into <output_dir>/profiles/<stem>.profile.json, at the largest batch
@@ -208,10 +254,14 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
                             "output_dir")  # before any work
     errors = {name: err for name, err in validate_entries(config) if err is not None}
     cluster = load_cluster(config.cluster)
-    overheads = common.load_overheads_arg(config.overheads)  # before any work: its errors name the file
+    measure_overheads = config.overheads == MEASURE
+    # before any work: its errors name the file
+    overheads = None if measure_overheads else common.load_overheads_arg(config.overheads)
     note = common.overheads_note(cluster, config.cluster, config.overheads, give='"overheads": "{}" in the config')
     # loopback hosts, cores and quotas are checked here, before any export or server
     LocalCluster.for_cluster(cluster)
+    if measure_overheads:
+        check_measurable(cluster, config)
     os.makedirs(config.output_dir, exist_ok=True)
     results_path = os.path.join(config.output_dir, "results.json")
     watch = machine_speed.SpeedWatch(machine_speed.cores_of(cluster))
@@ -223,6 +273,13 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
             common.check_outputs_in(config.output_dir, [f"{j['name']}.timeline.json" for j in jobs], config_path,
                                     "output_dir")
         watch.calibrate()
+        if measure_overheads:
+            overheads = measured_overheads(cluster, config, out, watch)
+        else:
+            note = common.overheads_machine_note(cluster, config.cluster, overheads, config.overheads, watch=watch,
+                                                 fix=MEASURE_FIX)
+            if note:
+                print(note, file=out, flush=True)
         profiles = measured_profiles(jobs, cluster, config, overheads, out, watch)
         for job in jobs:
             job["profile"] = profiles.get(job.get("graph"))
@@ -335,8 +392,10 @@ def _write_results(path: str, config_path: str, config: ActivateConfig, rows, co
     tmp = f"{path}.tmp{os.getpid()}"
     quiet = {str(c): s for c, s in sorted(watch.reference_s.items())}
     with open(tmp, "w") as f:
+        overheads = (os.path.abspath(os.path.join(config.output_dir, "overheads.json")) if config.overheads == MEASURE
+                     else config.overheads)
         json.dump({"config": os.path.abspath(config_path), "cluster": config.cluster, "complete": complete,
-                   "core_quiet_s": quiet, "results": rows}, f, indent=1)
+                   "overheads": overheads, "core_quiet_s": quiet, "results": rows}, f, indent=1)
     os.replace(tmp, path)
 
 

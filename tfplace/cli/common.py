@@ -86,6 +86,36 @@ def overheads_note(cluster, cluster_path: str, overheads_path: Optional[str],
             f"leave out the runtime's per-step and per-message costs, so splits look faster than they run; {fix}")
 
 
+def overheads_machine_note(cluster, cluster_path: str, overheads, overheads_path: Optional[str],
+                           give: str = "--overheads {}", watch=None, fix: Optional[str] = None) -> Optional[str]:
+    """A line to print when the runtime overheads `overheads` (loaded from `overheads_path`) were
+    measured on a machine whose cores ran more than 1.3x faster or slower than this one's
+    (tfplace.runtime.machine_speed.speed_mismatch_note): their CPU figures then misstate every
+    simulated time of a run here. Only for a cluster that runs here (every host loopback) and a
+    file that records its machine (machine_probe_s). `watch`: a calibrated SpeedWatch of the run,
+    else the cluster's cores are probed now (about 0.1 s). `fix` replaces the default, which
+    names the measuring command and `give` (as in overheads_note)."""
+    if overheads is None or overheads.machine_probe_s is None or not all(h.is_loopback for h in cluster.hosts):
+        return None
+    from tfplace.runtime import machine_speed
+    if watch is None:
+        watch = machine_speed.SpeedWatch(machine_speed.cores_of(cluster))
+        watch.calibrate()
+    fix = fix or (f"measure them on this machine (python -m tfplace.cli.overheads --cluster {cluster_path} --out O), "
+                  f"then give {give.format('O')}")
+    return machine_speed.speed_mismatch_note(overheads.machine_probe_s, machine_speed.machine_probe_s(watch.reference_s),
+                                             f"the runtime overheads in {overheads_path}", fix)
+
+
+def print_overheads_notes(cluster, cluster_path: str, overheads, overheads_path: Optional[str],
+                          give: str = "--overheads {}") -> None:
+    """Prints to stderr overheads_note and overheads_machine_note, those that apply."""
+    for note in (overheads_note(cluster, cluster_path, overheads_path, give),
+                 overheads_machine_note(cluster, cluster_path, overheads, overheads_path, give)):
+        if note:
+            print(note, file=sys.stderr, flush=True)
+
+
 # ------------------------------------------------------------------------------- output paths
 
 def output_problem(path: str, folder: bool = False) -> Optional[Tuple[str, str]]:

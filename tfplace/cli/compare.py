@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from typing import Any, Dict, Optional, Sequence
 
@@ -182,9 +181,7 @@ def execute(args) -> int:
         quota = quota_kinds(cluster)
         profile_label += "".join(f"; {k} = CPU at a {f:g} quota" for k, f in quota.items()) + ")"
     overheads = common.load_overheads_arg(args.overheads)
-    note = common.overheads_note(cluster, args.cluster, args.overheads)
-    if note:
-        print(note, file=sys.stderr)
+    common.print_overheads_notes(cluster, args.cluster, overheads, args.overheads)
     if overheads is not None:
         profile_label += f"; runtime overheads: {args.overheads}"
     problem = make_problem(graph, cluster, profile, max_groups=args.max_groups, global_batch_size=args.batch_size,

@@ -11,7 +11,9 @@ per-op dispatch, messages and their CPU per pair of device kinds, all-reduces pe
 with --raw, the collective CPU curve over bytes and the per-byte figures
 (tfplace.profiling.overheads_probe). Each of --passes passes runs on fresh server processes and
 measures its own comm fit first (unless --comm gives one); the file holds each figure's median
-over the passes. One pass took about 35 s on a 2-core machine (3 tasks; --noraw: 10 s). The
+over the passes, and the machine's quiet speed (machine_probe_s, tfplace.runtime.machine_speed),
+so that a run on a faster or slower machine can say the figures are not its own. One pass took
+about 35 s on a 2-core machine (3 tasks; --noraw: 10 s). The
 simulator reads the file with `--overheads FILE` (simulate, compare, plan) or a config's
 "overheads" key.
 
@@ -227,6 +229,8 @@ def summary_lines(overheads) -> List[str]:
              f"CPU {table(overheads.message_cpu_s)}"]
     if overheads.collective_s is not None:
         lines.append(f"per all-reduce beyond the comm fit (by group size): {table(overheads.collective_s)}")
+    if overheads.machine_probe_s:
+        lines.append(f"machine: quiet speed probe {overheads.machine_probe_s * 1e3:.2f} ms (tfplace.runtime.machine_speed)")
     for size, curve in sorted(overheads.collective_cpu_s.items()):
         lines.append(f"all-reduce CPU per participant, {size} tasks: {_us(curve['seconds'][0])} at "
                      f"{curve['bytes'][0]} B .. {_us(curve['seconds'][-1])} at {curve['bytes'][-1]} B")
@@ -242,29 +246,54 @@ def main(argv) -> int:
     check_local_cluster(cluster, args.cluster)
     kwargs = cluster_settings(args, cluster, args.cluster)
     comm = comm_of_profile(args.comm, cluster.num_devices) if args.comm else None
-    from tfplace.overheads.model import overheads_from_json, save_overheads
+    from tfplace.overheads.model import save_overheads
     from tfplace.profiling import overheads_probe as probe
     started = time.monotonic()
 
     def progress(line: str) -> None:
         print(f"[{time.monotonic() - started:5.0f} s] {line}", file=sys.stderr, flush=True)
-    try:
-        measured, _ = probe.measure_runtime_overheads(
-            cluster, kwargs, passes=args.passes, comm=comm, reps=args.reps, fan=args.fan, cpu_reps=args.cpu_reps,
-            raw=args.raw, client_cpus=[int(c) for c in args.client_cpus], progress=progress)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
     comm_from = (f"the profile {args.comm}" if args.comm else
                  f"measured on the same servers before each pass (comm_profiler up to "
                  f"{probe.COMM_MAX_BYTES >> 20} MiB), median over the passes: raw.comm")
-    measured["how"] = how(args, kwargs, comm_from) + "; " + measured["how"]
-    overheads = overheads_from_json(measured, f"overheads measured on {args.cluster}")
+    try:
+        overheads = measure(cluster, args.cluster, kwargs, how(args, kwargs, comm_from), passes=args.passes,
+                            comm=comm, reps=args.reps, fan=args.fan, cpu_reps=args.cpu_reps, raw=args.raw,
+                            client_cpus=[int(c) for c in args.client_cpus], progress=progress)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     save_overheads(overheads, args.out)
     for line in summary_lines(overheads):
         print(line)
     print(f"wrote {args.out} ({time.monotonic() - started:.0f} s)")
     return 0
+
+
+def probed_cores(cluster, lc_kwargs: dict) -> List[int]:
+    """The cores the servers of `lc_kwargs` run on (their pins, as far as this process may use
+    them), else those of the cluster file (tfplace.runtime.machine_speed.cores_of)."""
+    from tfplace.runtime import machine_speed
+    allowed = os.sched_getaffinity(0)
+    pinned = sorted({c for cpus in lc_kwargs.get("cpus_per_task") or () for c in cpus or () if c in allowed})
+    return pinned or machine_speed.cores_of(cluster)
+
+
+def measure(cluster, source: str, lc_kwargs: dict, how_text: str, progress=None, **probe_kwargs):
+    """The RuntimeOverheads of `cluster` (loaded from `source`) on server tasks started with
+    `lc_kwargs` (LocalCluster arguments), measured by tfplace.profiling.overheads_probe with
+    `probe_kwargs` (passes, comm, reps, ...). Stamped with the machine's quiet speed
+    (machine_probe_s: the cores the tasks run on, probed before and after), so that a run on
+    another machine can say the figures are not its own. `how_text` opens the file's `how`."""
+    from tfplace.overheads.model import overheads_from_json
+    from tfplace.profiling import overheads_probe as probe
+    from tfplace.runtime import machine_speed
+    watch = machine_speed.SpeedWatch(probed_cores(cluster, lc_kwargs))
+    watch.calibrate()
+    measured, _ = probe.measure_runtime_overheads(cluster, lc_kwargs, progress=progress, **probe_kwargs)
+    watch.calibrate()
+    measured["how"] = how_text + "; " + measured["how"]
+    measured["machine_probe_s"] = machine_speed.machine_probe_s(watch.reference_s)
+    return overheads_from_json(measured, f"overheads measured on {source}")
 
 
 def run() -> None:

@@ -90,9 +90,7 @@ def main(argv) -> int:
     if FLAGS.confirm_real:  # a cluster that cannot run here is refused before any planning
         from tfplace.runtime.local_cluster import LocalCluster
         LocalCluster.for_cluster(cluster)
-    note = common.overheads_note(cluster, FLAGS.cluster, FLAGS.overheads)
-    if note:
-        print(note, file=sys.stderr)
+    common.print_overheads_notes(cluster, FLAGS.cluster, common.load_overheads_arg(FLAGS.overheads), FLAGS.overheads)
     result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
                           cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
                           samples=FLAGS.samples, seed=FLAGS.seed, out=None if FLAGS.confirm_real else FLAGS.out,

@@ -23,7 +23,6 @@ bad input with one message naming the file, the field and the fix (tfplace.cli.c
 from __future__ import annotations
 
 import json
-import sys
 
 from absl import flags
 
@@ -64,9 +63,7 @@ def execute(args) -> int:
     cluster = load_cluster(args.cluster)
     strategy = load_strategy(args.strategy)
     overheads = common.load_overheads_arg(args.overheads)
-    note = common.overheads_note(cluster, args.cluster, args.overheads)
-    if note:
-        print(note, file=sys.stderr)
+    common.print_overheads_notes(cluster, args.cluster, overheads, args.overheads)
     graph = common.load_graph_arg(args.graph, "argument --graph", args, strategy.global_batch_size)
     profile = load_profile(args.profile) if args.profile else cluster_profile(graph, cluster)
     grouping = make_grouping(graph, strategy.max_groups)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads (binary only)
 
@@ -50,10 +49,8 @@ def main(argv) -> int:
         common.check_output_dir(config.output_dir, FLAGS.config, "output_dir")
     from tfplace.formats.cluster import load_cluster
     for i, (path, overheads) in enumerate(zip(config.clusters, config.overheads or [None] * len(config.clusters))):
-        note = common.overheads_note(load_cluster(path), path, overheads,
+        common.print_overheads_notes(load_cluster(path), path, common.load_overheads_arg(overheads), overheads,
                                      give=f'"{{}}" as "overheads"[{i}] in the config')
-        if note:
-            print(note, file=sys.stderr)
     os.makedirs(config.output_dir, exist_ok=True)
     with common.OutputLock(config.output_dir, FLAGS.config, "output_dir"):  # one run per folder
         return _train(config)

@@ -398,7 +398,9 @@ class ActivateConfig:
     warmup_steps: int = 5
     rounds: int = 1  # every entry runs this many times, each round on fresh servers; the median round counts
     trace: bool = True
-    overheads: Optional[str] = None  # the cluster's runtime-overheads file, for the simulated column
+    # the cluster's runtime-overheads file for the simulated column, or MEASURE: measured on the
+    # cluster at the start of the run (tfplace.cli.overheads.measure), so they are this machine's
+    overheads: Optional[str] = None
     # the op costs of the simulated column: "device_model" (the bundled / roofline profile) or
     # "measure" (each graph profiled on the cluster's kinds, as its devices' emulation runs them)
     profile: str = "device_model"
@@ -406,6 +408,7 @@ class ActivateConfig:
 
 
 ACTIVATE_PROFILES = ("device_model", "measure")
+MEASURE = "measure"  # "overheads": "measure" in an activate config
 
 
 def _entry_name(s: FieldReader, i: int) -> str:
@@ -464,7 +467,8 @@ def load_activate_config(path: Union[str, os.PathLike], strict: bool = True,
         warmup_steps=r.get("warmup_steps", int, default=ActivateConfig.warmup_steps, **_non_neg),
         rounds=r.get("rounds", int, default=ActivateConfig.rounds, **_pos),
         trace=r.get("trace", bool, default=ActivateConfig.trace),
-        overheads=r.get_path("overheads", bases, default=None, what="runtime-overheads file"),
+        overheads=(MEASURE if r.data.get("overheads") == MEASURE else
+                   r.get_path("overheads", bases, default=None, what="runtime-overheads file")),
         profile=r.get("profile", str, default=ActivateConfig.profile, check=lambda v: v in ACTIVATE_PROFILES,
                       must=f"be one of {', '.join(ACTIVATE_PROFILES)}",
                       fix='write "measure" to profile each graph on the cluster, or leave the key out'),

@@ -40,6 +40,10 @@ Fields (every one optional; absent = adds nothing):
   collective_cpu_s      per group size, one participant's CPU per all-reduce as a curve over bytes
                         {"bytes": [...], "seconds": [...], "seconds_by_kind": {kind: [...]}}
   message_cpu_s_per_byte  CPU per message byte, both ends together
+  machine_probe_s       the machine it was measured on: the quiet seconds of one repetition of
+                        tfplace's machine-speed probe (tfplace.runtime.machine_speed), median over
+                        the cores the cluster uses. The figures above are CPU time and scale with
+                        the machine; a run that finds its cores far from this speed says so
   how, raw              how it was measured and the raw measurements (kept, not used by the model)
 
 The pass that applies it is `tfplace.overheads.apply`. Pure: no TensorFlow.
@@ -104,6 +108,7 @@ class RuntimeOverheads:
     collective_cpu_s: Mapping[str, Mapping[str, Any]] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType({}))
     message_cpu_s_per_byte: float = 0.0
+    machine_probe_s: Optional[float] = None
     how: str = ""
     raw: Mapping[str, Any] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
     source: str = "runtime overheads"
@@ -212,6 +217,9 @@ def overheads_from_reader(r: FieldReader) -> RuntimeOverheads:
         if not (size.isdigit() and int(size) >= 2):
             raise curves.error(size, "is not a group size", "key each curve by the all-reduce's device count")
     values["collective_cpu_s"] = _frozen({size: _curve(c) for size, c in curves.entries()})
+    values["machine_probe_s"] = r.get("machine_probe_s", float, default=None,
+                                      check=lambda v: math.isfinite(v) and v > 0, must="be a number of seconds > 0",
+                                      fix=FIX)
     values["how"] = r.get("how", str, default="")
     values["raw"] = _frozen(r.get("raw", dict, default={}))
     return RuntimeOverheads(**values, source=r.source)

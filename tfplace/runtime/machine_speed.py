@@ -27,6 +27,7 @@ disturbed: running them again would not find quiet ones, so activate reports the
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence
 
@@ -110,3 +111,34 @@ class SpeedWatch:
     def slowdown(self, *probes: Mapping[int, float]) -> float:
         """slowdown_of(probes) against the quiet speeds known now."""
         return slowdown_of(probes, self.reference_s)
+
+
+def machine_probe_s(reference_s: Mapping[int, float]) -> Optional[float]:
+    """One number for the machine's speed: the median over its probed cores of their quiet seconds
+    (SpeedWatch.reference_s); None when nothing was probed. A runtime-overheads file keeps it
+    (tfplace.overheads.model, machine_probe_s) so that a later run can tell whether it runs on a
+    machine of the same speed."""
+    return float(statistics.median(reference_s.values())) if reference_s else None
+
+
+# Cores of one machine quietly spread up to 1.19x (DISTURBED_SLOWDOWN's note); two machines whose
+# quiet probes differ by more than this differ in speed.
+MACHINE_MISMATCH = DISTURBED_SLOWDOWN
+
+
+def speed_mismatch_note(measured_s: Optional[float], now_s: Optional[float], what: str, fix: str) -> Optional[str]:
+    """A line to print when `what` (e.g. "the runtime overheads in F") was measured on a machine
+    whose quiet probe took `measured_s` and this machine's takes `now_s`, and the two differ by more
+    than MACHINE_MISMATCH: its CPU figures then do not describe this machine. None when they agree
+    or either is unknown (a file from before the probe was recorded)."""
+    if not measured_s or not now_s:
+        return None
+    ratio = now_s / measured_s
+    if 1 / MACHINE_MISMATCH <= ratio <= MACHINE_MISMATCH:
+        return None
+    if ratio > 1:
+        how = f"{ratio:.2f}x faster than this one: simulated times will read low"
+    else:
+        how = f"{1 / ratio:.2f}x slower than this one: simulated times will read high"
+    return (f"note: {what} were measured on a machine whose cores ran {how} (quiet probe {measured_s * 1e3:.2f} "
+            f"against {now_s * 1e3:.2f} ms); {fix}")
