@@ -153,18 +153,24 @@ def test_an_overheads_value_that_is_neither_a_file_nor_measure_names_the_field(t
     assert load_activate_config(_config(tmp_path, overheads="measure")).overheads == "measure"
 
 
-@pytest.mark.parametrize("stamp_s, probe_s, remote, says", [
-    (0.5e-3, 1e-3, False, "2.00x faster than this one"),
-    (1e-3, 1e-3, False, None),
-    (None, 1e-3, False, None),              # no stamp: nothing to compare
-    (0.5e-3, 1e-3, True, None),             # the cluster runs on other hosts: this machine says nothing
+@pytest.mark.parametrize("stamp_s, probes_s, remote, says", [
+    (0.5e-3, [1e-3], False, "2.00x faster than this one"),
+    (1e-3, [1e-3], False, None),
+    (1e-3, [2e-3] * 6 + [1e-3], False, None),  # a slow phase at first: probed again, the quiet speed agrees
+    (1e-3, [2e-3], False, "2.00x faster than"),  # slow all along: this machine is the slower
+    (None, [1e-3], False, None),               # no stamp: nothing to compare
+    (0.5e-3, [1e-3], True, None),              # the cluster runs on other hosts: this machine says nothing
 ])
-def test_the_commands_note_names_the_measuring_command(monkeypatch, stamp_s, probe_s, remote, says):
+def test_the_commands_note_names_the_measuring_command(monkeypatch, stamp_s, probes_s, remote, says):
     import dataclasses
+    from tfplace.cli import common
     from tfplace.cli.common import overheads_machine_note
     from tfplace.formats.cluster import load_cluster
     from tfplace.overheads.model import load_overheads
-    monkeypatch.setattr(machine_speed, "probe_core_s", lambda core, **_: probe_s)
+    calls = []
+    monkeypatch.setattr(machine_speed, "probe_core_s", lambda core, **_: calls.append(core) or
+                        probes_s[min(len(calls), len(probes_s)) - 1])
+    monkeypatch.setattr(common.time, "sleep", lambda s: None)
     cluster = load_cluster(LOCAL_CPU)
     if remote:
         cluster = dataclasses.replace(cluster, hosts=tuple(dataclasses.replace(h, address="10.0.0.7")
@@ -175,6 +181,7 @@ def test_the_commands_note_names_the_measuring_command(monkeypatch, stamp_s, pro
         assert note is None
     else:
         assert note.startswith("note: the runtime overheads in O.json were measured on a machine") and says in note
+        assert len(calls) > 3 * len(machine_speed.cores_of(cluster))  # probed again before saying so
         assert note.endswith(f"measure them on this machine (python -m tfplace.cli.overheads --cluster {LOCAL_CPU} "
                              "--out O), then give --overheads O")
 

@@ -14,7 +14,8 @@ which the machine itself ran slow (a shared host) is marked "disturbed" in resul
 out of the row's median unless every round of the row was; the table says how many were. With
 `"overheads": "measure"` the runtime overheads are measured on the cluster first (into
 <output_dir>/overheads.json); an overheads file measured on a machine whose cores ran more than
-1.3x faster or slower than this one's is named in a note (machine_speed.speed_mismatch_note). One run
+1.3x faster or slower than this one's did in the run is named in a closing note
+(machine_speed.speed_mismatch_note). One run
 at a time may use an output folder (a lock in it; a second run stops with exit 2). SIGTERM or
 Ctrl-C stops every server and Horovod rank and removes their temporary folders.
 
@@ -275,11 +276,6 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
         watch.calibrate()
         if measure_overheads:
             overheads = measured_overheads(cluster, config, out, watch)
-        else:
-            note = common.overheads_machine_note(cluster, config.cluster, overheads, config.overheads, watch=watch,
-                                                 fix=MEASURE_FIX)
-            if note:
-                print(note, file=out, flush=True)
         profiles = measured_profiles(jobs, cluster, config, overheads, out, watch)
         for job in jobs:
             job["profile"] = profiles.get(job.get("graph"))
@@ -290,6 +286,12 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
         for line in verdict_lines(rows):
             print(line, file=out)
         print_machine_note(rows, out)
+        # after the run: the quiet speed is then each core's fastest probe of every round, not of a
+        # first moment that may have fallen in a slow phase
+        mismatch = None if measure_overheads else common.overheads_machine_note(
+            cluster, config.cluster, overheads, config.overheads, watch=watch, fix=MEASURE_FIX)
+        if mismatch:
+            print(mismatch, file=out, flush=True)
         _write_results(results_path, config_path, config, rows, True, watch)
     return rows
 

@@ -33,6 +33,7 @@ import functools
 import os
 import signal
 import sys
+import time
 import types
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -92,19 +93,31 @@ def overheads_machine_note(cluster, cluster_path: str, overheads, overheads_path
     measured on a machine whose cores ran more than 1.3x faster or slower than this one's
     (tfplace.runtime.machine_speed.speed_mismatch_note): their CPU figures then misstate every
     simulated time of a run here. Only for a cluster that runs here (every host loopback) and a
-    file that records its machine (machine_probe_s). `watch`: a calibrated SpeedWatch of the run,
-    else the cluster's cores are probed now (about 0.1 s). `fix` replaces the default, which
-    names the measuring command and `give` (as in overheads_note)."""
+    file that records its machine (machine_probe_s). `watch`: the SpeedWatch of a run that probed
+    the cores all along; else they are probed now (about 0.1 s, and 2 s more only when the first
+    probes disagree with the file: a core in a slow phase must not pass for a slow machine).
+    `fix` replaces the default, which names the measuring command and `give` (as in overheads_note)."""
     if overheads is None or overheads.machine_probe_s is None or not all(h.is_loopback for h in cluster.hosts):
         return None
     from tfplace.runtime import machine_speed
-    if watch is None:
-        watch = machine_speed.SpeedWatch(machine_speed.cores_of(cluster))
-        watch.calibrate()
-    fix = fix or (f"measure them on this machine (python -m tfplace.cli.overheads --cluster {cluster_path} --out O), "
-                  f"then give {give.format('O')}")
-    return machine_speed.speed_mismatch_note(overheads.machine_probe_s, machine_speed.machine_probe_s(watch.reference_s),
-                                             f"the runtime overheads in {overheads_path}", fix)
+
+    def note(w):
+        return machine_speed.speed_mismatch_note(
+            overheads.machine_probe_s, machine_speed.machine_probe_s(w.reference_s),
+            f"the runtime overheads in {overheads_path}", fix or (
+                f"measure them on this machine (python -m tfplace.cli.overheads --cluster {cluster_path} --out O), "
+                f"then give {give.format('O')}"))
+    if watch is not None:
+        return note(watch)
+    watch = machine_speed.SpeedWatch(machine_speed.cores_of(cluster))
+    watch.calibrate()
+    for _ in range(MACHINE_PROBES_AGAIN if note(watch) else 0):
+        time.sleep(0.2)
+        watch.probe()
+    return note(watch)
+
+
+MACHINE_PROBES_AGAIN = 10  # probes 0.2 s apart: a shared core's slow phases lasted a second or more
 
 
 def print_overheads_notes(cluster, cluster_path: str, overheads, overheads_path: Optional[str],
