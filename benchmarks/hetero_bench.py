@@ -2,20 +2,21 @@
 
     .venv/bin/python benchmarks/hetero_bench.py [--models tiny_mlp,tiny_transformer,resnet50_s32]
         [--batch-size 24] [--search-seconds 20] [--steps 30] [--warmup 20] [--rounds 1] [--out runs/hetero_bench]
-        [--cluster clusters/local_cpu_hetero.json] [--overheads clusters/local_cpu_hetero.overheads.json]
+        [--cluster clusters/local_cpu_hetero.json] [--overheads measure|FILE]
 
 On clusters/local_cpu_hetero.json (task 0 alone on core 0; tasks 1 and 2 on core 1 at half a
 core each; every TF task and every Horovod rank under that emulation), per model:
   1. profile: the model measured on the cluster's kinds as their devices are emulated
      (tfplace.cli.activate.measure_graph_profile, what activate's "profile": "measure" runs);
   2. plan: the pool of every baseline, then --search-seconds of strategy search, all scored by
-     the simulator with that profile and the cluster's bundled runtime overheads
-     (local_cpu_hetero.overheads.json); the best strategy is written as a file;
+     the simulator with that profile and the cluster's runtime overheads (by default measured on
+     the cluster first, about a minute, into <out>/overheads.json; --overheads FILE reads a
+     measured file instead); the best strategy is written as a file;
   3. run, through activate (fresh servers, the same emulation, its profile measured again): the
      planned strategy, tfplace DP-even and DP-proportional (all-reduce), Horovod even and Horovod
      proportional;
   4. print measured and simulated step times and the plan's speed-up over each Horovod run.
---cluster clusters/local_cpu_hetero_shaped.json (with its own --overheads) runs the same three
+--cluster clusters/local_cpu_hetero_shaped.json runs the same three
 tasks as three hosts behind shaped 1 GbE links (tfplace.emulation.links; needs root).
 Which component found the plan (a baseline, or the search) is printed with it. A benchmark: it
 reports numbers and never fails on timing.
@@ -33,7 +34,6 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLUSTER = os.path.join(ROOT, "clusters", "local_cpu_hetero.json")
-OVERHEADS = os.path.join(ROOT, "clusters", "local_cpu_hetero.overheads.json")
 MODELS = {"tiny_mlp": ("tiny_mlp", {}), "tiny_transformer": ("tiny_transformer", {}),
           "tiny_cnn": ("tiny_cnn", {}), "resnet50_s32": ("resnet50", {"image_size": 32})}
 RUN_BASELINES = ("dp_even_allreduce", "dp_proportional_allreduce", "horovod_even", "horovod_proportional")
@@ -69,7 +69,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="runs of every entry on fresh servers (the median counts)")
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "hetero_bench"))
     p.add_argument("--cluster", default=CLUSTER, help="an emulated cluster file of this machine")
-    p.add_argument("--overheads", default=OVERHEADS, help="its runtime-overheads file (python -m tfplace.cli.overheads)")
+    p.add_argument("--overheads", default="measure", help="its runtime-overheads file (python -m tfplace.cli.overheads), "
+                   "or 'measure': measured on the cluster first")
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from tfplace.cli import activate
@@ -77,8 +78,16 @@ def main(argv=None) -> int:
     from tfplace.formats.strategy import save_strategy
     from tfplace.graph_defs.export import ensure_bundle
     from tfplace.overheads.model import load_overheads
-    cluster, overheads = load_cluster(args.cluster), load_overheads(args.overheads)
+    cluster = load_cluster(args.cluster)
     os.makedirs(args.out, exist_ok=True)
+    overheads_path = os.path.abspath(args.overheads)
+    if args.overheads == "measure":
+        overheads_path = os.path.join(os.path.abspath(args.out), "overheads.json")
+        print(f"measuring the runtime overheads of {args.cluster} (about a minute)", flush=True)
+        overheads = activate.measure_cluster_overheads(cluster, args.cluster, overheads_path,
+                                                       "benchmarks/hetero_bench.py")
+    else:
+        overheads = load_overheads(args.overheads)
     summary = {}
     for name in args.models.split(","):
         model, opts = MODELS[name]
@@ -91,7 +100,7 @@ def main(argv=None) -> int:
         path = os.path.join(args.out, f"{name}_plan.json")
         save_strategy(best.strategy, path)
         config = {"format": "tfplace.activate_config", "version": 1, "cluster": os.path.abspath(args.cluster),
-                  "overheads": os.path.abspath(args.overheads),
+                  "overheads": overheads_path,
                   "profile": "measure",
                   "strategies": [{"name": f"plan_{name}", "strategy": path, "graph": bundle}],
                   "baselines": list(RUN_BASELINES), "steps": args.steps, "warmup_steps": args.warmup, "rounds": args.rounds,

@@ -146,25 +146,32 @@ def check_measurable(cluster: Cluster, config: ActivateConfig) -> None:
                          'leave "overheads" out (GPU clusters need none) or give a measured file') from None
 
 
-def measured_overheads(cluster: Cluster, config: ActivateConfig, out, watch):
-    """With "overheads": "measure": the cluster's runtime overheads measured now, on server tasks
-    emulated as the cluster file says, with the settings of `python -m tfplace.cli.overheads
+def measure_cluster_overheads(cluster: Cluster, cluster_path: str, path: str, by: str):
+    """The runtime overheads of `cluster` (loaded from `cluster_path`) measured now, on server
+    tasks emulated as the cluster file says, with the settings of `python -m tfplace.cli.overheads
     --cluster C --passes 2` (one intra-op and one inter-op thread per task, the client unpinned),
-    written to <output_dir>/overheads.json. The machine ran slow during them when `watch` says so."""
+    written to `path`; `by` names the command for the file's `how`. About a minute for 3 tasks."""
     from tfplace.cli import overheads as overheads_cli
     from tfplace.overheads.model import save_overheads
     from tfplace.runtime.local_cluster import LocalCluster
     kwargs = dict(LocalCluster.task_settings(cluster), threads_per_task=[1] * cluster.num_tasks,
                   inter_threads_per_task=[1] * cluster.num_tasks)
+    how = (f"measured by {by} on {os.path.basename(cluster_path)}: {cluster.num_tasks} server tasks emulated as the "
+           f"cluster file says, 1 intra-op + 1 inter-op thread each, the client unpinned, {OVERHEADS_PASSES} passes "
+           f"on fresh servers")
+    overheads = overheads_cli.measure(cluster, cluster_path, kwargs, how, passes=OVERHEADS_PASSES)
+    save_overheads(overheads, path)
+    return overheads
+
+
+def measured_overheads(cluster: Cluster, config: ActivateConfig, out, watch):
+    """With "overheads": "measure": measure_cluster_overheads into <output_dir>/overheads.json,
+    saying how long it took and whether the machine ran slow meanwhile (`watch`)."""
     path = os.path.join(config.output_dir, "overheads.json")
     started, before = time.monotonic(), watch.probe()
-    how = (f"measured by activate ({config.source}) on {os.path.basename(config.cluster)}: {cluster.num_tasks} server "
-           f"tasks emulated as the cluster file says, 1 intra-op + 1 inter-op thread each, the client unpinned, "
-           f"{OVERHEADS_PASSES} passes on fresh servers")
     print(f"measuring the runtime overheads of {config.cluster} ({OVERHEADS_PASSES} passes, about a minute)",
           file=out, flush=True)
-    overheads = overheads_cli.measure(cluster, config.cluster, kwargs, how, passes=OVERHEADS_PASSES)
-    save_overheads(overheads, path)
+    overheads = measure_cluster_overheads(cluster, config.cluster, path, f"activate ({config.source})")
     slow = watch.slowdown(before, watch.probe())
     print(f"measured the runtime overheads in {time.monotonic() - started:.0f} s: {path}" +
           (f" (the machine ran {slow:.2f}x slower than its quiet speed: they may be high)"
