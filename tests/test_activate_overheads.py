@@ -101,7 +101,7 @@ def test_activate_measures_the_overheads_it_simulates_with(tmp_path, monkeypatch
     real_measure = overheads_probe.measure_runtime_overheads
 
     def short(cluster, lc_kwargs, **kw):  # one quick pass: the settings, not the precision, are tested
-        short.kwargs = lc_kwargs
+        short.kwargs, short.passes = lc_kwargs, kw["passes"]
         return real_measure(cluster, lc_kwargs, **dict(kw, passes=1, reps=3, cpu_reps=5, fan=2, raw=False))
     monkeypatch.setattr(overheads_probe, "measure_runtime_overheads", short)
     seen = []
@@ -111,13 +111,12 @@ def test_activate_measures_the_overheads_it_simulates_with(tmp_path, monkeypatch
     path = tmp_path / "out" / "overheads.json"
     measured = load_overheads(path)
     assert measured.machine_probe_s > 0 and measured.step_s > 0 and set(measured.collective_s) == {"2", "3"}
-    assert "measured by activate" in measured.how
-    assert short.kwargs["num_tasks"] == 3 and short.kwargs["threads_per_task"] == [1, 1, 1]
+    assert short.kwargs["num_tasks"] == 3 and short.kwargs["threads_per_task"] == [1, 1, 1] and short.passes == 2
+    assert "measured by activate" in measured.how and "python -m tfplace.cli.overheads on local_cpu.json" in measured.how
     assert seen and all(o.to_json() == measured.to_json() for o in seen)
     assert "measured the runtime overheads in" in text.getvalue() and str(path) in text.getvalue()
     with open(tmp_path / "out" / "results.json") as f:
         assert json.load(f)["overheads"] == str(path)
-    assert "were measured on a machine" not in text.getvalue()
 
 
 def _local_cpu_with(change):
@@ -148,29 +147,30 @@ def test_measuring_the_overheads_of_a_cluster_that_cannot_run_here_is_refused(tm
 def test_an_overheads_value_that_is_neither_a_file_nor_measure_names_the_field(tmp_path):
     from tfplace.formats.config import load_activate_config
     from tfplace.formats.errors import InputError
-    with pytest.raises(InputError, match="overheads"):
+    with pytest.raises(InputError, match="overheads") as err:
         load_activate_config(_config(tmp_path, overheads="measured"))
+    assert 'or write "measure"' in str(err.value)
     assert load_activate_config(_config(tmp_path, overheads="measure")).overheads == "measure"
 
 
-@pytest.mark.parametrize("stamp_s, probes_s, remote, says", [
-    (0.5e-3, [1e-3], False, "2.00x faster than this one"),
-    (1e-3, [1e-3], False, None),
-    (1e-3, [2e-3] * 6 + [1e-3], False, None),  # a slow phase at first: probed again, the quiet speed agrees
-    (1e-3, [2e-3], False, "2.00x faster than"),  # slow all along: this machine is the slower
-    (None, [1e-3], False, None),               # no stamp: nothing to compare
-    (0.5e-3, [1e-3], True, None),              # the cluster runs on other hosts: this machine says nothing
+@pytest.mark.parametrize("stamp_s, probes_s, remote, says, probes", [
+    (0.5e-3, [1e-3], False, "2.00x faster than this one", 13),  # this machine slower all along: probed again
+    (1e-3, [1e-3], False, None, 3),
+    (1e-3, [2e-3] * 3 + [1e-3], False, None, 13),  # a slow phase at first: probed again, the quiet speed agrees
+    (2e-3, [1e-3], False, "2.00x slower than this one", 3),  # this machine faster: more probes cannot change it
+    (None, [1e-3], False, None, 0),              # no stamp: nothing to compare
+    (0.5e-3, [1e-3], True, None, 0),             # the cluster runs on other hosts: this machine says nothing
 ])
-def test_the_commands_note_names_the_measuring_command(monkeypatch, stamp_s, probes_s, remote, says):
+def test_the_commands_note_names_the_measuring_command(monkeypatch, stamp_s, probes_s, remote, says, probes):
     import dataclasses
-    from tfplace.cli import common
     from tfplace.cli.common import overheads_machine_note
     from tfplace.formats.cluster import load_cluster
     from tfplace.overheads.model import load_overheads
     calls = []
     monkeypatch.setattr(machine_speed, "probe_core_s", lambda core, **_: calls.append(core) or
                         probes_s[min(len(calls), len(probes_s)) - 1])
-    monkeypatch.setattr(common.time, "sleep", lambda s: None)
+    monkeypatch.setattr(machine_speed.time, "sleep", lambda s: None)
+    monkeypatch.setattr(machine_speed, "cores_of", lambda cluster: [0])  # one core: 3 probes calibrate it
     cluster = load_cluster(LOCAL_CPU)
     if remote:
         cluster = dataclasses.replace(cluster, hosts=tuple(dataclasses.replace(h, address="10.0.0.7")
@@ -181,9 +181,9 @@ def test_the_commands_note_names_the_measuring_command(monkeypatch, stamp_s, pro
         assert note is None
     else:
         assert note.startswith("note: the runtime overheads in O.json were measured on a machine") and says in note
-        assert len(calls) > 3 * len(machine_speed.cores_of(cluster))  # probed again before saying so
         assert note.endswith(f"measure them on this machine (python -m tfplace.cli.overheads --cluster {LOCAL_CPU} "
                              "--out O), then give --overheads O")
+    assert len(calls) == probes
 
 
 @pytest.mark.slow
@@ -204,3 +204,36 @@ def test_plan_says_its_overheads_file_is_from_another_machine(tmp_path):
     notes = [line for line in done.stderr.splitlines() if "were measured on a machine" in line]
     assert len(notes) == 1 and "x slower than this one: simulated times will read high" in notes[0], done.stderr
     assert (tmp_path / "s.json").exists()
+
+
+def test_an_overheads_file_that_cannot_be_written_stops_the_run_before_any_work(tmp_path, monkeypatch, capsys):
+    from tfplace.cli import activate, common
+    from tfplace.runtime import local_cluster
+    monkeypatch.setattr(local_cluster.subprocess, "Popen", lambda *a, **k: pytest.fail("a server was started"))
+    (tmp_path / "out" / "overheads.json").mkdir(parents=True)  # a folder where the file would go
+    status = common.call(activate, [_config(tmp_path, overheads="measure")])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "output_dir" in err and "overheads.json" in err and "Fix:" in err, err
+
+
+def test_measuring_outside_activate_refuses_what_cannot_be_measured(tmp_path):
+    """measure_cluster_overheads (also hetero_bench's) checks the cluster before any server starts."""
+    from tfplace.cli.activate import measure_cluster_overheads
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.formats.errors import InputError
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(_local_cpu_with(lambda c: c["devices"][0].update(kind="V100"))))
+    with pytest.raises(InputError, match=r"devices\[0\]\.kind"):
+        measure_cluster_overheads(load_cluster(str(path)), str(path), str(tmp_path / "o.json"), "a test")
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_without_overheads_activate_suggests_measuring_them(tmp_path, monkeypatch):
+    seen = []
+    _no_servers(monkeypatch, seen)
+    monkeypatch.setattr(machine_speed, "probe_core_s", lambda core, **_: 1e-3)
+    from tfplace.cli.activate import run
+    text = io.StringIO()
+    run(_config(tmp_path), out=text)
+    (note,) = [line for line in text.getvalue().splitlines() if "no runtime-overheads file was given" in line]
+    assert 'write "overheads": "measure" in the config' in note and "local_cpu.overheads.json" in note

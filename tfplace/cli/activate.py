@@ -131,6 +131,7 @@ def measure_graph_profile(graph: str, batch: int, cluster: Cluster, path: str, o
 
 MEASURE_FIX = 'measure them on this machine: write "overheads": "measure" in the config'
 OVERHEADS_PASSES = 2  # as the bundled overheads files were measured
+OVERHEADS_FILE = "overheads.json"  # in the output folder, with "overheads": "measure"
 
 
 def check_measurable(cluster: Cluster, config: ActivateConfig) -> None:
@@ -146,20 +147,20 @@ def check_measurable(cluster: Cluster, config: ActivateConfig) -> None:
                          'leave "overheads" out (GPU clusters need none) or give a measured file') from None
 
 
-def measure_cluster_overheads(cluster: Cluster, cluster_path: str, path: str, by: str):
-    """The runtime overheads of `cluster` (loaded from `cluster_path`) measured now, on server
-    tasks emulated as the cluster file says, with the settings of `python -m tfplace.cli.overheads
-    --cluster C --passes 2` (one intra-op and one inter-op thread per task, the client unpinned),
-    written to `path`; `by` names the command for the file's `how`. About a minute for 3 tasks."""
+def measure_cluster_overheads(cluster: Cluster, cluster_path: str, path: str, by: str, watch=None):
+    """The runtime overheads of `cluster` (loaded from `cluster_path`) measured now, as `python -m
+    tfplace.cli.overheads --cluster C --passes 2` measures them (the cluster file's emulation, one
+    intra-op and one inter-op thread per task, the client unpinned), written to `path`; `by`
+    names the caller in the file's `how`, `watch` is its SpeedWatch (tfplace.cli.overheads.measure).
+    About a minute for 3 tasks. Raises InputError naming the cluster file's field, before any
+    server starts, for a cluster that cannot be measured here (check_local_cluster)."""
     from tfplace.cli import overheads as overheads_cli
     from tfplace.overheads.model import save_overheads
-    from tfplace.runtime.local_cluster import LocalCluster
-    kwargs = dict(LocalCluster.task_settings(cluster), threads_per_task=[1] * cluster.num_tasks,
-                  inter_threads_per_task=[1] * cluster.num_tasks)
-    how = (f"measured by {by} on {os.path.basename(cluster_path)}: {cluster.num_tasks} server tasks emulated as the "
-           f"cluster file says, 1 intra-op + 1 inter-op thread each, the client unpinned, {OVERHEADS_PASSES} passes "
-           f"on fresh servers")
-    overheads = overheads_cli.measure(cluster, cluster_path, kwargs, how, passes=OVERHEADS_PASSES)
+    overheads_cli.check_local_cluster(cluster, cluster_path)
+    args = overheads_cli.default_settings(cluster_path, OVERHEADS_PASSES)
+    kwargs = overheads_cli.cluster_settings(args, cluster, cluster_path)
+    overheads = overheads_cli.measure(cluster, cluster_path, kwargs, f"measured by {by}, as " +
+                                      overheads_cli.how(args, kwargs), watch=watch, passes=args.passes)
     save_overheads(overheads, path)
     return overheads
 
@@ -167,11 +168,11 @@ def measure_cluster_overheads(cluster: Cluster, cluster_path: str, path: str, by
 def measured_overheads(cluster: Cluster, config: ActivateConfig, out, watch):
     """With "overheads": "measure": measure_cluster_overheads into <output_dir>/overheads.json,
     saying how long it took and whether the machine ran slow meanwhile (`watch`)."""
-    path = os.path.join(config.output_dir, "overheads.json")
+    path = os.path.join(config.output_dir, OVERHEADS_FILE)
     started, before = time.monotonic(), watch.probe()
     print(f"measuring the runtime overheads of {config.cluster} ({OVERHEADS_PASSES} passes, about a minute)",
           file=out, flush=True)
-    overheads = measure_cluster_overheads(cluster, config.cluster, path, f"activate ({config.source})")
+    overheads = measure_cluster_overheads(cluster, config.cluster, path, f"activate ({config.source})", watch)
     slow = watch.slowdown(before, watch.probe())
     print(f"measured the runtime overheads in {time.monotonic() - started:.0f} s: {path}" +
           (f" (the machine ran {slow:.2f}x slower than its quiet speed: they may be high)"
@@ -258,14 +259,17 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
     from tfplace.graph_defs.export import resolve_options
     from tfplace.runtime.local_cluster import LocalCluster
     config = load_activate_config(config_path, strict=False, check_model=resolve_options)
-    common.check_outputs_in(config.output_dir, ["results.json", ".tfplace.lock"], config_path,
+    common.check_outputs_in(config.output_dir, ["results.json", ".tfplace.lock"] +
+                            ([OVERHEADS_FILE] if config.overheads == MEASURE else []), config_path,
                             "output_dir")  # before any work
     errors = {name: err for name, err in validate_entries(config) if err is not None}
     cluster = load_cluster(config.cluster)
     measure_overheads = config.overheads == MEASURE
     # before any work: its errors name the file
     overheads = None if measure_overheads else common.load_overheads_arg(config.overheads)
-    note = common.overheads_note(cluster, config.cluster, config.overheads, give='"overheads": "{}" in the config')
+    note = common.overheads_note(cluster, config.cluster, config.overheads, give='"overheads": "{}" in the config',
+                                 fix='write "overheads": "measure" in the config to measure them at the start of the '
+                                     'run')
     # loopback hosts, cores and quotas are checked here, before any export or server
     LocalCluster.for_cluster(cluster)
     if measure_overheads:
@@ -401,7 +405,7 @@ def _write_results(path: str, config_path: str, config: ActivateConfig, rows, co
     tmp = f"{path}.tmp{os.getpid()}"
     quiet = {str(c): s for c, s in sorted(watch.reference_s.items())}
     with open(tmp, "w") as f:
-        overheads = (os.path.abspath(os.path.join(config.output_dir, "overheads.json")) if config.overheads == MEASURE
+        overheads = (os.path.abspath(os.path.join(config.output_dir, OVERHEADS_FILE)) if config.overheads == MEASURE
                      else config.overheads)
         json.dump({"config": os.path.abspath(config_path), "cluster": config.cluster, "complete": complete,
                    "overheads": overheads, "core_quiet_s": quiet, "results": rows}, f, indent=1)

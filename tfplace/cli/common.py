@@ -33,7 +33,6 @@ import functools
 import os
 import signal
 import sys
-import time
 import types
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -69,20 +68,21 @@ def load_overheads_arg(path: Optional[str]):
 
 
 def overheads_note(cluster, cluster_path: str, overheads_path: Optional[str],
-                   give: str = "--overheads {}") -> Optional[str]:
+                   give: str = "--overheads {}", fix: Optional[str] = None) -> Optional[str]:
     """A line to print when `cluster` (loaded from `cluster_path`) runs on CPU tasks and no
     overheads file was given (`give`: how this command takes one, {} for the path): the simulator
     then leaves out what TensorFlow's runtime adds per step and per message, and on such clusters
     ranks splits too high. Names the overheads file beside the cluster file when there is one
-    (<stem>.overheads.json), else the command that measures one. None for GPU clusters or when
-    overheads were given."""
+    (<stem>.overheads.json), else the command that measures one; `fix`, when given, is said
+    first. None for GPU clusters or when overheads were given."""
     from tfplace.formats.cluster import is_cpu_kind
     if overheads_path or not all(is_cpu_kind(d.kind) for d in cluster.devices):
         return None
     beside = os.path.splitext(cluster_path)[0] + ".overheads.json"
-    fix = (f"give {give.format(beside)} (found beside the cluster file)" if os.path.isfile(beside) else
-           f"measure them (python -m tfplace.cli.overheads --cluster {cluster_path} --out O), then give "
-           f"{give.format('O')}")
+    known = (f"give {give.format(beside)} (found beside the cluster file)" if os.path.isfile(beside) else
+             f"measure them (python -m tfplace.cli.overheads --cluster {cluster_path} --out O), then give "
+             f"{give.format('O')}")
+    fix = f"{fix}, or {known}" if fix else known
     return (f"note: {cluster_path} runs on CPU tasks and no runtime-overheads file was given: simulated times "
             f"leave out the runtime's per-step and per-message costs, so splits look faster than they run; {fix}")
 
@@ -95,7 +95,8 @@ def overheads_machine_note(cluster, cluster_path: str, overheads, overheads_path
     simulated time of a run here. Only for a cluster that runs here (every host loopback) and a
     file that records its machine (machine_probe_s). `watch`: the SpeedWatch of a run that probed
     the cores all along; else they are probed now (about 0.1 s, and 2 s more only when the first
-    probes disagree with the file: a core in a slow phase must not pass for a slow machine).
+    probes find this machine slower than the file's: a core in a slow phase must not pass for a
+    slow machine).
     `fix` replaces the default, which names the measuring command and `give` (as in overheads_note)."""
     if overheads is None or overheads.machine_probe_s is None or not all(h.is_loopback for h in cluster.hosts):
         return None
@@ -111,13 +112,10 @@ def overheads_machine_note(cluster, cluster_path: str, overheads, overheads_path
         return note(watch)
     watch = machine_speed.SpeedWatch(machine_speed.cores_of(cluster))
     watch.calibrate()
-    for _ in range(MACHINE_PROBES_AGAIN if note(watch) else 0):
-        time.sleep(0.2)
-        watch.probe()
+    now_s = machine_speed.machine_probe_s(watch.reference_s)
+    if now_s and now_s > overheads.machine_probe_s * machine_speed.MACHINE_MISMATCH:
+        watch.probe_spaced()  # more probes can only find this machine faster: only then can they help
     return note(watch)
-
-
-MACHINE_PROBES_AGAIN = 10  # probes 0.2 s apart: a shared core's slow phases lasted a second or more
 
 
 def print_overheads_notes(cluster, cluster_path: str, overheads, overheads_path: Optional[str],

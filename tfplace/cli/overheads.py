@@ -45,6 +45,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import types
 from typing import List, Optional
 
 from absl import flags
@@ -86,6 +87,17 @@ def _parses(parse, example: str):
     return check
 
 
+THREADS, INTER_THREADS = 1, 1  # the flags' defaults: the settings the bundled overheads files were measured with
+
+
+def default_settings(cluster_path: str, passes: int) -> types.SimpleNamespace:
+    """The flags of `python -m tfplace.cli.overheads --cluster cluster_path --passes passes` with
+    every other flag at its default (the cluster file's emulation, the client unpinned), for code
+    that measures without the command line (activate's "overheads": "measure")."""
+    return types.SimpleNamespace(cluster=cluster_path, passes=passes, threads=THREADS, inter_threads=INTER_THREADS,
+                                 cpus_per_task="", cpu_fraction_per_task="", client_cpus=[], comm=None, raw=True)
+
+
 def define_flags() -> None:
     """The command's flags (called when it runs; see tfplace.cli.common)."""
     flags.DEFINE_string("cluster", None, "cluster file whose hosts are all this machine (127.0.0.1 or "
@@ -93,9 +105,10 @@ def define_flags() -> None:
     flags.DEFINE_string("out", None, "runtime-overheads file to write", required=True)
     flags.DEFINE_integer("passes", 3, "measurement passes, each on fresh server processes; the file holds "
                          "each figure's median over them", lower_bound=1)
-    flags.DEFINE_integer("threads", 1, "intra-op threads per server task (0 = TensorFlow's default)", lower_bound=0)
-    flags.DEFINE_integer("inter-threads", 1, "inter-op threads per server task, which also run its message "
-                         "handlers (0 = TensorFlow's default, one per core)", lower_bound=0)
+    flags.DEFINE_integer("threads", THREADS, "intra-op threads per server task (0 = TensorFlow's default)",
+                         lower_bound=0)
+    flags.DEFINE_integer("inter-threads", INTER_THREADS, "inter-op threads per server task, which also run its "
+                         "message handlers (0 = TensorFlow's default, one per core)", lower_bound=0)
     flags.DEFINE_string("cpus-per-task", "", "CPU ids per task, tasks separated by ';', CPUs by ',' "
                         "(\"0;1;1\"); an empty entry or flag: unpinned")
     flags.DEFINE_string("cpu-fraction-per-task", "", "share of one CPU per task, comma-separated "
@@ -192,7 +205,15 @@ def comm_of_profile(path: str, num_tasks: int) -> dict:
     return {"p2p": comm["p2p"], "allreduce": comm["allreduce"]}
 
 
-def how(args, kwargs: dict, comm_from: str) -> str:
+def comm_from(args) -> str:
+    """Where the comm fit came from, for `how`."""
+    from tfplace.profiling import overheads_probe as probe
+    return (f"the profile {args.comm}" if args.comm else
+            f"measured on the same servers before each pass (comm_profiler up to "
+            f"{probe.COMM_MAX_BYTES >> 20} MiB), median over the passes: raw.comm")
+
+
+def how(args, kwargs: dict) -> str:
     """What was measured, for the file's `how` (the probe's own account follows it)."""
     n = kwargs["num_tasks"]
     where = "their emulated hosts" if "host_links" in kwargs else "127.0.0.1"
@@ -208,7 +229,7 @@ def how(args, kwargs: dict, comm_from: str) -> str:
             f"{name}: {link.to_json()}" for name, link in zip(layout.hosts, layout.links)) + ")")
     if args.client_cpus:
         parts.append(f"the client on CPUs {[int(c) for c in args.client_cpus]}")
-    parts.append(f"comm fit: {comm_from}")
+    parts.append(f"comm fit: {comm_from(args)}")
     parts.append(f"{args.passes} pass(es), each on fresh servers{'' if args.raw else ', without raw figures'}")
     return "; ".join(parts)
 
@@ -247,16 +268,12 @@ def main(argv) -> int:
     kwargs = cluster_settings(args, cluster, args.cluster)
     comm = comm_of_profile(args.comm, cluster.num_devices) if args.comm else None
     from tfplace.overheads.model import save_overheads
-    from tfplace.profiling import overheads_probe as probe
     started = time.monotonic()
 
     def progress(line: str) -> None:
         print(f"[{time.monotonic() - started:5.0f} s] {line}", file=sys.stderr, flush=True)
-    comm_from = (f"the profile {args.comm}" if args.comm else
-                 f"measured on the same servers before each pass (comm_profiler up to "
-                 f"{probe.COMM_MAX_BYTES >> 20} MiB), median over the passes: raw.comm")
     try:
-        overheads = measure(cluster, args.cluster, kwargs, how(args, kwargs, comm_from), passes=args.passes,
+        overheads = measure(cluster, args.cluster, kwargs, how(args, kwargs), passes=args.passes,
                             comm=comm, reps=args.reps, fan=args.fan, cpu_reps=args.cpu_reps, raw=args.raw,
                             client_cpus=[int(c) for c in args.client_cpus], progress=progress)
     except KeyboardInterrupt:
@@ -269,28 +286,27 @@ def main(argv) -> int:
     return 0
 
 
-def probed_cores(cluster, lc_kwargs: dict) -> List[int]:
-    """The cores the servers of `lc_kwargs` run on (their pins, as far as this process may use
-    them), else those of the cluster file (tfplace.runtime.machine_speed.cores_of)."""
-    from tfplace.runtime import machine_speed
-    allowed = os.sched_getaffinity(0)
-    pinned = sorted({c for cpus in lc_kwargs.get("cpus_per_task") or () for c in cpus or () if c in allowed})
-    return pinned or machine_speed.cores_of(cluster)
-
-
-def measure(cluster, source: str, lc_kwargs: dict, how_text: str, progress=None, **probe_kwargs):
+def measure(cluster, source: str, lc_kwargs: dict, how_text: str, progress=None, watch=None, **probe_kwargs):
     """The RuntimeOverheads of `cluster` (loaded from `source`) on server tasks started with
     `lc_kwargs` (LocalCluster arguments), measured by tfplace.profiling.overheads_probe with
     `probe_kwargs` (passes, comm, reps, ...). Stamped with the machine's quiet speed
-    (machine_probe_s: the cores the tasks run on, probed before and after), so that a run on
-    another machine can say the figures are not its own. `how_text` opens the file's `how`."""
+    (machine_probe_s) on the cores a run on `cluster` probes (machine_speed.cores_of, as the
+    commands that compare against the stamp do), probed before, at every progress line and for 2 s
+    after, so that a slow phase of a shared core is not taken for the machine. `watch`: the run's
+    SpeedWatch of those cores, else a new one. `how_text` opens the file's `how`."""
     from tfplace.overheads.model import overheads_from_json
     from tfplace.profiling import overheads_probe as probe
     from tfplace.runtime import machine_speed
-    watch = machine_speed.SpeedWatch(probed_cores(cluster, lc_kwargs))
+    if watch is None:
+        watch = machine_speed.SpeedWatch(machine_speed.cores_of(cluster))
     watch.calibrate()
-    measured, _ = probe.measure_runtime_overheads(cluster, lc_kwargs, progress=progress, **probe_kwargs)
-    watch.calibrate()
+
+    def probing(line: str) -> None:  # between micro-benchmarks: the servers are idle
+        watch.probe()
+        if progress is not None:
+            progress(line)
+    measured, _ = probe.measure_runtime_overheads(cluster, lc_kwargs, progress=probing, **probe_kwargs)
+    watch.probe_spaced()
     measured["how"] = how_text + "; " + measured["how"]
     measured["machine_probe_s"] = machine_speed.machine_probe_s(watch.reference_s)
     return overheads_from_json(measured, f"overheads measured on {source}")

@@ -439,6 +439,17 @@ def _strategy_entry(s: FieldReader, i: int, bases: List[str], check_model: Optio
         return StrategyEntry(_entry_name(s, i), field, error=e)
 
 
+def _activate_overheads(r: FieldReader, bases: List[str]) -> Optional[str]:
+    """An activate config's `overheads`: MEASURE, a runtime-overheads file (absolute), or None."""
+    if r.data.get("overheads") == MEASURE:
+        return MEASURE
+    try:
+        return r.get_path("overheads", bases, default=None, what="runtime-overheads file")
+    except InputError as err:
+        raise InputError(err.source, err.field, err.problem,
+                         f'{err.fix}; or write "{MEASURE}" to measure them on the cluster first') from None
+
+
 def load_activate_config(path: Union[str, os.PathLike], strict: bool = True,
                          workdir: Optional[str] = None, check_model: Optional[ModelCheck] = None) -> ActivateConfig:
     """Reads activate_config.txt. Problems of the file as a whole always raise. Problems of one
@@ -467,8 +478,7 @@ def load_activate_config(path: Union[str, os.PathLike], strict: bool = True,
         warmup_steps=r.get("warmup_steps", int, default=ActivateConfig.warmup_steps, **_non_neg),
         rounds=r.get("rounds", int, default=ActivateConfig.rounds, **_pos),
         trace=r.get("trace", bool, default=ActivateConfig.trace),
-        overheads=(MEASURE if r.data.get("overheads") == MEASURE else
-                   r.get_path("overheads", bases, default=None, what="runtime-overheads file")),
+        overheads=_activate_overheads(r, bases),
         profile=r.get("profile", str, default=ActivateConfig.profile, check=lambda v: v in ACTIVATE_PROFILES,
                       must=f"be one of {', '.join(ACTIVATE_PROFILES)}",
                       fix='write "measure" to profile each graph on the cluster, or leave the key out'),

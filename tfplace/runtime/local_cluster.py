@@ -240,26 +240,21 @@ class LocalCluster:
         constructor arguments (threads, env, ...). Raises InputError naming the cluster file and
         the field, before anything starts, for a non-loopback host, a core this machine lacks or a
         CPU quota that cannot be set here."""
+        from tfplace.emulation import links
+        from tfplace.emulation.tasks import check_applicable
         for key in ("num_tasks", "cpus_per_task", "cpu_fraction_per_task", "host_links"):
             if key in kwargs:
                 raise InputError("LocalCluster.for_cluster", key, "is set by the cluster file",
                                  "declare it as the devices' emulation in the cluster file")
-        lc = cls(**cls.task_settings(cluster), **kwargs)
-        lc.source = cluster.source or cluster.name
-        return lc
-
-    @staticmethod
-    def task_settings(cluster) -> Dict[str, Any]:
-        """The constructor arguments `cluster`'s file sets (num_tasks, cpus_per_task,
-        cpu_fraction_per_task, host_links), checked as `for_cluster` says."""
-        from tfplace.emulation import links
-        from tfplace.emulation.tasks import check_applicable
         require_loopback(cluster)
-        check_applicable([d.emulation for d in cluster.devices], cluster.source or cluster.name)
+        source = cluster.source or cluster.name
+        check_applicable([d.emulation for d in cluster.devices], source)
+        layout = links.checked_layout(cluster, per="task")
         emulations = cluster.task_emulations
-        return dict(num_tasks=cluster.num_tasks, cpus_per_task=[e and e.cpus for e in emulations],
-                    cpu_fraction_per_task=[e and e.cpu_fraction for e in emulations],
-                    host_links=links.checked_layout(cluster, per="task"))
+        lc = cls(num_tasks=cluster.num_tasks, cpus_per_task=[e and e.cpus for e in emulations],
+                 cpu_fraction_per_task=[e and e.cpu_fraction for e in emulations], host_links=layout, **kwargs)
+        lc.source = source
+        return lc
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> "LocalCluster":

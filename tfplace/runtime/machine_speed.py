@@ -74,6 +74,7 @@ def slowdown_of(probes: Iterable[Mapping[int, float]], reference_s: Mapping[int,
     return worst
 
 
+SPACED_PROBES, SPACED_GAP_S = 10, 0.2  # SpeedWatch.probe_spaced
 MAX_UNPINNED_CORES = 8  # probed when no device is pinned: about 12 ms per core and probe
 
 
@@ -106,6 +107,14 @@ class SpeedWatch:
     def calibrate(self, probes: int = 3) -> None:
         """A few probes before the run, so that the first window has a reference."""
         for _ in range(probes):
+            self.probe()
+
+    def probe_spaced(self, count: int = SPACED_PROBES, gap_s: float = SPACED_GAP_S) -> None:
+        """`count` probes `gap_s` apart (2 s by default). A shared core's slow phase lasts a second
+        or more, so a burst of probes may fall inside one; probes spread over seconds find the
+        quiet speed that tells one machine from another (machine_probe_s)."""
+        for _ in range(count):
+            time.sleep(gap_s)
             self.probe()
 
     def slowdown(self, *probes: Mapping[int, float]) -> float:
