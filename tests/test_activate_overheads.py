@@ -237,3 +237,33 @@ def test_without_overheads_activate_suggests_measuring_them(tmp_path, monkeypatc
     run(_config(tmp_path), out=text)
     (note,) = [line for line in text.getvalue().splitlines() if "no runtime-overheads file was given" in line]
     assert 'write "overheads": "measure" in the config' in note and "local_cpu.overheads.json" in note
+
+
+@pytest.mark.parametrize("argv, starts", [
+    (["--model", "tiny_mlp", "--cluster", "c.json"], False),
+    (["--confirm_real", "2"], True),
+    (["--confirm_real=2"], True),
+    (["--overheads", "measure"], True),
+    (["--overheads=measure"], True),
+    (["-overheads", "measure"], True),
+    (["--overheads", "o.json"], False),
+    (["--out", "measure", "--overheads", "o.json"], False),
+])
+def test_plan_enters_a_private_network_when_it_starts_servers(argv, starts):
+    from tfplace.cli.plan import _starts_servers
+    assert _starts_servers(argv) == starts
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--overheads", "missing.json"], "or give --overheads measure"),
+    (["--overheads", "measure", "--cluster", os.path.join(ROOT, "clusters", "heterog_testbed.json")],
+     "hosts[0].address"),  # measuring needs this machine's tasks: refused before any planning
+])
+def test_plan_overheads_bad_input_exits_2_naming_the_fix(tmp_path, argv, says):
+    import subprocess
+    import sys
+    base = ["--model", "tiny_mlp", "--batch_size", "16", "--cluster", LOCAL_CPU, "--out", str(tmp_path / "s.json")]
+    done = subprocess.run([sys.executable, "-m", "tfplace.plan", *base, *argv], capture_output=True, text=True,
+                          timeout=300, cwd=str(tmp_path), env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "s.json").exists() and not (tmp_path / "s.overheads.json").exists()

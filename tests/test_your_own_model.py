@@ -165,6 +165,8 @@ def test_page_commands_run_as_written(tmp_path):
     assert [c[2] for c in commands[3:]] == ["tfplace.profile", "tfplace.plan"]
     assert "for real: median of 1 round(s)" in outputs[4] and "strategy written to densenet_strategy.json" in outputs[4]
     assert os.path.exists(tmp_path / "densenet_strategy.json")
+    from tfplace.overheads.model import load_overheads  # --overheads measure: measured here, stamped
+    assert load_overheads(tmp_path / "densenet_strategy.overheads.json").machine_probe_s > 0
     _, meta = __import__("tfplace.graph_defs", fromlist=["read_bundle"]).read_bundle(
         str(tmp_path / "my_models" / "densenet121_b32_momentum.json"))
     assert [i["name"] for i in meta["inputs"]] == ["input_0", "labels"]  # no feed of Keras's own input

@@ -50,12 +50,14 @@ _HELP_ARGS = frozenset({"-h", "-help", "--help", "-?", "--helpshort", "--helpful
 
 # ------------------------------------------------------------------------------ shared inputs
 
-def define_overheads_flag() -> None:
+def define_overheads_flag(measure: bool = False) -> None:
     """`--overheads FILE`: the runtime overheads measured on a CPU-emulated cluster (written by
     `python -m tfplace.cli.overheads`); simulated times then include what that runtime adds.
-    GPU clusters need none."""
+    GPU clusters need none. `measure`: the command also takes `--overheads measure`."""
     flags.DEFINE_string("overheads", None, "runtime-overheads file of a CPU-emulated cluster "
-                        "(python -m tfplace.cli.overheads); none for GPU clusters")
+                        "(python -m tfplace.cli.overheads)" +
+                        ("; 'measure': measured on the cluster first" if measure else "") +
+                        "; none for GPU clusters")
 
 
 def load_overheads_arg(path: Optional[str]):

@@ -15,6 +15,10 @@ before planning): the result, the K baselines the simulator ranks next and the f
 alone run for real, --confirm_rounds rounds on fresh servers of --confirm_steps steps after as
 many warm-up steps, and the strategy whose median round ran fastest is written
 (tfplace.cli.real_check).
+
+--overheads measure (such a cluster too): its runtime overheads are measured first, as activate's
+"overheads": "measure" does (about a minute), written beside --out as <stem>.overheads.json, and
+used for planning and the check; a file instead names overheads measured before.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from tfplace.cli import common  # noqa: E402
 from tfplace.formats.errors import InputError  # noqa: E402
 
 FLAGS = flags.FLAGS
+MEASURE = "measure"  # --overheads measure
 
 
 def define_flags() -> None:
@@ -53,15 +58,27 @@ def define_flags() -> None:
                          lower_bound=1)
     flags.DEFINE_integer("confirm_steps", 20, "with --confirm_real: timed steps per round (after as many "
                          "warm-up steps)", lower_bound=1)
-    common.define_overheads_flag()
+    common.define_overheads_flag(measure=True)
     flags.mark_flags_as_mutual_exclusive(["graph", "model"], required=True)
     flags.mark_flags_as_mutual_exclusive(["checkpoint", "policy"])
     common.output_file_flag("out")
     common.flag_check("checkpoint", check_run_dir)
     common.graph_flag("graph", zoo=False)
     common.zoo_model_flag("model")
-    for name in ("cluster", "profile", "overheads", "policy"):
+    for name in ("cluster", "profile", "policy"):
         common.input_file_flag(name)
+    common.flag_check("overheads", check_overheads_arg)
+
+
+def check_overheads_arg(value: str) -> None:
+    """--overheads: "measure", or a file this command can read (InputError naming both fixes)."""
+    if value == MEASURE:
+        return
+    try:
+        common.check_input_file(value)
+    except InputError as err:
+        raise InputError(err.source, err.field, err.problem,
+                         f"{err.fix}; or give --overheads {MEASURE} to measure them on the cluster first") from None
 
 
 def check_run_dir(path: str) -> None:
@@ -81,25 +98,33 @@ def main(argv) -> int:
     """Plans as the parsed flags say (absl main: argv holds the program name only); bad input
     (InputError) becomes one line and exit status 2 in tfplace.cli.common."""
     del argv
+    if FLAGS.overheads == MEASURE:  # before any work
+        common.check_output_file(measured_overheads_path(), "argument --out")
     from tfplace.graph_defs.export import bundle_for_entry
     from tfplace.policy import planner
     graph = FLAGS.graph and common.resolve_graph(FLAGS.graph, "argument --graph", FLAGS.batch_size, bundle=True,
                                                  **common.step_options(common.args()))
     from tfplace.formats.cluster import load_cluster
     cluster = load_cluster(FLAGS.cluster)
-    if FLAGS.confirm_real:  # a cluster that cannot run here is refused before any planning
+    measure = FLAGS.overheads == MEASURE
+    if FLAGS.confirm_real or measure:  # a cluster that cannot run here is refused before any planning
         from tfplace.runtime.local_cluster import LocalCluster
         LocalCluster.for_cluster(cluster)
-    common.print_overheads_notes(cluster, FLAGS.cluster, common.load_overheads_arg(FLAGS.overheads), FLAGS.overheads)
+    overheads_path = FLAGS.overheads
+    if measure:
+        overheads_path = measured_overheads(cluster)
+    else:
+        common.print_overheads_notes(cluster, FLAGS.cluster, common.load_overheads_arg(FLAGS.overheads),
+                                     FLAGS.overheads)
     result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
                           cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
                           samples=FLAGS.samples, seed=FLAGS.seed, out=None if FLAGS.confirm_real else FLAGS.out,
-                          resolve_bundle=bundle_for_entry, overheads=FLAGS.overheads, weights=FLAGS.policy)
+                          resolve_bundle=bundle_for_entry, overheads=overheads_path, weights=FLAGS.policy)
     print(planner.format_result(result), flush=True)
     if FLAGS.confirm_real:
         from tfplace.cli import real_check
         from tfplace.formats.strategy import save_strategy
-        check = real_check.confirm(result.task, result, result.bundle, FLAGS.cluster, FLAGS.overheads,
+        check = real_check.confirm(result.task, result, result.bundle, FLAGS.cluster, overheads_path,
                                    FLAGS.confirm_real, FLAGS.confirm_steps, FLAGS.confirm_steps, FLAGS.confirm_rounds)
         print(real_check.format_check(check))
         save_strategy(check.strategy, FLAGS.out)
@@ -107,10 +132,40 @@ def main(argv) -> int:
     return 0
 
 
+def measured_overheads(cluster) -> str:
+    """--overheads measure: the runtime overheads of the --cluster measured now, as activate's
+    "overheads": "measure" measures them (tfplace.cli.activate.measure_cluster_overheads), into
+    <--out without its extension>.overheads.json; returns that path."""
+    import time
+    from tfplace.cli.activate import measure_cluster_overheads
+    path = measured_overheads_path()
+    started = time.monotonic()
+    print(f"measuring the runtime overheads of {FLAGS.cluster} (about a minute)", file=sys.stderr, flush=True)
+    measure_cluster_overheads(cluster, FLAGS.cluster, path, "python -m tfplace.plan --overheads measure")
+    print(f"measured the runtime overheads in {time.monotonic() - started:.0f} s: {path}", file=sys.stderr,
+          flush=True)
+    return path
+
+
+def measured_overheads_path() -> str:
+    """Where --overheads measure writes: beside --out, <stem>.overheads.json."""
+    return os.path.splitext(FLAGS.out)[0] + ".overheads.json"
+
+
+def _starts_servers(argv) -> bool:
+    """Whether the command line asks for real runs or measurements (--confirm_real, --overheads
+    measure), which start local servers."""
+    flags_given = [a.lstrip("-").split("=") for a in argv if a.startswith("-")]
+    return (any(f[0] == "confirm_real" for f in flags_given) or any(
+        a.lstrip("-") == "overheads=" + MEASURE or (a.lstrip("-") == "overheads" and nxt == MEASURE)
+        for a, nxt in zip(argv, list(argv[1:]) + [""])))
+
+
 def run() -> None:
     """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract; with
-    --confirm_real the command starts servers, so it runs in a private network (common.run)."""
-    servers = any(a.split("=")[0] in ("--confirm_real", "-confirm_real") for a in sys.argv[1:])
+    --confirm_real or --overheads measure the command starts servers, so it runs in a private
+    network (common.run)."""
+    servers = _starts_servers(sys.argv[1:])
     common.run(main, define_flags, __doc__, servers=servers)
 
 
