@@ -153,6 +153,7 @@ def test_the_bundled_emulated_clusters_need_no_profile(cluster, tmp_path):
     done = _run(["-m", "tfplace.plan"], ["--graph", TINY, "--cluster", path, "--samples", "0", "--out", "{tmp}/s.json"],
                 tmp_path)
     assert done.returncode == 0 and "strategy written to" in done.stdout, done.stderr[-2000:]
+    assert "so splits look faster than they run; give --overheads measure to measure them first, or give" in done.stderr
 
 
 @pytest.mark.parametrize("cluster, overheads, expected", [

@@ -121,9 +121,9 @@ def overheads_machine_note(cluster, cluster_path: str, overheads, overheads_path
 
 
 def print_overheads_notes(cluster, cluster_path: str, overheads, overheads_path: Optional[str],
-                          give: str = "--overheads {}") -> None:
-    """Prints to stderr overheads_note and overheads_machine_note, those that apply."""
-    for note in (overheads_note(cluster, cluster_path, overheads_path, give),
+                          give: str = "--overheads {}", fix: Optional[str] = None) -> None:
+    """Prints to stderr overheads_note (with `fix` first) and overheads_machine_note, those that apply."""
+    for note in (overheads_note(cluster, cluster_path, overheads_path, give, fix),
                  overheads_machine_note(cluster, cluster_path, overheads, overheads_path, give)):
         if note:
             print(note, file=sys.stderr, flush=True)

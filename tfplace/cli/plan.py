@@ -115,7 +115,7 @@ def main(argv) -> int:
         overheads_path = measured_overheads(cluster)
     else:
         common.print_overheads_notes(cluster, FLAGS.cluster, common.load_overheads_arg(FLAGS.overheads),
-                                     FLAGS.overheads)
+                                     FLAGS.overheads, fix=f"give --overheads {MEASURE} to measure them first")
     result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
                           cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
                           samples=FLAGS.samples, seed=FLAGS.seed, out=None if FLAGS.confirm_real else FLAGS.out,
