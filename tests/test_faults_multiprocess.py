@@ -248,13 +248,17 @@ def test_process_a_stopped_activate_leaves_nothing_behind(tmp_path, sig, status,
 
 
 @pytest.mark.multiprocess
-def test_process_a_stopped_plan_check_leaves_nothing_behind(tmp_path):
-    """SIGTERM to `python -m tfplace.plan --confirm_real` while its TF servers run: exit 143, no
-    server left, no temporary folder, and no strategy file (nothing was chosen)."""
+@pytest.mark.parametrize("servers_of", [
+    ["--confirm_real", "1", "--confirm_steps", "100000"],  # the real check's
+    ["--overheads", "measure"],                            # the overheads measurement's, before planning
+], ids=["confirm-real", "overheads-measure"])
+def test_process_a_stopped_plan_check_leaves_nothing_behind(tmp_path, servers_of):
+    """SIGTERM to `python -m tfplace.plan --confirm_real` (or `--overheads measure`) while its TF
+    servers run: exit 143, no server left, no temporary folder, and no strategy file (nothing was
+    chosen) nor overheads file (nothing was measured to the end)."""
     out = tmp_path / "s.json"
     proc, tmp = _start(tmp_path, ["-m", "tfplace.plan", "--model", "tiny_mlp", "--batch_size", "12", "--cluster",
-                                  CLUSTER, "--out", str(out), "--samples", "0", "--confirm_real", "1",
-                                  "--confirm_steps", "100000"])
+                                  CLUSTER, "--out", str(out), "--samples", "0", *servers_of])
     try:
         _wait_for(lambda: [p for p in _descendants(proc.pid) if "tfplace.runtime.worker" in _cmdline(p)], 240,
                   "TF servers")
@@ -269,7 +273,7 @@ def test_process_a_stopped_plan_check_leaves_nothing_behind(tmp_path):
             time.sleep(0.2)
         assert not [p for p in family if _alive(p)], [(p, _cmdline(p)) for p in family if _alive(p)]
         assert os.listdir(tmp) == [], f"temporary folders left: {os.listdir(tmp)}"
-        assert not out.exists()
+        assert not out.exists() and not (tmp_path / "s.overheads.json").exists()
     finally:
         _sweep(proc)
 
