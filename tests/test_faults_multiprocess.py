@@ -215,14 +215,19 @@ def test_port_taken_between_choice_and_bind_is_retried(monkeypatch):
     (signal.SIGTERM, 143, "horovod"),                # while Horovod ranks run
     (signal.SIGINT, 130, "horovod"),
     (signal.SIGTERM, 143, "tfplace.runtime.worker"),  # while TF servers run
-], ids=["sigterm-horovod", "sigint-horovod", "sigterm-tf-servers"])
+    (signal.SIGTERM, 143, "measure"),                 # while "overheads": "measure" runs its servers
+], ids=["sigterm-horovod", "sigint-horovod", "sigterm-tf-servers", "sigterm-overheads-measure"])
 def test_process_a_stopped_activate_leaves_nothing_behind(tmp_path, sig, status, phase):
     baselines = ["dp_even_allreduce", "horovod_even"] if phase == "horovod" else ["dp_even_allreduce"]
     steps = 2000 if phase == "horovod" else 5000  # the signal comes long before the entry ends (with 400
     # Horovod steps a full-suite run saw activate finish before the signal, exit 0 instead of 130)
-    proc, tmp = _start_activate(tmp_path, _activate_config(tmp_path, baselines, steps=steps))
+    config = _activate_config(tmp_path, baselines, steps=steps)
+    if phase == "measure":
+        with open(config) as f:
+            _write(config, dict(json.load(f), overheads="measure"))
+    proc, tmp = _start_activate(tmp_path, config)
     try:
-        marker = "horovod_worker" if phase == "horovod" else phase
+        marker = {"horovod": "horovod_worker", "measure": "tfplace.runtime.worker"}.get(phase, phase)
         _wait_for(lambda: [p for p in _descendants(proc.pid) if marker in _cmdline(p)], 240, marker)
         if phase == "horovod":
             # the entry before it finished: its row must survive the interrupt
@@ -238,6 +243,7 @@ def test_process_a_stopped_activate_leaves_nothing_behind(tmp_path, sig, status,
             time.sleep(0.2)
         assert not [p for p in family if _alive(p)], [(p, _cmdline(p)) for p in family if _alive(p)]
         assert os.listdir(tmp) == [], f"temporary folders left: {os.listdir(tmp)}"
+        assert not (tmp_path / "out" / "overheads.json").exists()  # never a half-measured file
         if phase == "horovod":
             with open(tmp_path / "out" / "results.json") as f:
                 results = json.load(f)
