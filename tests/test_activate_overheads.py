@@ -115,6 +115,8 @@ def test_activate_measures_the_overheads_it_simulates_with(tmp_path, monkeypatch
     assert "measured by activate" in measured.how and "python -m tfplace.cli.overheads on local_cpu.json" in measured.how
     assert seen and all(o.to_json() == measured.to_json() for o in seen)
     assert "measured the runtime overheads in" in text.getvalue() and str(path) in text.getvalue()
+    assert "s] pass 1 of 1: starting 3 server tasks" in text.getvalue()  # progress while it measures
+    assert "s] pass 1 done in" in text.getvalue()
     with open(tmp_path / "out" / "results.json") as f:
         assert json.load(f)["overheads"] == str(path)
 

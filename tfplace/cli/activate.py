@@ -147,20 +147,26 @@ def check_measurable(cluster: Cluster, config: ActivateConfig) -> None:
                          'leave "overheads" out (GPU clusters need none) or give a measured file') from None
 
 
-def measure_cluster_overheads(cluster: Cluster, cluster_path: str, path: str, by: str, watch=None):
+def measure_cluster_overheads(cluster: Cluster, cluster_path: str, path: str, by: str, watch=None, out=None):
     """The runtime overheads of `cluster` (loaded from `cluster_path`) measured now, as `python -m
     tfplace.cli.overheads --cluster C --passes 2` measures them (the cluster file's emulation, one
     intra-op and one inter-op thread per task, the client unpinned), written to `path`; `by`
     names the caller in the file's `how`, `watch` is its SpeedWatch (tfplace.cli.overheads.measure).
-    About a minute for 3 tasks. Raises InputError naming the cluster file's field, before any
-    server starts, for a cluster that cannot be measured here (check_local_cluster)."""
+    About a minute for 3 tasks; each step of the measurement is a line on `out` (progress), when
+    given. Raises InputError naming the cluster file's field, before any server starts, for a
+    cluster that cannot be measured here (check_local_cluster)."""
     from tfplace.cli import overheads as overheads_cli
     from tfplace.overheads.model import save_overheads
     overheads_cli.check_local_cluster(cluster, cluster_path)
     args = overheads_cli.default_settings(cluster_path, OVERHEADS_PASSES)
     kwargs = overheads_cli.cluster_settings(args, cluster, cluster_path)
+    started = time.monotonic()
+
+    def progress(line: str) -> None:
+        print(f"  [{time.monotonic() - started:4.0f} s] {line}", file=out, flush=True)
     overheads = overheads_cli.measure(cluster, cluster_path, kwargs, f"measured by {by}, as " +
-                                      overheads_cli.how(args, kwargs), watch=watch, passes=args.passes)
+                                      overheads_cli.how(args, kwargs), watch=watch, passes=args.passes,
+                                      progress=progress if out is not None else None)
     save_overheads(overheads, path)
     return overheads
 
@@ -172,7 +178,7 @@ def measured_overheads(cluster: Cluster, config: ActivateConfig, out, watch):
     started, before = time.monotonic(), watch.probe()
     print(f"measuring the runtime overheads of {config.cluster} ({OVERHEADS_PASSES} passes, about a minute)",
           file=out, flush=True)
-    overheads = measure_cluster_overheads(cluster, config.cluster, path, f"activate ({config.source})", watch)
+    overheads = measure_cluster_overheads(cluster, config.cluster, path, f"activate ({config.source})", watch, out)
     slow = watch.slowdown(before, watch.probe())
     print(f"measured the runtime overheads in {time.monotonic() - started:.0f} s: {path}" +
           (f" (the machine ran {slow:.2f}x slower than its quiet speed: they may be high)"

@@ -141,7 +141,8 @@ def measured_overheads(cluster) -> str:
     path = measured_overheads_path()
     started = time.monotonic()
     print(f"measuring the runtime overheads of {FLAGS.cluster} (about a minute)", file=sys.stderr, flush=True)
-    measure_cluster_overheads(cluster, FLAGS.cluster, path, "python -m tfplace.plan --overheads measure")
+    measure_cluster_overheads(cluster, FLAGS.cluster, path, "python -m tfplace.plan --overheads measure",
+                              out=sys.stderr)
     print(f"measured the runtime overheads in {time.monotonic() - started:.0f} s: {path}", file=sys.stderr,
           flush=True)
     return path
