@@ -83,7 +83,6 @@ def main(argv=None) -> int:
     overheads_path = os.path.abspath(args.overheads)
     if args.overheads == "measure":
         overheads_path = os.path.join(os.path.abspath(args.out), "overheads.json")
-        print(f"measuring the runtime overheads of {args.cluster} (about a minute)", flush=True)
         overheads = activate.measure_cluster_overheads(cluster, args.cluster, overheads_path,
                                                        "benchmarks/hetero_bench.py", out=sys.stdout)
     else:

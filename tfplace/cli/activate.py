@@ -152,37 +152,27 @@ def measure_cluster_overheads(cluster: Cluster, cluster_path: str, path: str, by
     tfplace.cli.overheads --cluster C --passes 2` measures them (the cluster file's emulation, one
     intra-op and one inter-op thread per task, the client unpinned), written to `path`; `by`
     names the caller in the file's `how`, `watch` is its SpeedWatch (tfplace.cli.overheads.measure).
-    About a minute for 3 tasks; each step of the measurement is a line on `out` (progress), when
-    given. Raises InputError naming the cluster file's field, before any server starts, for a
-    cluster that cannot be measured here (check_local_cluster)."""
+    About a minute for 3 tasks. With `out`, says so first, prints a line for each step of the
+    measurement (progress) and one at the end: how long it took, the file, and whether the machine
+    ran slow meanwhile (`watch`'s probes). Raises InputError naming the cluster file's field,
+    before any server starts, for a cluster that cannot be measured here (check_local_cluster)."""
     from tfplace.cli import overheads as overheads_cli
     from tfplace.overheads.model import save_overheads
     overheads_cli.check_local_cluster(cluster, cluster_path)
     args = overheads_cli.default_settings(cluster_path, OVERHEADS_PASSES)
     kwargs = overheads_cli.cluster_settings(args, cluster, cluster_path)
+    say = (lambda line: print(line, file=out, flush=True)) if out is not None else (lambda line: None)
+    say(f"measuring the runtime overheads of {cluster_path} ({OVERHEADS_PASSES} passes, about a minute)")
     started = time.monotonic()
-
-    def progress(line: str) -> None:
-        print(f"  [{time.monotonic() - started:4.0f} s] {line}", file=out, flush=True)
+    before = watch.probe() if watch is not None else None
     overheads = overheads_cli.measure(cluster, cluster_path, kwargs, f"measured by {by}, as " +
                                       overheads_cli.how(args, kwargs), watch=watch, passes=args.passes,
-                                      progress=progress if out is not None else None)
+                                      progress=lambda line: say(f"  [{time.monotonic() - started:4.0f} s] {line}"))
     save_overheads(overheads, path)
-    return overheads
-
-
-def measured_overheads(cluster: Cluster, config: ActivateConfig, out, watch):
-    """With "overheads": "measure": measure_cluster_overheads into <output_dir>/overheads.json,
-    saying how long it took and whether the machine ran slow meanwhile (`watch`)."""
-    path = os.path.join(config.output_dir, OVERHEADS_FILE)
-    started, before = time.monotonic(), watch.probe()
-    print(f"measuring the runtime overheads of {config.cluster} ({OVERHEADS_PASSES} passes, about a minute)",
-          file=out, flush=True)
-    overheads = measure_cluster_overheads(cluster, config.cluster, path, f"activate ({config.source})", watch, out)
-    slow = watch.slowdown(before, watch.probe())
-    print(f"measured the runtime overheads in {time.monotonic() - started:.0f} s: {path}" +
-          (f" (the machine ran {slow:.2f}x slower than its quiet speed: they may be high)"
-           if slow > machine_speed.DISTURBED_SLOWDOWN else ""), file=out, flush=True)
+    slow = watch.slowdown(before, watch.probe()) if watch is not None else 1.0
+    say(f"measured the runtime overheads in {time.monotonic() - started:.0f} s: {path}" +
+        (f" (the machine ran {slow:.2f}x slower than its quiet speed: they may be high)"
+         if slow > machine_speed.DISTURBED_SLOWDOWN else ""))
     return overheads
 
 
@@ -292,7 +282,9 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
                                     "output_dir")
         watch.calibrate()
         if measure_overheads:
-            overheads = measured_overheads(cluster, config, out, watch)
+            overheads = measure_cluster_overheads(cluster, config.cluster,
+                                                  os.path.join(config.output_dir, OVERHEADS_FILE),
+                                                  f"activate ({config.source})", watch, out)
         profiles = measured_profiles(jobs, cluster, config, overheads, out, watch)
         for job in jobs:
             job["profile"] = profiles.get(job.get("graph"))

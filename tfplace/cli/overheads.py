@@ -251,7 +251,8 @@ def summary_lines(overheads) -> List[str]:
     if overheads.collective_s is not None:
         lines.append(f"per all-reduce beyond the comm fit (by group size): {table(overheads.collective_s)}")
     if overheads.machine_probe_s:
-        lines.append(f"machine: quiet speed probe {overheads.machine_probe_s * 1e3:.2f} ms (tfplace.runtime.machine_speed)")
+        lines.append(f"machine: quiet speed probe {overheads.machine_probe_s * 1e3:.2f} ms "
+                     "(tfplace.runtime.machine_speed)")
     for size, curve in sorted(overheads.collective_cpu_s.items()):
         lines.append(f"all-reduce CPU per participant, {size} tasks: {_us(curve['seconds'][0])} at "
                      f"{curve['bytes'][0]} B .. {_us(curve['seconds'][-1])} at {curve['bytes'][-1]} B")

@@ -52,8 +52,9 @@ def define_flags() -> None:
     flags.DEFINE_integer("samples", 8, "policy samples evaluated zero-shot", lower_bound=0)
     flags.DEFINE_integer("seed", 0, "sampling / search seed", lower_bound=0)
     flags.DEFINE_string("out", "strategy.json", "where to write the strategy")
-    flags.DEFINE_integer("confirm_real", 0, "run the plan, the K next-best baselines and the fastest device alone on the "
-                         "cluster for real (loopback tasks, emulated as the cluster file says) and write the fastest", lower_bound=0)
+    flags.DEFINE_integer("confirm_real", 0, "run the plan, the K next-best baselines and the fastest device alone "
+                         "on the cluster for real (loopback tasks, emulated as the cluster file says) and write the "
+                         "fastest", lower_bound=0)
     flags.DEFINE_integer("confirm_rounds", 3, "with --confirm_real: rounds on fresh servers; the median counts",
                          lower_bound=1)
     flags.DEFINE_integer("confirm_steps", 20, "with --confirm_real: timed steps per round (after as many "
@@ -112,7 +113,10 @@ def main(argv) -> int:
         LocalCluster.for_cluster(cluster)
     overheads_path = FLAGS.overheads
     if measure:
-        overheads_path = measured_overheads(cluster)
+        from tfplace.cli.activate import measure_cluster_overheads
+        overheads_path = measured_overheads_path()
+        measure_cluster_overheads(cluster, FLAGS.cluster, overheads_path, "python -m tfplace.plan --overheads measure",
+                                  out=sys.stderr)
     else:
         common.print_overheads_notes(cluster, FLAGS.cluster, common.load_overheads_arg(FLAGS.overheads),
                                      FLAGS.overheads, fix=f"give --overheads {MEASURE} to measure them first")
@@ -130,22 +134,6 @@ def main(argv) -> int:
         save_strategy(check.strategy, FLAGS.out)
         print(f"strategy written to {FLAGS.out}")
     return 0
-
-
-def measured_overheads(cluster) -> str:
-    """--overheads measure: the runtime overheads of the --cluster measured now, as activate's
-    "overheads": "measure" measures them (tfplace.cli.activate.measure_cluster_overheads), into
-    <--out without its extension>.overheads.json; returns that path."""
-    import time
-    from tfplace.cli.activate import measure_cluster_overheads
-    path = measured_overheads_path()
-    started = time.monotonic()
-    print(f"measuring the runtime overheads of {FLAGS.cluster} (about a minute)", file=sys.stderr, flush=True)
-    measure_cluster_overheads(cluster, FLAGS.cluster, path, "python -m tfplace.plan --overheads measure",
-                              out=sys.stderr)
-    print(f"measured the runtime overheads in {time.monotonic() - started:.0f} s: {path}", file=sys.stderr,
-          flush=True)
-    return path
 
 
 def measured_overheads_path() -> str:

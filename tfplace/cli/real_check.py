@@ -4,9 +4,9 @@ The simulator ranks strategies; what a user keeps is what runs faster on the clu
 --confirm_real K, plan runs its best strategy, the K baselines the simulator ranks next (those
 that fit in memory, each distinct) and the fastest device alone on the cluster itself: a local
 cluster of loopback tasks, emulated as its file says, round by round on fresh servers, exactly as
-activate runs its entries (tfplace.cli.activate.run_rounds). The strategy whose median round ran fastest is written. When
-that is a baseline the plan beat in simulation, the command says so and by how much: a plan is
-never recommended over a checked baseline that runs faster for real.
+activate runs its entries (tfplace.cli.activate.run_rounds). The strategy whose median round ran
+fastest is written. When that is a baseline the plan beat in simulation, the command says so and
+by how much: a plan is never recommended over a checked baseline that runs faster for real.
 """
 
 from __future__ import annotations
