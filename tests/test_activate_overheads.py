@@ -242,18 +242,28 @@ def test_without_overheads_activate_suggests_measuring_them(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("argv, starts", [
-    (["--model", "tiny_mlp", "--cluster", "c.json"], False),
+    ([], False),
     (["--confirm_real", "2"], True),
     (["--confirm_real=2"], True),
+    (["--confirm_real", "0"], False),       # no real check: no servers
     (["--overheads", "measure"], True),
     (["--overheads=measure"], True),
     (["-overheads", "measure"], True),
-    (["--overheads", "o.json"], False),
-    (["--out", "measure", "--overheads", "o.json"], False),
+    (["--overheads", OVERHEADS], False),
+    (["--out", "measure.json", "--overheads", OVERHEADS], False),
+    (["--flagfile", "{flagfile}"], True),   # flags from a file count as on the command line
 ])
-def test_plan_enters_a_private_network_when_it_starts_servers(argv, starts):
-    from tfplace.cli.plan import _starts_servers
-    assert _starts_servers(argv) == starts
+def test_plan_enters_a_private_network_when_it_starts_servers(tmp_path, argv, starts):
+    """common.run asks plan.starts_servers once the flags are parsed (here through common.call,
+    with a main that reports the answer as its exit status)."""
+    import types
+    from tfplace.cli import common, plan
+    flagfile = tmp_path / "flags.txt"
+    flagfile.write_text("--overheads=measure\n")
+    probe = types.SimpleNamespace(__name__="plan", __doc__=plan.__doc__, define_flags=plan.define_flags,
+                                  main=lambda rest: 10 + plan.starts_servers())
+    base = ["--model", "tiny_mlp", "--cluster", LOCAL_CPU, "--out", str(tmp_path / "s.json")]
+    assert common.call(probe, base + [a.format(flagfile=flagfile) for a in argv]) == 10 + starts
 
 
 @pytest.mark.parametrize("argv, says", [

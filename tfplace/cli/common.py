@@ -34,7 +34,7 @@ import os
 import signal
 import sys
 import types
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 from absl import app, flags
 
@@ -484,22 +484,33 @@ def guarded(main: Callable[[List[str]], Optional[int]]) -> Callable[[List[str]],
 
 
 def run(main: Callable[[List[str]], Optional[int]], define_flags: Callable[[], None], doc: str,
-        positional: Sequence[str] = (), servers: bool = False) -> None:
+        positional: Sequence[str] = (), servers: Union[bool, Callable[[], bool]] = False) -> None:
     """`app.run(main)` for a command line: defines its flags, parses them under the contract,
     runs main and exits with its status. `positional` names the required positional arguments.
     `servers`: the command starts local servers, so it enters a private network namespace first,
-    while the process is still single-threaded (tfplace.runtime.netns)."""
+    while the process is still single-threaded (tfplace.runtime.netns); a callable decides once
+    the flags are parsed (still single-threaded), for a command that starts servers only with
+    some flags."""
     def parser(argv: List[str]) -> List[str]:
-        return _parse(argv, _define(define_flags), doc, positional)
+        rest = _parse(argv, _define(define_flags), doc, positional)
+        if callable(servers) and servers():
+            _enter_private_network()
+        return rest
     stop_on_sigterm()  # servers, ranks and temporary folders are cleaned up as on Ctrl-C
-    if servers:
-        from tfplace.runtime import netns
-        if os.environ.get(netns.ALLOW_OPEN_PORTS_ENV) != "1":
-            try:
-                netns.enter_private_network()
-            except netns.NetworkIsolationError:
-                pass  # --help and bad input still answer; the first server start says why (exit 1)
+    if servers is True:
+        _enter_private_network()
     app.run(guarded(main), flags_parser=parser)
+
+
+def _enter_private_network() -> None:
+    """tfplace.runtime.netns.enter_private_network, unless TFPLACE_ALLOW_OPEN_PORTS=1; where it
+    cannot be entered, --help and bad input still answer and the first server start says why."""
+    from tfplace.runtime import netns
+    if os.environ.get(netns.ALLOW_OPEN_PORTS_ENV) != "1":
+        try:
+            netns.enter_private_network()
+        except netns.NetworkIsolationError:
+            pass  # the first server start says why (exit 1)
 
 
 def _status(code) -> int:

@@ -141,21 +141,17 @@ def measured_overheads_path() -> str:
     return os.path.splitext(FLAGS.out)[0] + ".overheads.json"
 
 
-def _starts_servers(argv) -> bool:
-    """Whether the command line asks for real runs or measurements (--confirm_real, --overheads
-    measure), which start local servers."""
-    flags_given = [a.lstrip("-").split("=") for a in argv if a.startswith("-")]
-    return (any(f[0] == "confirm_real" for f in flags_given) or any(
-        a.lstrip("-") == "overheads=" + MEASURE or (a.lstrip("-") == "overheads" and nxt == MEASURE)
-        for a, nxt in zip(argv, list(argv[1:]) + [""])))
+def starts_servers() -> bool:
+    """Whether the parsed flags ask for real runs or measurements (--confirm_real K > 0,
+    --overheads measure), which start local servers."""
+    return bool(FLAGS.confirm_real) or FLAGS.overheads == MEASURE
 
 
 def run() -> None:
     """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract; with
     --confirm_real or --overheads measure the command starts servers, so it runs in a private
-    network (common.run)."""
-    servers = _starts_servers(sys.argv[1:])
-    common.run(main, define_flags, __doc__, servers=servers)
+    network (common.run decides once the flags are parsed)."""
+    common.run(main, define_flags, __doc__, servers=starts_servers)
 
 
 if __name__ == "__main__":
