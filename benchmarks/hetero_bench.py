@@ -75,14 +75,15 @@ def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from tfplace.cli import activate
     from tfplace.formats.cluster import load_cluster
+    from tfplace.formats.config import MEASURE
     from tfplace.formats.strategy import save_strategy
     from tfplace.graph_defs.export import ensure_bundle
     from tfplace.overheads.model import load_overheads
     cluster = load_cluster(args.cluster)
     os.makedirs(args.out, exist_ok=True)
     overheads_path = os.path.abspath(args.overheads)
-    if args.overheads == "measure":
-        overheads_path = os.path.join(os.path.abspath(args.out), "overheads.json")
+    if args.overheads == MEASURE:
+        overheads_path = os.path.join(os.path.abspath(args.out), activate.OVERHEADS_FILE)
         overheads = activate.measure_cluster_overheads(cluster, args.cluster, overheads_path,
                                                        "benchmarks/hetero_bench.py", out=sys.stdout)
     else:

@@ -218,6 +218,38 @@ def test_an_overheads_file_that_cannot_be_written_stops_the_run_before_any_work(
     assert status == 2 and "output_dir" in err and "overheads.json" in err and "Fix:" in err, err
 
 
+@pytest.mark.parametrize("probes_s, says", [
+    ([1.0, 1.0, 1.0, 1.0, 1.0, 1.0], None),                 # quiet all along
+    ([1.0, 1.0, 1.0, 2.2, 1.0, 1.0], "ran 2.20x slower"),   # slow between two steps, quiet at both ends
+    ([1.0, 1.0, 1.0, 1.0, 1.0, 1.5], "ran 1.50x slower"),   # slow at the end
+    ([1.0, 1.0, 1.0, 1.1, 1.0, 1.0], None),                 # within one machine's quiet spread
+])
+def test_measuring_says_when_the_machine_ran_slow_at_any_probe(tmp_path, monkeypatch, probes_s, says):
+    """The line that ends the measurement judges every probe taken while measuring (those between
+    the steps too), so that a slow phase in the middle of the minute is not missed."""
+    from tfplace.cli import activate
+    from tfplace.cli import overheads as overheads_cli
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.overheads.model import load_overheads
+    seconds = iter(probes_s)
+    watch = machine_speed.SpeedWatch([0], probe_fn=lambda core: next(seconds))
+
+    def fake_measure(cluster, source, lc_kwargs, how_text, progress=None, watch=None, **kw):
+        for _ in probes_s:  # as the real one: a probe before, at every progress line and after
+            watch.probe()
+        return load_overheads(OVERHEADS)
+    monkeypatch.setattr(overheads_cli, "measure", fake_measure)
+    text = io.StringIO()
+    activate.measure_cluster_overheads(load_cluster(LOCAL_CPU), LOCAL_CPU, str(tmp_path / "o.json"), "a test",
+                                       watch=watch, out=text)
+    (last,) = [line for line in text.getvalue().splitlines() if line.startswith("measured the runtime overheads")]
+    if says is None:
+        assert "slower" not in last, last
+    else:
+        assert says in last and "they may be high" in last, last
+    assert (tmp_path / "o.json").exists()
+
+
 def test_measuring_outside_activate_refuses_what_cannot_be_measured(tmp_path):
     """measure_cluster_overheads (also hetero_bench's) checks the cluster before any server starts."""
     from tfplace.cli.activate import measure_cluster_overheads
@@ -253,9 +285,9 @@ def test_without_overheads_activate_suggests_measuring_them(tmp_path, monkeypatc
     (["--out", "measure.json", "--overheads", OVERHEADS], False),
     (["--flagfile", "{flagfile}"], True),   # flags from a file count as on the command line
 ])
-def test_plan_enters_a_private_network_when_it_starts_servers(tmp_path, argv, starts):
-    """common.run asks plan.starts_servers once the flags are parsed (here through common.call,
-    with a main that reports the answer as its exit status)."""
+def test_plan_knows_from_its_parsed_flags_whether_it_starts_servers(tmp_path, argv, starts):
+    """plan.starts_servers, asked once the flags are parsed (here through common.call, with a main
+    that reports the answer as its exit status)."""
     import types
     from tfplace.cli import common, plan
     flagfile = tmp_path / "flags.txt"
@@ -266,10 +298,36 @@ def test_plan_enters_a_private_network_when_it_starts_servers(tmp_path, argv, st
     assert common.call(probe, base + [a.format(flagfile=flagfile) for a in argv]) == 10 + starts
 
 
+@pytest.mark.parametrize("argv, enters", [
+    ([], False),
+    (["--overheads", "measure"], True),
+    (["--confirm_real", "1"], True),
+])
+def test_plan_enters_a_private_network_when_it_starts_servers(tmp_path, argv, enters):
+    """The command line itself (common.run, in a child process): the private network is entered
+    once the flags are parsed, only when they ask for servers (planning is replaced by a main that
+    does nothing, and entering the network by a marker line)."""
+    import subprocess
+    import sys
+    code = ("import sys; from tfplace.cli import common, plan\n"
+            "common._enter_private_network = lambda: print('ENTERED', flush=True)\n"
+            "plan.main = lambda argv: 0\n"
+            "sys.argv = ['plan'] + sys.argv[1:]; plan.run()")
+    argv = ["--model", "tiny_mlp", "--cluster", LOCAL_CPU, "--out", str(tmp_path / "s.json"), *argv]
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
+                          cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert ("ENTERED" in done.stdout.splitlines()) == enters, done.stdout
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--overheads", "missing.json"], "or give --overheads measure"),
     (["--overheads", "measure", "--cluster", os.path.join(ROOT, "clusters", "heterog_testbed.json")],
-     "hosts[0].address"),  # measuring needs this machine's tasks: refused before any planning
+     'argument: --overheads: is "measure", but '),  # measuring needs this machine's tasks: refused first
+    (["--overheads", "measure", "--cluster", os.path.join(ROOT, "clusters", "heterog_testbed.json")],
+     "hosts[0].address"),
+    (["--overheads", "measure", "--cluster", os.path.join(ROOT, "clusters", "heterog_testbed.json")],
+     "Fix: leave out --overheads measure (GPU clusters need none) or give a measured overheads file"),
 ])
 def test_plan_overheads_bad_input_exits_2_naming_the_fix(tmp_path, argv, says):
     import subprocess

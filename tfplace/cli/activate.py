@@ -134,28 +134,30 @@ OVERHEADS_PASSES = 2  # as the bundled overheads files were measured
 OVERHEADS_FILE = "overheads.json"  # in the output folder, with "overheads": "measure"
 
 
-def check_measurable(cluster: Cluster, config: ActivateConfig) -> None:
-    """Raises InputError naming the config's "overheads" field when its cluster cannot have its
-    runtime overheads measured here (tfplace.cli.overheads.check_local_cluster: loopback CPU tasks,
-    one device each, at least two)."""
+def check_measurable(cluster: Cluster, cluster_path: str, source: str, field: str, leave_out: str) -> None:
+    """Raises InputError naming `source`'s `field` (where "measure" was asked for: a config's
+    "overheads", or "argument" --overheads) when `cluster` (loaded from `cluster_path`) cannot have
+    its runtime overheads measured here (tfplace.cli.overheads.check_local_cluster: loopback CPU
+    tasks, one device each, at least two); the fix says to `leave_out` the request or give a file."""
     from tfplace.cli.overheads import check_local_cluster
     from tfplace.formats.errors import InputError
     try:
-        check_local_cluster(cluster, config.cluster)
+        check_local_cluster(cluster, cluster_path)
     except InputError as err:
-        raise InputError(config.source, "overheads", f'is "measure", but {err.source}: {err.field} {err.problem}',
-                         'leave "overheads" out (GPU clusters need none) or give a measured file') from None
+        raise InputError(source, field, f'is "measure", but {err.source}: {err.field} {err.problem}',
+                         f"{leave_out} (GPU clusters need none) or give a measured overheads file") from None
 
 
 def measure_cluster_overheads(cluster: Cluster, cluster_path: str, path: str, by: str, watch=None, out=None):
     """The runtime overheads of `cluster` (loaded from `cluster_path`) measured now, as `python -m
     tfplace.cli.overheads --cluster C --passes 2` measures them (the cluster file's emulation, one
     intra-op and one inter-op thread per task, the client unpinned), written to `path`; `by`
-    names the caller in the file's `how`, `watch` is its SpeedWatch (tfplace.cli.overheads.measure).
+    names the caller in the file's `how`, `watch` is its SpeedWatch (a new one without).
     About a minute for 3 tasks. With `out`, says so first, prints a line for each step of the
     measurement (progress) and one at the end: how long it took, the file, and whether the machine
-    ran slow meanwhile (`watch`'s probes). Raises InputError naming the cluster file's field,
-    before any server starts, for a cluster that cannot be measured here (check_local_cluster)."""
+    ran slow meanwhile (any of `watch`'s probes since the start, those between the steps
+    included). Raises InputError naming the cluster file's field, before any server starts, for a
+    cluster that cannot be measured here (check_local_cluster)."""
     from tfplace.cli import overheads as overheads_cli
     from tfplace.overheads.model import save_overheads
     overheads_cli.check_local_cluster(cluster, cluster_path)
@@ -164,15 +166,14 @@ def measure_cluster_overheads(cluster: Cluster, cluster_path: str, path: str, by
     say = (lambda line: print(line, file=out, flush=True)) if out is not None else (lambda line: None)
     say(f"measuring the runtime overheads of {cluster_path} ({OVERHEADS_PASSES} passes, about a minute)")
     started = time.monotonic()
-    before = watch.probe() if watch is not None else None
+    watch = watch or machine_speed.SpeedWatch(machine_speed.cores_of(cluster))
+    mark = len(watch.probes)
     overheads = overheads_cli.measure(cluster, cluster_path, kwargs, f"measured by {by}, as " +
                                       overheads_cli.how(args, kwargs), watch=watch, passes=args.passes,
                                       progress=lambda line: say(f"  [{time.monotonic() - started:4.0f} s] {line}"))
     save_overheads(overheads, path)
-    slow = watch.slowdown(before, watch.probe()) if watch is not None else 1.0
     say(f"measured the runtime overheads in {time.monotonic() - started:.0f} s: {path}" +
-        (f" (the machine ran {slow:.2f}x slower than its quiet speed: they may be high)"
-         if slow > machine_speed.DISTURBED_SLOWDOWN else ""))
+        overheads_cli.slow_note(watch.slowdown_since(mark)))
     return overheads
 
 
@@ -269,7 +270,7 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
     # loopback hosts, cores and quotas are checked here, before any export or server
     LocalCluster.for_cluster(cluster)
     if measure_overheads:
-        check_measurable(cluster, config)
+        check_measurable(cluster, config.cluster, config.source, "overheads", 'leave "overheads" out')
     os.makedirs(config.output_dir, exist_ok=True)
     results_path = os.path.join(config.output_dir, "results.json")
     watch = machine_speed.SpeedWatch(machine_speed.cores_of(cluster))
@@ -402,12 +403,16 @@ def _write_results(path: str, config_path: str, config: ActivateConfig, rows, co
     fast this machine was against another run's."""
     tmp = f"{path}.tmp{os.getpid()}"
     quiet = {str(c): s for c, s in sorted(watch.reference_s.items())}
-    with open(tmp, "w") as f:
-        overheads = (os.path.abspath(os.path.join(config.output_dir, OVERHEADS_FILE)) if config.overheads == MEASURE
-                     else config.overheads)
-        json.dump({"config": os.path.abspath(config_path), "cluster": config.cluster, "complete": complete,
-                   "overheads": overheads, "core_quiet_s": quiet, "results": rows}, f, indent=1)
-    os.replace(tmp, path)
+    overheads = (os.path.abspath(os.path.join(config.output_dir, OVERHEADS_FILE)) if config.overheads == MEASURE
+                 else config.overheads)
+    try:  # an interrupt while writing leaves the previous results.json, and no temporary file
+        with open(tmp, "w") as f:
+            json.dump({"config": os.path.abspath(config_path), "cluster": config.cluster, "complete": complete,
+                       "overheads": overheads, "core_quiet_s": quiet, "results": rows}, f, indent=1)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def print_table(rows, out=sys.stdout) -> None:

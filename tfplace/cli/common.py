@@ -96,9 +96,10 @@ def overheads_machine_note(cluster, cluster_path: str, overheads, overheads_path
     (tfplace.runtime.machine_speed.speed_mismatch_note): their CPU figures then misstate every
     simulated time of a run here. Only for a cluster that runs here (every host loopback) and a
     file that records its machine (machine_probe_s). `watch`: the SpeedWatch of a run that probed
-    the cores all along; else they are probed now (about 0.1 s, and 2 s more only when the first
-    probes find this machine slower than the file's: a core in a slow phase must not pass for a
-    slow machine).
+    the cores all along; else they are probed now: 3 probes of each core a run uses (about 12 ms
+    each: under 0.3 s for up to machine_speed.MAX_UNPINNED_CORES cores), and 10 more spread over
+    2-3 s only when the first find this machine slower than the file's (a core in a slow phase must
+    not pass for a slow machine).
     `fix` replaces the default, which names the measuring command and `give` (as in overheads_note)."""
     if overheads is None or overheads.machine_probe_s is None or not all(h.is_loopback for h in cluster.hosts):
         return None
@@ -121,10 +122,12 @@ def overheads_machine_note(cluster, cluster_path: str, overheads, overheads_path
 
 
 def print_overheads_notes(cluster, cluster_path: str, overheads, overheads_path: Optional[str],
-                          give: str = "--overheads {}", fix: Optional[str] = None) -> None:
-    """Prints to stderr overheads_note (with `fix` first) and overheads_machine_note, those that apply."""
+                          give: str = "--overheads {}", fix: Optional[str] = None,
+                          machine_fix: Optional[str] = None) -> None:
+    """Prints to stderr overheads_note (with `fix` first) and overheads_machine_note (`machine_fix`
+    replacing its default fix), those that apply."""
     for note in (overheads_note(cluster, cluster_path, overheads_path, give, fix),
-                 overheads_machine_note(cluster, cluster_path, overheads, overheads_path, give)):
+                 overheads_machine_note(cluster, cluster_path, overheads, overheads_path, give, fix=machine_fix)):
         if note:
             print(note, file=sys.stderr, flush=True)
 

@@ -100,6 +100,7 @@ def default_settings(cluster_path: str, passes: int) -> types.SimpleNamespace:
 
 def define_flags() -> None:
     """The command's flags (called when it runs; see tfplace.cli.common)."""
+    from tfplace.profiling import overheads_probe as probe  # numpy only: the defaults the probe measures with
     flags.DEFINE_string("cluster", None, "cluster file whose hosts are all this machine (127.0.0.1 or "
                         "localhost); one server task per device", required=True)
     flags.DEFINE_string("out", None, "runtime-overheads file to write", required=True)
@@ -118,9 +119,9 @@ def define_flags() -> None:
                         "overheads are measured against, instead of measuring one in each pass")
     flags.DEFINE_boolean("raw", True, "also measure the collective CPU curve and the per-byte figures (first "
                          "pass; the CPU bound of the step needs them); --noraw: quicker, without them")
-    flags.DEFINE_integer("reps", 30, "timed steps per micro-benchmark (wall: their median)", lower_bound=1)
-    flags.DEFINE_integer("cpu-reps", 200, "steps per micro-benchmark whose CPU is counted", lower_bound=1)
-    flags.DEFINE_integer("fan", 24, "tensors per burst and hops / all-reduces per chain", lower_bound=1)
+    flags.DEFINE_integer("reps", probe.REPS, "timed steps per micro-benchmark (wall: their median)", lower_bound=1)
+    flags.DEFINE_integer("cpu-reps", probe.CPU_REPS, "steps per micro-benchmark whose CPU is counted", lower_bound=1)
+    flags.DEFINE_integer("fan", probe.FAN, "tensors per burst and hops / all-reduces per chain", lower_bound=1)
     common.output_file_flag("out")
     common.input_file_flag("cluster")
     common.input_file_flag("comm")
@@ -269,22 +270,34 @@ def main(argv) -> int:
     kwargs = cluster_settings(args, cluster, args.cluster)
     comm = comm_of_profile(args.comm, cluster.num_devices) if args.comm else None
     from tfplace.overheads.model import save_overheads
+    from tfplace.runtime import machine_speed
     started = time.monotonic()
+    watch = machine_speed.SpeedWatch(machine_speed.cores_of(cluster))
 
     def progress(line: str) -> None:
         print(f"[{time.monotonic() - started:5.0f} s] {line}", file=sys.stderr, flush=True)
     try:
         overheads = measure(cluster, args.cluster, kwargs, how(args, kwargs), passes=args.passes,
                             comm=comm, reps=args.reps, fan=args.fan, cpu_reps=args.cpu_reps, raw=args.raw,
-                            client_cpus=[int(c) for c in args.client_cpus], progress=progress)
+                            client_cpus=[int(c) for c in args.client_cpus], progress=progress, watch=watch)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     save_overheads(overheads, args.out)
     for line in summary_lines(overheads):
         print(line)
-    print(f"wrote {args.out} ({time.monotonic() - started:.0f} s)")
+    print(f"wrote {args.out} ({time.monotonic() - started:.0f} s){slow_note(watch.slowdown_since(0))}")
     return 0
+
+
+def slow_note(slowdown: float) -> str:
+    """What to add to the line that reports measured overheads when the machine's probes saw it
+    `slowdown` times slower than its quiet speed meanwhile (more than
+    machine_speed.DISTURBED_SLOWDOWN): the figures may then be high. "" otherwise."""
+    from tfplace.runtime import machine_speed
+    if slowdown <= machine_speed.DISTURBED_SLOWDOWN:
+        return ""
+    return f" (the machine ran {slowdown:.2f}x slower than its quiet speed meanwhile: they may be high)"
 
 
 def measure(cluster, source: str, lc_kwargs: dict, how_text: str, progress=None, watch=None, **probe_kwargs):

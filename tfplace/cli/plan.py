@@ -31,10 +31,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import flags  # noqa: E402
 
 from tfplace.cli import common  # noqa: E402
+from tfplace.formats.config import MEASURE  # noqa: E402  (--overheads measure, as an activate config says it)
 from tfplace.formats.errors import InputError  # noqa: E402
 
 FLAGS = flags.FLAGS
-MEASURE = "measure"  # --overheads measure
 
 
 def define_flags() -> None:
@@ -99,18 +99,20 @@ def main(argv) -> int:
     """Plans as the parsed flags say (absl main: argv holds the program name only); bad input
     (InputError) becomes one line and exit status 2 in tfplace.cli.common."""
     del argv
-    if FLAGS.overheads == MEASURE:  # before any work
+    from tfplace.formats.cluster import load_cluster
+    cluster = load_cluster(FLAGS.cluster)
+    measure = FLAGS.overheads == MEASURE
+    if measure:  # before any work, an export of the graph included
+        from tfplace.cli.activate import check_measurable
+        check_measurable(cluster, FLAGS.cluster, "argument", "--overheads", f"leave out --overheads {MEASURE}")
         common.check_output_file(measured_overheads_path(), "argument --out")
+    if FLAGS.confirm_real or measure:  # a cluster that cannot run here is refused before any planning
+        from tfplace.runtime.local_cluster import LocalCluster
+        LocalCluster.for_cluster(cluster)
     from tfplace.graph_defs.export import bundle_for_entry
     from tfplace.policy import planner
     graph = FLAGS.graph and common.resolve_graph(FLAGS.graph, "argument --graph", FLAGS.batch_size, bundle=True,
                                                  **common.step_options(common.args()))
-    from tfplace.formats.cluster import load_cluster
-    cluster = load_cluster(FLAGS.cluster)
-    measure = FLAGS.overheads == MEASURE
-    if FLAGS.confirm_real or measure:  # a cluster that cannot run here is refused before any planning
-        from tfplace.runtime.local_cluster import LocalCluster
-        LocalCluster.for_cluster(cluster)
     overheads_path = FLAGS.overheads
     if measure:
         from tfplace.cli.activate import measure_cluster_overheads
@@ -119,7 +121,8 @@ def main(argv) -> int:
                                   out=sys.stderr)
     else:
         common.print_overheads_notes(cluster, FLAGS.cluster, common.load_overheads_arg(FLAGS.overheads),
-                                     FLAGS.overheads, fix=f"give --overheads {MEASURE} to measure them first")
+                                     FLAGS.overheads, fix=f"give --overheads {MEASURE} to measure them first",
+                                     machine_fix=f"give --overheads {MEASURE} to measure them on this machine")
     result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
                           cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
                           samples=FLAGS.samples, seed=FLAGS.seed, out=None if FLAGS.confirm_real else FLAGS.out,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 # A probe slower than its core's quiet speed by more than this marks a disturbed window. Quiet
 # probes spread up to 1.19x on the development VM; its slow phases ran 1.7-1.9x.
@@ -88,7 +88,9 @@ def cores_of(cluster) -> list:
 
 
 class SpeedWatch:
-    """Probes `cores` and keeps each one's quiet seconds (its fastest probe so far).
+    """Probes `cores` and keeps each one's quiet seconds (its fastest probe so far) and every probe
+    taken (`probes`, oldest first), so that a stretch of work can be judged by all the probes
+    taken during it (slowdown_since).
 
     probe_fn(core) -> seconds is tfplace's probe by default (tests give a fake)."""
 
@@ -96,12 +98,14 @@ class SpeedWatch:
         self.cores = list(cores)
         self._probe_fn = probe_fn or probe_core_s
         self.reference_s: Dict[int, float] = {}
+        self.probes: List[Dict[int, float]] = []
 
     def probe(self) -> Dict[int, float]:
         """{core: seconds} now; lowers each core's quiet seconds when this probe is faster."""
         out = {c: float(self._probe_fn(c)) for c in self.cores}
         for c, s in out.items():
             self.reference_s[c] = min(s, self.reference_s.get(c, s))
+        self.probes.append(out)
         return out
 
     def calibrate(self, probes: int = 3) -> None:
@@ -120,6 +124,10 @@ class SpeedWatch:
     def slowdown(self, *probes: Mapping[int, float]) -> float:
         """slowdown_of(probes) against the quiet speeds known now."""
         return slowdown_of(probes, self.reference_s)
+
+    def slowdown_since(self, mark: int) -> float:
+        """The slowdown of every probe taken since `mark` (len(self.probes) when the stretch began)."""
+        return self.slowdown(*self.probes[mark:])
 
 
 def machine_probe_s(reference_s: Mapping[int, float]) -> Optional[float]:
