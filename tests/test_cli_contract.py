@@ -137,6 +137,52 @@ def test_a_number_out_of_range_is_a_usage_error_naming_the_flag(name, argv, flag
     assert result.returncode == 2 and len(errors) == 1 and flag in errors[0], result.stderr
 
 
+@pytest.mark.parametrize("name,argv,flag", [
+    ("plan", ["--model", "tiny_mlp", "--cluster", CLUSTER, "--batch-size", "0"], "--batch_size"),
+    ("plan", ["--model", "tiny_mlp", "--cluster", CLUSTER, "--search-seconds=-1"], "--search_seconds"),
+    ("compare", ["--graph", TINY, "--cluster", CLUSTER, "--max_groups", "0"], "--max-groups"),
+    ("groups", ["--graph", TINY, "--max_groups", "3", "--batch_size", "0"], "--batch-size"),
+])
+def test_a_flag_reaches_the_command_spelled_with_dashes_or_underscores(name, argv, flag, tmp_path):
+    """Commands spell multi-word flags one way each (plan --batch_size, compare --batch-size); the
+    other spelling reaches the same flag (here: its range check names the flag)."""
+    result = _run(COMMANDS[name][0], argv, tmp_path)
+    errors = _error_lines(result.stderr)
+    assert result.returncode == 2 and len(errors) == 1 and flag in errors[0], result.stderr
+    assert "Unknown command line flag" not in result.stderr
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["p", "--batch-size", "8"], ["p", "--batch_size", "8"]),
+    (["p", "--batch-size=8"], ["p", "--batch_size=8"]),
+    (["p", "-batch-size=8"], ["p", "-batch_size=8"]),
+    (["p", "--max_groups", "3"], ["p", "--max-groups", "3"]),
+    (["p", "--no_plot"], ["p", "--no-plot"]),           # a flag whose own name starts with "no"
+    (["p", "--no_trace"], ["p", "--no_trace"]),         # not a flag either way: absl names it
+    (["p", "--nodry-run"], ["p", "--nodry_run"]),       # a boolean's negation
+    (["p", "--batch_size", "8"], ["p", "--batch_size", "8"]),  # the command's own spelling
+    (["p", "--seed", "-1"], ["p", "--seed", "-1"]),     # a value, not a flag
+    (["p", "--", "--batch-size"], ["p", "--", "--batch-size"]),  # after "--": positional
+])
+def test_either_spelling_rewrites_only_the_other_spelling_of_a_flag(argv, expected):
+    from absl import flags
+
+    from tfplace.cli import common
+
+    def define():
+        flags.DEFINE_integer("batch_size", 1, "b")
+        flags.DEFINE_integer("max-groups", 1, "m")
+        flags.DEFINE_integer("seed", 0, "s")
+        flags.DEFINE_boolean("no-plot", False, "p")
+        flags.DEFINE_boolean("dry_run", False, "d")
+    names = common._define(define)
+    try:
+        assert common.either_spelling(argv, names) == expected
+    finally:
+        for name in names:
+            delattr(flags.FLAGS, name)
+
+
 @pytest.mark.parametrize("cluster", ["local_cpu_hetero.json", "local_cpu_hetero_shaped.json"])
 def test_the_bundled_emulated_clusters_need_no_profile(cluster, tmp_path):
     """Without --profile, compare, simulate and plan take the device model's costs on a cluster of

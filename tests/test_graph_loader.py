@@ -310,8 +310,6 @@ BAD_INPUTS = {
                   "step.pb", "inputs", InputError),
     "batch_baked_in": (lambda d: (_pb(d, _graph_baked_batch()), dict(sinks=["train_op"], batch_size=8)),
                        "step.pb", "baked_reshape", InputError),
-    "no_batch_size": (lambda d: (_pb(d, tiny_graph_def("mlp", "sgd")), dict(sinks=["train_op"])),
-                      "step.pb", "batch_size", InputError),
     "bad_batch_size": (lambda d: (_pb(d, tiny_graph_def("mlp", "sgd")), dict(sinks=["train_op"], batch_size=0)),
                        "step.pb", "batch_size", InputError),
     # (a sink without a loss now gets the loss inferred from the gradient seed: tests/test_your_own_model.py)
@@ -319,6 +317,17 @@ BAD_INPUTS = {
                               "step.pb", "loss_reduction", InputError),
     "bad_loss_name": (lambda d: (_write_bundle(d, loss="los"), {}), "mlp.json", "loss", InputError),
 }
+
+
+@pytest.mark.parametrize("kwargs, batch", [
+    (dict(sinks=["train_op"]), 32),                # a named train op, None batch dims: the default
+    ({}, 32),                                      # everything inferred
+    (dict(sinks=["train_op"], batch_size=8), 8),   # the caller's
+])
+def test_a_bare_step_with_a_none_batch_gets_the_default_batch(tmp_path, kwargs, batch):
+    from tfplace.ir.loader import DEFAULT_BATCH_SIZE
+    graph = load_op_graph(_pb(tmp_path, tiny_graph_def("mlp", "sgd")), **kwargs)
+    assert graph.reference_batch_size == batch and DEFAULT_BATCH_SIZE == 32
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))

@@ -85,8 +85,21 @@ def test_commands_take_a_bare_step_with_no_flags(tmp_path, suffix, capsys):
     assert "iteration time" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("suffix", [".pb", ".meta"])
+def test_plan_takes_a_bare_step_with_no_flags(tmp_path, suffix, monkeypatch, capsys):
+    """plan makes a bundle of the step (import_step) at the default batch of a None-batch step."""
+    from tfplace.cli import plan
+    from tfplace.formats.strategy import load_strategy
+    monkeypatch.setenv("TFPLACE_CACHE_DIR", str(tmp_path / "cache"))
+    path = _write(_step(), tmp_path, suffix)
+    out = tmp_path / "s.json"
+    assert common.call(plan, ["--graph", path, "--cluster", CLUSTER, "--samples", "0", "--out", str(out)]) == 0, \
+        capsys.readouterr().err
+    assert load_strategy(str(out)).global_batch_size == 32
+
+
 @pytest.mark.parametrize("kind,flag,fix_args", [
-    ("two_train_ops", "--train_op", ["--train_op", "step0", "--batch-size", "8"]),  # a named op: no default batch
+    ("two_train_ops", "--train_op", ["--train_op", "step0"]),  # a named train op: the default batch too
     ("two_losses", "--loss", ["--loss", "loss1"]),
 ])
 def test_ambiguous_step_names_the_flag(tmp_path, kind, flag, fix_args, capsys):

@@ -447,8 +447,33 @@ def _usage_error(message: str) -> None:
     sys.exit(USAGE_EXIT)
 
 
+def either_spelling(argv: Sequence[str], names: Sequence[str]) -> List[str]:
+    """argv with every flag of `names` written with "_" where the command spells it "-", or the
+    other way round, rewritten to the command's spelling (--batch_size and --batch-size both
+    reach a flag named either way; --no... of a boolean too). Only options before "--" change,
+    and only names that are not flags as written."""
+    known = set(names)
+    booleans = {n for n in names if FLAGS[n].boolean}
+    out = [argv[0]] if argv else []
+    for i, arg in enumerate(argv[1:], 1):
+        if arg == "--":
+            return out + list(argv[i:])
+        dashes = len(arg) - len(arg.lstrip("-"))
+        name, eq, value = arg[dashes:].partition("=")
+        if 1 <= dashes <= 2 and name and name not in FLAGS:
+            for other in (name.replace("_", "-"), name.replace("-", "_")):
+                bare = other[2:] if other.startswith("no") and not eq else None
+                if other in known or bare in booleans:
+                    arg = "-" * dashes + other + eq + value
+                    break
+        out.append(arg)
+    return out
+
+
 def _parse(argv: Sequence[str], names: Sequence[str], doc: str, positional: Sequence[str]) -> List[str]:
-    """Parses argv into FLAGS under the contract above; returns [program, positional...]."""
+    """Parses argv into FLAGS under the contract above (either_spelling of each flag);
+    returns [program, positional...]."""
+    argv = either_spelling(argv, names)
     options = list(argv[1:argv.index("--")] if "--" in argv else argv[1:])
     if any(a in _HELP_ARGS for a in options):
         print(_help(doc, names, positional))

@@ -74,7 +74,7 @@ def load_op_graph(path_or_graph_def: GraphSource, *, sinks: Optional[Sequence[st
         `OpGraph.sink`; all are kept in the step.
       batch_size: global batch size the shapes and bytes refer to; default: the bundle's
         `global_batch_size`, else the placeholders' concrete batch dimension, else
-        DEFAULT_BATCH_SIZE for an inferred step.
+        DEFAULT_BATCH_SIZE for a bare step (not a bundle).
       loss: loss op name (or "op:port"); default: the bundle's `loss`, or the inferred one. With
         sinks and loss_reduction given and no loss, the graph's `loss_tensor` is -1.
       inputs: batched input placeholders, "name" or "name:batch_axis" each (a bare step only;
@@ -86,6 +86,7 @@ def load_op_graph(path_or_graph_def: GraphSource, *, sinks: Optional[Sequence[st
       InputError (UnsupportedGraphError for control flow / cycles).
     """
     graph_def, meta, src = read_graph_source(path_or_graph_def, source)
+    bare = "sink" not in meta  # a step of the user's own, not a bundle: an unknown batch is DEFAULT_BATCH_SIZE
     if loss_reduction is not None and loss_reduction not in ("mean", "sum"):
         raise InputError(src, "loss_reduction", f"is {loss_reduction!r}", 'use "mean" or "sum"')
     hints = meta.pop("hints", None)
@@ -112,7 +113,7 @@ def load_op_graph(path_or_graph_def: GraphSource, *, sinks: Optional[Sequence[st
         roots.append(loss_op)
     order = nodes.step_order(roots)
     inputs = _find_inputs(nodes, order, meta, src)
-    batch = _batch_size(nodes, inputs, batch_size, meta if sinks is None else dict(meta, sink=None), src)
+    batch = _batch_size(nodes, inputs, batch_size, meta, src, bare)
     import_b = graph_shapes.import_at(nodes, order, inputs, batch, src)
     import_2b = graph_shapes.import_at(nodes, order, inputs, 2 * batch, src, doubled=True)
     arrays = graph_shapes.build_arrays(nodes, order, inputs, import_b, import_2b, batch)
@@ -389,7 +390,10 @@ def _find_inputs(nodes, order, meta, src) -> List[Tuple[int, int]]:
     return found
 
 
-def _batch_size(nodes, inputs, batch_size, meta, src) -> int:
+def _batch_size(nodes, inputs, batch_size, meta, src, bare: bool) -> int:
+    """The global batch size: `batch_size` when given, else the bundle's, else the placeholders'
+    one concrete batch dimension, else (a bare step whose batch dimensions are all None)
+    DEFAULT_BATCH_SIZE. Raises InputError when the placeholders disagree."""
     if batch_size is not None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
             raise InputError(src, "batch_size", f"must be a positive integer, got {batch_size!r}", "pass e.g. 64")
@@ -397,7 +401,7 @@ def _batch_size(nodes, inputs, batch_size, meta, src) -> int:
     if "global_batch_size" in meta:
         return int(meta["global_batch_size"])
     sizes = {shape_attr_dims(nodes.nodes[i])[axis] for i, axis in inputs}
-    if sizes == {-1} and meta.get("sink"):  # an inferred train op and a None batch
+    if sizes == {-1} and bare:  # the user's own step with a None batch
         return DEFAULT_BATCH_SIZE
     if len(sizes) != 1 or min(sizes) <= 0:
         raise InputError(src, "batch_size", f"cannot tell the batch size from the placeholders (batch dims {sorted(sizes)})",
