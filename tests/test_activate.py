@@ -1,7 +1,9 @@
 """`python activate.py cfg` end to end on the local CPU cluster:
-one good strategy, one bad entry (a strategy naming a device the cluster lacks) and one baseline;
-the run completes, the bad entry is reported while the others run, results.json carries
-measured and simulated times and their ratio, and every timeline is a valid Chrome trace."""
+one good strategy, one entry that fails while it runs (a strategy deciding a group the graph
+lacks) and one baseline; the run completes, the failed entry is reported while the others run,
+results.json carries measured and simulated times and their ratio, and every timeline is a valid
+Chrome trace. An entry that is bad before any run (an unknown baseline, a strategy naming a device
+the cluster lacks) stops the run before any work."""
 
 import io
 import json
@@ -18,15 +20,40 @@ def _write(path, obj):
     return str(path)
 
 
+@pytest.mark.parametrize("entry, says", [
+    ({"baselines": ["single", "horovod_evn"]}, "baselines[1]: unknown baseline 'horovod_evn' (did you mean "
+                                               "'horovod_even'?)"),
+    ({"strategies": [{"name": "other", "strategy": "{other}", "model": "tiny_mlp"}]}, "gpu7"),
+])
+def test_a_bad_entry_stops_activate_before_any_work(tmp_path, monkeypatch, capsys, entry, says):
+    """Exit 2 with one line naming the entry, before any export, server or output folder."""
+    from tfplace.cli import activate, common
+    from tfplace.graph_defs import export
+    from tfplace.runtime import local_cluster
+    monkeypatch.setattr(local_cluster.subprocess, "Popen", lambda *a, **k: pytest.fail("a server was started"))
+    monkeypatch.setattr(export, "ensure_bundle", lambda *a, **k: pytest.fail("a graph was exported"))
+    other = _write(tmp_path / "other.json", {
+        "format": "tfplace.strategy", "global_batch_size": 16, "max_groups": 4,
+        "default": {"shares": {"cpu0": 8, "gpu7": 8}, "sync": "allreduce"}})
+    config = {"format": "tfplace.activate_config", "cluster": os.path.join(ROOT, "clusters", "local_cpu.json"),
+              "graphs": [{"model": "tiny_mlp", "batch_size": 16}], "output_dir": str(tmp_path / "out")}
+    config.update(json.loads(json.dumps(entry).replace("{other}", other)))
+    status = common.call(activate, [_write(tmp_path / "activate_config.txt", config)])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1 and says in err and "Fix:" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.multiprocess
 def test_activate_runs_good_entries_and_reports_the_bad_one(tmp_path, monkeypatch):
     from tfplace.cli.activate import run
     good = _write(tmp_path / "good.json", {
         "format": "tfplace.strategy", "global_batch_size": 16, "max_groups": 4,
         "default": {"shares": {"cpu0": 8, "cpu1": 4, "cpu2": [2, 2]}, "sync": "allreduce"}})
-    bad = _write(tmp_path / "bad.json", {
+    bad = _write(tmp_path / "bad.json", {  # found when the entry runs: the graph has no such group
         "format": "tfplace.strategy", "global_batch_size": 16, "max_groups": 4,
-        "default": {"shares": {"cpu0": 8, "gpu7": 8}, "sync": "allreduce"}})
+        "default": {"shares": {"cpu0": 16}, "sync": "allreduce"},
+        "groups": {"no_such_group": {"shares": {"cpu1": 16}, "sync": "allreduce"}}})
     out_dir = tmp_path / "out"
     cfg = _write(tmp_path / "activate_config.txt", {
         "format": "tfplace.activate_config",
@@ -40,7 +67,7 @@ def test_activate_runs_good_entries_and_reports_the_bad_one(tmp_path, monkeypatc
     by_name = {r["name"]: r for r in rows}
     assert len(rows) == 3 and {"good", "bad"} <= set(by_name), text.getvalue()
     assert [n for n in by_name if n.startswith("dp_even_allreduce.tiny_mlp")], text.getvalue()
-    assert by_name["bad"]["error"], "the bad entry must be reported"
+    assert "no_such_group" in by_name["bad"]["error"], "the failed entry must be reported"
     assert "FAILED" in text.getvalue() and "bad" in text.getvalue()
     with open(out_dir / "results.json") as f:
         results = json.load(f)["results"]
@@ -167,7 +194,7 @@ def test_graph_entry_sizes_reach_the_bundle(tmp_path, monkeypatch):
     config = load_activate_config(_config(tmp_path, os.path.join(ROOT, "clusters", "local_cpu.json"), graphs=[
         {"model": "tiny_cnn", "batch_size": 8, "image_size": 12},
         {"model": "tiny_transformer", "batch_size": 8, "seq_len": 6, "num_layers": 1}]), check_model=resolve_options)
-    jobs = activate._jobs(config, {})
+    jobs = activate._jobs(config)
     paths = [j["graph"] for j in jobs]
     assert [os.path.basename(p) for p in paths] == ["tiny_cnn_b8_s12_sgd.json", "tiny_transformer_b8_t6_n1_sgd.json"]
     metas = [bundle.read_meta(p) for p in paths]
@@ -339,3 +366,18 @@ def test_the_table_lines_up_however_long_the_entry_names():
     lines = text.getvalue().splitlines()
     assert len({line.index("±") for line in lines[1:]}) == 1, lines
     assert lines[0].index("measured ms") + len("measured ms") == lines[1].index("±") + 7, lines
+
+
+@pytest.mark.parametrize("errors, status", [
+    ([None, None], 0),
+    ([None, "MemoryError: out of memory"], 1),   # one failed while running, the other ran
+    (["WorkerDiedError: task 1", "MemoryError: out of memory"], 1),
+])
+def test_activate_exits_1_when_an_entry_failed(monkeypatch, capsys, errors, status):
+    from tfplace.cli import activate
+    rows = [{"name": f"e{i}", "error": e} for i, e in enumerate(errors)]
+    monkeypatch.setattr(activate, "run", lambda path: rows)
+    assert activate.main(["activate.py", "cfg"]) == status
+    err = capsys.readouterr().err
+    failed = [r["name"] for r in rows if r["error"]]
+    assert (f"error: {len(failed)} of 2 entries failed ({', '.join(failed)})" in err) == bool(failed), err

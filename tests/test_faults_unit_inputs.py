@@ -91,7 +91,7 @@ def _load_activate_config(path):
 
 
 def _load_activate_config_strict(path):
-    """As activate.py reads a config, but a bad strategy entry raises (activate runs the others)."""
+    """As activate.py reads a config: a bad strategy entry raises before any work."""
     from tfplace.formats.config import load_activate_config
     return load_activate_config(path)
 

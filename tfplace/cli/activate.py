@@ -5,7 +5,9 @@ warm-up, timed steps, mean ± std per-iteration time (with `"rounds": N`, every 
 times, round by round on fresh servers, and the median round counts), a Chrome timeline of one FULL_TRACE step
 (`<output_dir>/<entry>.timeline.json`), the simulated time of the same PlacedGraph, and a final
 table with measured time, simulated time and their ratio, then per graph the entry that ran fastest
-for real and whether the simulator ranked it first (verdict_lines). A bad entry is reported (its error
+for real and whether the simulator ranked it first (verdict_lines). Every entry is checked before any
+work (an unknown baseline, a strategy file that does not fit the cluster: exit 2); an entry that
+fails while it runs (out of memory, a strategy whose groups the graph lacks) is reported (its error
 in the table and in results.json) and the others still run; a worker that died is replaced by a
 new cluster for the next entry. Results: `<output_dir>/results.json`, rewritten after every entry
 ("complete": false until the last), so what ran survives an interrupt. Each core the run uses is
@@ -26,8 +28,9 @@ cluster file with a host that is not loopback is refused (exit 2) before anythin
 servers run on those hosts, never silently here. A graph entry's sizes (image_size, seq_len,
 num_layers) shape its exported bundle; one the model does not take is an error naming it.
 Config keys: examples/formats/README.md (loader: tfplace.formats.config.load_activate_config).
-The output folder is checked before any work. Exit status: 0 when an entry ran, 1 when every
-entry failed, 2 on a usage error or bad input (one line naming the file, the field and the fix).
+The output folder is checked before any work. Exit status: 0 when every entry ran, 1 when one
+failed while running (the others ran), 2 on a usage error or bad input (one line naming the
+file, the field and the fix).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from tfplace.cli import common
 from tfplace.formats.cluster import Cluster, load_cluster
-from tfplace.formats.config import MEASURE, ActivateConfig, GraphEntry, load_activate_config, validate_entries
+from tfplace.formats.config import MEASURE, ActivateConfig, GraphEntry, load_activate_config
 from tfplace.formats.strategy import load_strategy
 from tfplace.runtime import machine_speed
 
@@ -76,19 +79,19 @@ def _graph_path(entry: GraphEntry) -> str:
     return bundle_for_entry(entry)
 
 
-def _jobs(config: ActivateConfig, errors: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """One dict per run: name, graph bundle path (or error), strategy (or baseline name)."""
+def _jobs(config: ActivateConfig) -> List[Dict[str, Any]]:
+    """One dict per run: name, graph bundle path (or the error that stopped its export), strategy
+    (or baseline name)."""
     jobs, graphs = [], []
     for e in config.strategies:
-        job = {"name": e.name, "kind": "strategy", "error": errors.get(e.name)}
-        if job["error"] is None:
-            try:
-                s = load_strategy(e.strategy)
-                job.update(strategy=s, graph=_graph_path(GraphEntry(s.global_batch_size, model=e.model,
-                                                                    graph=e.graph or None)))
-                graphs.append((job["graph"], s.global_batch_size))
-            except Exception as err:  # reported per entry
-                job["error"] = err
+        job = {"name": e.name, "kind": "strategy", "error": None}
+        try:
+            s = load_strategy(e.strategy)
+            job.update(strategy=s, graph=_graph_path(GraphEntry(s.global_batch_size, model=e.model,
+                                                                graph=e.graph or None)))
+            graphs.append((job["graph"], s.global_batch_size))
+        except Exception as err:  # reported per entry
+            job["error"] = err
         jobs.append(job)
     for g in config.graphs:
         try:
@@ -99,7 +102,7 @@ def _jobs(config: ActivateConfig, errors: Dict[str, Any]) -> List[Dict[str, Any]
         for path, batch in dict.fromkeys(graphs):
             stem = os.path.splitext(os.path.basename(path))[0]
             jobs.append({"name": f"{base}.{stem}", "kind": "baseline", "baseline": base, "graph": path,
-                         "batch": batch, "error": errors.get(base)})
+                         "batch": batch, "error": None})
     return jobs
 
 
@@ -255,11 +258,10 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
     """Runs every entry of the config; returns (and writes) the result rows."""
     from tfplace.graph_defs.export import resolve_options
     from tfplace.runtime.local_cluster import LocalCluster
-    config = load_activate_config(config_path, strict=False, check_model=resolve_options)
+    config = load_activate_config(config_path, check_model=resolve_options)  # every entry: before any work
     common.check_outputs_in(config.output_dir, ["results.json", ".tfplace.lock"] +
                             ([OVERHEADS_FILE] if config.overheads == MEASURE else []), config_path,
                             "output_dir")  # before any work
-    errors = {name: err for name, err in validate_entries(config) if err is not None}
     cluster = load_cluster(config.cluster)
     measure_overheads = config.overheads == MEASURE
     # before any work: its errors name the file
@@ -277,7 +279,7 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
     if note:
         print(note, file=out, flush=True)
     with common.OutputLock(config.output_dir, config_path, "output_dir"):  # one run per folder
-        jobs = _jobs(config, errors)
+        jobs = _jobs(config)
         if config.trace:
             common.check_outputs_in(config.output_dir, [f"{j['name']}.timeline.json" for j in jobs], config_path,
                                     "output_dir")
@@ -485,10 +487,14 @@ def define_flags() -> None:
 
 
 def main(argv) -> int:
-    """Runs the config argv[1] (absl main); exit status 1 when every entry failed."""
+    """Runs the config argv[1] (absl main); exit status 1 when an entry failed (the others ran)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     rows = run(argv[1])
-    return 1 if rows and all(r["error"] for r in rows) else 0
+    failed = [r["name"] for r in rows if r["error"]]
+    if failed:
+        print(f"error: {len(failed)} of {len(rows)} entries failed ({', '.join(failed)}); their errors are above "
+              f"and in results.json", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def run_command() -> None:
