@@ -56,6 +56,13 @@ def strategy_key(s: Strategy) -> tuple:
             tuple(sorted((name, _decision_key(d)) for name, d in s.groups.items())))
 
 
+def _rank(entry: PoolEntry) -> float:
+    """The pool's order: effective time to 12 significant digits, so that two strategies whose
+    simulated times differ only by rounding (1e-16 relative) tie, and the one found first stays
+    ahead (a stable sort) instead of a later one taking its place and its credit."""
+    return float(f"{entry.effective_time_s:.12g}")
+
+
 class StrategyPool:
     def __init__(self, size: int):
         self.size = size
@@ -72,10 +79,10 @@ class StrategyPool:
         key = strategy_key(entry.strategy)
         if key in self._keys:
             return False
-        was_best = not self.entries or entry.effective_time_s < self.entries[0].effective_time_s
+        was_best = not self.entries or _rank(entry) < _rank(self.entries[0])
         self.entries.append(entry)
         self._keys.add(key)
-        self.entries.sort(key=lambda e: e.effective_time_s)
+        self.entries.sort(key=_rank)
         while len(self.entries) > self.size:
             drop = self.entries.pop()
             self._keys.discard(strategy_key(drop.strategy))

@@ -27,6 +27,19 @@ def test_pool_keeps_best_dedups_and_round_trips():
     assert A.action_key(back.best_with_action().action) == A.action_key(act)
 
 
+@pytest.mark.parametrize("later_s, becomes_best", [
+    (0.055370734497222025, False),   # the same time but for rounding (a resumed run once relabelled it)
+    (0.05537073449722206, False),    # equal
+    (0.0553707344, True),            # faster by 2e-9 relative: a real gain
+    (0.06, False),
+])
+def test_a_tie_keeps_the_strategy_found_first(later_s, becomes_best):
+    pool = StrategyPool(3)
+    pool.add(PoolEntry("local search step 98", _s(5), 0.05537073449722206, 0.05537073449722206, False, 98))
+    assert pool.add(PoolEntry("local search step 103", _s(6), later_s, later_s, False, 103)) == becomes_best
+    assert pool.best.source == ("local search step 103" if becomes_best else "local search step 98")
+
+
 _BASE = Strategy(8, 4, None, {"g0": decision({"a": 4, "b": 4}), "g1": decision({"a": [4, 4]}, "ps", "b", 1)},
                  graph="m", bucket_bytes=1 << 20)
 

@@ -23,7 +23,8 @@ Outputs, under output_dir:
   <label>/best_strategy.json the best strategy (tfplace.formats.strategy format)
   <label>/best_trace.json    simulated Chrome trace of the best strategy
   <label>/training.png       sampled and best time over the steps
-  <label>/best_graph.pb      only once the rewrite pass (tfplace.rewrite.graph_rewrite) exists
+  <label>/best_graph.pb      the step rewritten for the best strategy (tfplace.rewrite.graph_rewrite);
+                             best_time.log's rewritten_graph says why when the rewrite refused it
 A checkpoint is written every `checkpoint_every_steps`, at the end, and when SIGTERM or Ctrl-C
 (SIGINT) arrives: the step under way finishes first (a step cut half-way would leave the pools,
 logs and policy out of step with each other), then `TrainingInterrupted` is raised; a second

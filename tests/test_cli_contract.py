@@ -183,6 +183,20 @@ def test_either_spelling_rewrites_only_the_other_spelling_of_a_flag(argv, expect
             delattr(flags.FLAGS, name)
 
 
+def test_a_write_the_machine_refuses_is_one_line_and_tensorflow_stays_quiet(tmp_path):
+    """A trace path under /proc passes the checks (root may write anywhere) and fails when written:
+    one error line with the system's reason, exit 1, no traceback; and without TF_CPP_MIN_LOG_LEVEL
+    set, TensorFlow's start-up log lines are not shown (common.run)."""
+    strategy = os.path.join(REPO, "examples", "formats", "strategy_local_cpu.json")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    result = subprocess.run([sys.executable, "-m", "tfplace.simulate", "--graph", TINY, "--cluster", CLUSTER,
+                             "--strategy", strategy, "--trace", "/proc/tfplace_trace.json"],
+                            capture_output=True, text=True, timeout=120, cwd=str(tmp_path), env=env)
+    errors = _error_lines(result.stderr)
+    assert result.returncode == 1 and len(errors) == 1 and "/proc/tfplace_trace.json" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr and "tensorflow/core" not in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("cluster", ["local_cpu_hetero.json", "local_cpu_hetero_shaped.json"])
 def test_the_bundled_emulated_clusters_need_no_profile(cluster, tmp_path):
     """Without --profile, compare, simulate and plan take the device model's costs on a cluster of

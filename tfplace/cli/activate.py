@@ -488,7 +488,6 @@ def define_flags() -> None:
 
 def main(argv) -> int:
     """Runs the config argv[1] (absl main); exit status 1 when an entry failed (the others ran)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     rows = run(argv[1])
     failed = [r["name"] for r in rows if r["error"]]
     if failed:

@@ -492,7 +492,9 @@ def _parse(argv: Sequence[str], names: Sequence[str], doc: str, positional: Sequ
 def guarded(main: Callable[[List[str]], Optional[int]]) -> Callable[[List[str]], int]:
     """main, with bad input (InputError) reported as one line `error: ...` and exit status 2, and
     a run that tfplace stopped on purpose (any other TfplaceError: a dead worker, a failed Horovod
-    rank, no private network) as `error: ...` and exit status 1."""
+    rank, no private network) or that the machine stopped (an OSError: no space left on the
+    device, a file system that refuses a file the checks let through) as `error: ...` and exit
+    status 1."""
     @functools.wraps(main)
     def wrapped(argv: List[str]) -> int:
         try:
@@ -501,6 +503,9 @@ def guarded(main: Callable[[List[str]], Optional[int]]) -> Callable[[List[str]],
             print(f"error: {err}", file=sys.stderr)
             return USAGE_EXIT
         except TfplaceError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return FAILED_EXIT
+        except OSError as err:  # the machine refused, not the input: a full disk, a file system that takes no files
             print(f"error: {err}", file=sys.stderr)
             return FAILED_EXIT
         except KeyboardInterrupt as err:
@@ -519,6 +524,8 @@ def run(main: Callable[[List[str]], Optional[int]], define_flags: Callable[[], N
     while the process is still single-threaded (tfplace.runtime.netns); a callable decides once
     the flags are parsed (still single-threaded), for a command that starts servers only with
     some flags."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines say nothing to the user
+
     def parser(argv: List[str]) -> List[str]:
         rest = _parse(argv, _define(define_flags), doc, positional)
         if callable(servers) and servers():

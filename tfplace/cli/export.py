@@ -60,7 +60,6 @@ def main(argv):
     """Exports as the parsed flags say (absl main: argv holds the program name only)."""
     del argv
     args = common.args()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if not args.model:
         defaults = dict(batch_size=None, image_size=None, seq_len=None, num_layers=None, num_classes=None,
                         variant=None, optimizer="sgd", learning_rate=DEFAULT_LR, seed=0)

@@ -72,7 +72,6 @@ def main(argv) -> int:
 
 def run() -> None:
     """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     common.run(main, define_flags, __doc__)
 
 

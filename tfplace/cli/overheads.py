@@ -328,7 +328,6 @@ def measure(cluster, source: str, lc_kwargs: dict, how_text: str, progress=None,
 
 def run() -> None:
     """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     common.run(main, define_flags, __doc__, servers=True)
 
 

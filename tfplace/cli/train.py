@@ -70,7 +70,8 @@ def _train(config) -> int:
         return stop.exit_status
     for label, t in summary["tasks"].items():
         log(_summary_line(label, t))
-    log("best_graph.pb: see rewritten_graph in each best_time.log")
+    log("each graph's folder holds best_strategy.json, best_graph.pb (the step rewritten for it; best_time.log's "
+        "rewritten_graph says why when the rewrite refused it), best_trace.json, best_time.log and training.png")
     log(f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s; outputs in {config.output_dir}")
     failed = train_lib.infeasible_tasks(summary)
     if failed and not config.accept_infeasible:
