@@ -357,3 +357,22 @@ def test_even_and_proportional_strategies():
         even_strategy(["a", "b", "c"], 2, 16)
     with pytest.raises(InputError, match="ps_device"):
         even_strategy(["a", "b"], 8, 16, sync="ps")
+
+
+@pytest.mark.parametrize("made_for, graph, says", [
+    ("resnet50", "vgg19", "note: the strategy (s.json) was made for graph 'resnet50'; it is applied to 'vgg19'"),
+    ("resnet50", "resnet50", None),
+    ("", "vgg19", None),        # a strategy that names no graph
+    ("resnet50", "", None),     # a graph without a model name
+])
+def test_a_strategy_applied_to_another_graph_is_named(made_for, graph, says):
+    import dataclasses
+
+    from tfplace.formats.strategy import graph_mismatch_note, validate_strategy
+    s = dataclasses.replace(even_strategy(["a", "b"], 8, 4), graph=made_for, source="s.json")
+    assert graph_mismatch_note(s, graph) == says
+    with_group = dataclasses.replace(s, groups={"conv1_pad/Pad": s.default})
+    with pytest.raises(InputError) as info:
+        validate_strategy(with_group, ["dense/MatMul"], ["a", "b"])
+    assert "groups.conv1_pad/Pad" in str(info.value)
+    assert (f"made for graph {made_for!r}" in str(info.value)) == bool(made_for)

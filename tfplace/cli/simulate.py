@@ -23,6 +23,7 @@ bad input with one message naming the file, the field and the fix (tfplace.cli.c
 from __future__ import annotations
 
 import json
+import sys
 
 from absl import flags
 
@@ -58,13 +59,16 @@ def execute(args) -> int:
     from tfplace.formats.profile import load_profile
     from tfplace.profiling.device_model import cluster_profile
     from tfplace.simulator import SimOptions, simulate, write_trace
-    from tfplace.formats.strategy import load_strategy, validate_strategy
+    from tfplace.formats.strategy import graph_mismatch_note, load_strategy, validate_strategy
 
     cluster = load_cluster(args.cluster)
     strategy = load_strategy(args.strategy)
     overheads = common.load_overheads_arg(args.overheads)
     common.print_overheads_notes(cluster, args.cluster, overheads, args.overheads)
     graph = common.load_graph_arg(args.graph, "argument --graph", args, strategy.global_batch_size)
+    mismatch = graph_mismatch_note(strategy, graph.meta.get("model", ""))
+    if mismatch:
+        print(mismatch, file=sys.stderr)
     profile = load_profile(args.profile) if args.profile else cluster_profile(graph, cluster)
     grouping = make_grouping(graph, strategy.max_groups)
     validate_strategy(strategy, grouping.group_names, cluster.device_names)

@@ -281,6 +281,21 @@ def save_strategy(strategy: Strategy, path: Union[str, os.PathLike]) -> None:
     write_json(path, strategy.to_json())
 
 
+def made_for(strategy: Strategy) -> str:
+    """" (the strategy was made for graph 'X')" when the strategy names its graph, else "": said
+    beside a group the graph lacks, since a strategy made for another graph is the usual cause."""
+    return f" (the strategy was made for graph {strategy.graph!r})" if strategy.graph else ""
+
+
+def graph_mismatch_note(strategy: Strategy, graph_name: str) -> Optional[str]:
+    """A line to print when `strategy` names a graph other than `graph_name` (the graph's model
+    name): a strategy with only a default decision applies to any graph, so nothing else says so."""
+    if not strategy.graph or not graph_name or strategy.graph == graph_name:
+        return None
+    where = f" ({strategy.source})" if strategy.source else ""
+    return f"note: the strategy{where} was made for graph {strategy.graph!r}; it is applied to {graph_name!r}"
+
+
 def validate_strategy(strategy: Strategy, group_names: Optional[Sequence[str]], device_names: Sequence[str],
                       global_batch_size: Optional[int] = None) -> None:
     """Checks a strategy against a grouping and a cluster; raises InputError naming the field.
@@ -297,8 +312,8 @@ def validate_strategy(strategy: Strategy, group_names: Optional[Sequence[str]], 
         known_groups = set(group_names)
         for name in strategy.groups:
             if name not in known_groups:
-                raise InputError(src, f"groups.{name}", "no such group in the graph at this max_groups",
-                                 "use group names of the graph's grouping at the same max_groups")
+                raise InputError(src, f"groups.{name}", "no such group in the graph at this max_groups" +
+                                 made_for(strategy), "use group names of the graph's grouping at the same max_groups")
     for field, d in strategy.decisions():
         for device, _ in d.shares:
             if device not in known_devices:

@@ -54,7 +54,7 @@ from tfplace.lowering.meta import split_metadata
 from tfplace.lowering.patterns import PatternStore
 from tfplace.lowering.placed_graph import PlacedGraph
 from tfplace.formats.profile import Profile
-from tfplace.formats.strategy import Strategy, micro_batch_shortfall, with_min_batch
+from tfplace.formats.strategy import Strategy, made_for, micro_batch_shortfall, with_min_batch
 
 # Ops that normalise with the statistics of their own batch when training (attr is_training).
 BATCH_STATISTICS_OPS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
@@ -284,7 +284,7 @@ class Lowerer:
         src = strategy.source or "strategy"
         unknown = [name for name in strategy.groups if name not in self._group_names]
         if unknown:
-            raise InputError(src, f"groups.{unknown[0]}", "no such group in the graph's grouping",
+            raise InputError(src, f"groups.{unknown[0]}", "no such group in the graph's grouping" + made_for(strategy),
                              "use group names of the same grouping (same max_groups)")
         table = self.layouts(batch)
         cache = self._decision_cache
