@@ -12,6 +12,10 @@ when one exists, else the roofline model); `--profile roofline` forces the roofl
 While tfplace.profiling.device_model is missing, a uniform profile (every op equally fast on every kind)
 stands in and the command says so.
 
+--strategy-files S.json[,...] adds a row per strategy file (e.g. `python -m tfplace.plan`'s output),
+named by the file, simulated on the same problem: its batch size and max_groups must be the
+comparison's (give --batch-size and --max-groups to match; a mismatch is an error naming the file).
+
 Prints one table: strategy, simulated step time, the largest per-device peak memory, OOM,
 speed-up over DP-EV with all-reduce, fraction of the ideal compute bound (bound / time; 1.0 would
 be perfect), and the time the generator took. Writes to --out (default
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any, Dict, Optional, Sequence
 
@@ -48,6 +53,8 @@ def define_flags() -> None:
     flags.DEFINE_integer("batch-size", None, "global batch (default: the graph's)", lower_bound=1)
     flags.DEFINE_string("strategies", None,
                         "comma-separated baseline names (default: all; see tfplace.baselines.registry)")
+    flags.DEFINE_list("strategy-files", [], "strategy files (e.g. plan's output) to simulate beside the baselines, "
+                      "a row each named by its file")
     flags.DEFINE_string("out", None, "output folder (default ./compare_<graph>_<cluster>)")
     flags.DEFINE_boolean("no-plot", False, "skip the PNG")
     common.define_overheads_flag()
@@ -56,6 +63,7 @@ def define_flags() -> None:
     common.graph_flag("graph")
     common.input_file_flag("cluster")
     common.input_file_flag("overheads")
+    common.input_file_flag("strategy-files")
     common.flag_check("profile", lambda v: v == "roofline" or common.check_input_file(v))
     common.names_flag("strategies", _baseline_names, "baseline")
 
@@ -82,10 +90,34 @@ def _row(name: str, problem, generate) -> Dict[str, Any]:
             "devices_used": len(strategy.all_devices()), "_strategy": strategy}
 
 
-def compare(problem, names: Sequence[str]) -> Dict[str, Any]:
-    """Rows (one per name) and bounds; speed-ups over registry.REFERENCE."""
+def file_rows_for(problem, files: Dict[str, Any]) -> Dict[str, Any]:
+    """{row name: Strategy} of strategy files ({path: Strategy}) checked against `problem`: the row
+    is named by the file's stem ("file:" before it when a baseline has that name). Raises
+    InputError naming the file and field when its batch size or max_groups is not the problem's."""
+    from tfplace.baselines import registry
+    from tfplace.formats.strategy import validate_strategy
+    rows: Dict[str, Any] = {}
+    for path, strategy in files.items():
+        for field, have, want, flag in (("global_batch_size", strategy.global_batch_size, problem.global_batch_size,
+                                         "--batch-size"),
+                                        ("max_groups", strategy.max_groups, problem.max_groups, "--max-groups")):
+            if have != want:
+                raise InputError(path, field, f"is {have}, the comparison's is {want}",
+                                 f"give {flag} {have} to compare at the strategy's")
+        validate_strategy(strategy, problem.grouping.group_names, problem.cluster.device_names)
+        name = os.path.splitext(os.path.basename(path))[0]
+        name = f"file:{name}" if name in registry.names() or name in rows else name
+        rows[name] = strategy
+    return rows
+
+
+def compare(problem, names: Sequence[str], files: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Rows (one per name, then one per strategy in `files`, {row name: Strategy}) and bounds;
+    speed-ups over registry.REFERENCE."""
     from tfplace.baselines import bounds, registry
+    files = files or {}
     rows = [_row(n, problem, registry.generate) for n in names]
+    rows += [dict(_row(n, problem, lambda name, _: files[name]), file=True) for n in files]
     ideal = bounds.ideal_compute_s(problem)
     ref = next((r for r in rows if r["strategy"] == registry.REFERENCE and "time_s" in r), None)
     if ref is None and registry.REFERENCE not in names:
@@ -160,12 +192,13 @@ def execute(args) -> int:
     from tfplace.baselines.problem import make_problem
     from tfplace.formats.cluster import load_cluster
     from tfplace.formats.profile import load_profile
-    from tfplace.formats.strategy import save_strategy
+    from tfplace.formats.strategy import graph_mismatch_note, load_strategy, save_strategy
 
     names = registry.names() if args.strategies is None else tuple(x.strip() for x in args.strategies.split(",") if x.strip())
     names = tuple(n for n in names if not registry.is_runtime(n))  # Horovod rows equal their DP strategies
     _check_outputs(args.out, args.no_plot, names)
     cluster = load_cluster(args.cluster)
+    files = {path: load_strategy(path) for path in args.strategy_files}  # before any work: their errors name them
     graph = _load_graph(args.graph, args.batch_size, args)
     if args.profile == "roofline":
         from tfplace.profiling.device_model import roofline_profile
@@ -187,17 +220,22 @@ def execute(args) -> int:
     problem = make_problem(graph, cluster, profile, max_groups=args.max_groups, global_batch_size=args.batch_size,
                            overheads=overheads)
     model = problem.graph_name
+    for strategy in files.values():
+        note = graph_mismatch_note(strategy, model)
+        if note:
+            print(note, file=sys.stderr)
+    file_rows = file_rows_for(problem, files)
     title = (f"{model} (batch {problem.global_batch_size}, {problem.num_groups} groups) on {cluster.name} "
              f"({cluster.num_devices} devices); profile: {profile_label}")
     out = args.out or f"compare_{model}_{cluster.name}"
     _check_outputs(out, args.no_plot, names, default=args.out is None)  # the default folder: before the work
-    result = compare(problem, names)
+    result = compare(problem, names, file_rows)
     table = format_table(result, title)
     print(table)
     os.makedirs(os.path.join(out, "strategies"), exist_ok=True)
     for r in result["rows"]:
         strategy = r.pop("_strategy", None)
-        if strategy is not None:
+        if strategy is not None and not r.get("file"):  # a file's row is that file already
             save_strategy(strategy, os.path.join(out, "strategies", f"{r['strategy']}.json"))
     with open(os.path.join(out, "table.txt"), "w", encoding="utf-8") as f:
         f.write(table + "\n")
