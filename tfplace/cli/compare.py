@@ -9,8 +9,6 @@ model's default batch), or your own training step (.pb/.pbtxt/.meta; train op, l
 inferred, or named with --train_op, --loss, --loss_reduction, --inputs). Without --profile the device model's default profile is used
 (tfplace.profiling.device_model.default_profile: a bundled measured profile scaled to each device kind
 when one exists, else the roofline model); `--profile roofline` forces the roofline model.
-While tfplace.profiling.device_model is missing, a uniform profile (every op equally fast on every kind)
-stands in and the command says so.
 
 --strategy-files S.json[,...] adds a row per strategy file (e.g. `python -m tfplace.plan`'s output),
 named by the file, simulated on the same problem: its batch size and max_groups must be the
