@@ -1,7 +1,7 @@
 """The learner: REINFORCE with a moving-average reward baseline per task and entropy
 regularisation (chosen over PPO: each step evaluates a few whole strategies of one-step
-episodes, and with fresh on-policy samples every step PPO's clipping buys little; config
-`rl.algorithm: "ppo"` is rejected with a clear message until it is implemented).
+episodes, and with fresh on-policy samples every step PPO's clipping buys little; the config
+loader accepts `rl.algorithm: "reinforce"` only).
 
 Per task (graph, cluster) and step, with K sampled actions a_k and rewards r_k:
     A_k  = (r_k - b) / max(std_k(r), 0.01 |b|)          b: moving average of the task's rewards

@@ -63,6 +63,8 @@ def test_help_exits_0_and_lists_the_flags(name, tmp_path):
     result = _run(command, ["--help"], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert flag in result.stdout
+    # flags TensorFlow and absl's test module define when imported are not the command's
+    assert "--test_srcdir" not in result.stdout and "--tt_check_filter" not in result.stdout, result.stdout
 
 
 @pytest.mark.parametrize("name", ["train", "pretrain", "plan", "simulate", "compare", "profile"])

@@ -376,3 +376,17 @@ def test_a_strategy_applied_to_another_graph_is_named(made_for, graph, says):
         validate_strategy(with_group, ["dense/MatMul"], ["a", "b"])
     assert "groups.conv1_pad/Pad" in str(info.value)
     assert (f"made for graph {made_for!r}" in str(info.value)) == bool(made_for)
+
+
+def test_a_train_config_asking_for_ppo_is_refused_when_loaded(tmp_path):
+    """Only REINFORCE is implemented: the loader says so before any graph is exported."""
+    with open(os.path.join(os.path.dirname(__file__), os.pardir, "examples", "formats", "config.json")) as f:
+        data = json.load(f)
+    assert data["rl"]["algorithm"] == "reinforce"  # the documented example runs as it is
+    data["rl"]["algorithm"] = "ppo"
+    data["clusters"] = [os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, "clusters",
+                                                     "two_kind_4gpu.json"))]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match=r"rl\.algorithm.*reinforce"):
+        load_train_config(str(path))

@@ -414,10 +414,18 @@ def _define(define_flags: Callable[[], None]) -> List[str]:
     return [name for name in FLAGS if name not in before]
 
 
+def _library_flag(name: str) -> bool:
+    """Whether flag `name` belongs to an installed library (TensorFlow, absl's test flags), defined
+    when define_flags imported it: not the command's, so its help leaves it out."""
+    module = sys.modules.get(FLAGS.find_module_defining_flag(name) or "")
+    return "site-packages" in (getattr(module, "__file__", None) or "")
+
+
 def _help(doc: str, names: Sequence[str], positional: Sequence[str]) -> str:
     lines = [(doc or "").strip(), ""]
     if positional:
         lines.append("arguments: " + " ".join(positional))
+    names = [name for name in names if not _library_flag(name)]
     lines.append("flags:" if names else "flags: none")
     for name in names:
         flag = FLAGS[name]

@@ -36,13 +36,16 @@ def define_flags() -> None:
                         "batch), or a training step .pb/.pbtxt/.meta (roles inferred)", required=True)
     flags.DEFINE_string("cluster", None, "cluster.json", required=True)
     flags.DEFINE_string("strategy", None, "strategy.json", required=True)
-    flags.DEFINE_string("profile", None, "profile.json (default: the roofline device model)")
+    flags.DEFINE_string("profile", None, "profile.json (default: the device model's: the graph's bundled measured "
+                        "profile derived to the cluster's kinds, else the roofline model)")
     common.define_step_flags()
     flags.DEFINE_alias("sinks", "train_op")
     flags.DEFINE_string("trace", None, "write the Chrome trace to this file")
     flags.DEFINE_string("json", None, "write the report as JSON to this file")
     flags.DEFINE_integer("seed", 0, "straggler noise seed", lower_bound=0)
-    flags.DEFINE_enum("engine", "auto", ["auto", "fast", "reference"], "simulator engine")
+    flags.DEFINE_enum("engine", "auto", ["auto", "fast", "reference"], "simulator event loop: fast (numba, compiled on "
+                      "first use), reference (plain Python, the spec fast is tested against), auto (fast if numba "
+                      "imports, else reference)")
     common.define_overheads_flag()
     common.output_file_flag("trace")
     common.output_file_flag("json")

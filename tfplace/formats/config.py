@@ -28,7 +28,7 @@ from tfplace.formats.strategy import load_strategy, validate_strategy
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tfplace/formats/ -> repo
 TRAIN_FORMAT = "tfplace.train_config"
 ACTIVATE_FORMAT = "tfplace.activate_config"
-RL_ALGORITHMS = ("reinforce", "ppo")
+RL_ALGORITHMS = ("reinforce",)  # REINFORCE only: tfplace.policy.agent says why not PPO
 ALLREDUCE_ALGORITHMS = ("ring", "tree")
 OPTIMIZERS = ("sgd", "momentum", "adam")  # as in graph_defs.bundle.OPTIMIZERS
 BASELINES = ("single", "dp_even_allreduce", "dp_even_ps", "dp_proportional_allreduce",
@@ -103,8 +103,6 @@ class RLConfig:
     pool_size: int = 8
     baseline_decay: float = 0.95
     imitate_best: bool = True  # after each update, one imitation step towards each task's best action
-    ppo_clip: float = 0.2
-    ppo_epochs: int = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +121,7 @@ _RULES: Dict[type, Dict[str, Tuple[type, Dict[str, Any]]]] = {
                "learning_rate": (float, _pos), "entropy_coef": (float, _non_neg),
                "samples_per_step": (int, _pos), "oom_penalty": (float, dict(check=lambda v: v >= 1, must="be >= 1")),
                "pool_size": (int, _pos), "imitate_best": (bool, {}),
-               "baseline_decay": (float, dict(check=lambda v: 0 <= v < 1, must="be in [0, 1)")),
-               "ppo_clip": (float, dict(check=lambda v: 0 < v < 1, must="be in (0, 1)")),
-               "ppo_epochs": (int, _pos)},
+               "baseline_decay": (float, dict(check=lambda v: 0 <= v < 1, must="be in [0, 1)"))},
     SimulatorConfig: {"straggler_seed": (int, _non_neg),
                       "allreduce_algorithm": (str, dict(check=lambda v: v in ALLREDUCE_ALGORITHMS,
                                                         must=f"be one of {list(ALLREDUCE_ALGORITHMS)}"))},
