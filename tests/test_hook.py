@@ -105,3 +105,43 @@ def test_run_steps_trains_and_times_every_step(local_cluster):
     assert any(not np.array_equal(after["step"][k][0], before[k][0]) for k in before), "nothing trained"
     for name, mirrors in after["step"].items():
         assert _rel(after["run_steps"][name][0], mirrors[0]) <= 1e-6, f"{name}: run_steps did not train like step"
+
+
+@pytest.mark.parametrize("feed_rows, label_rows, says", [
+    (16, 16, None),
+    (8, 8, "features:0: holds 8 samples on axis 0"),     # would train on rows that are not there
+    (40, 40, "features:0: holds 40 samples on axis 0"),  # would leave 24 rows out
+    (16, 12, "labels:0: holds 12 samples on axis 0"),
+])
+def test_a_feed_of_another_batch_than_the_strategys_is_refused(feed_rows, label_rows, says):
+    from tfplace.formats.errors import InputError
+    from tfplace.formats.strategy import load_strategy
+    from tfplace.rewrite.graph_rewrite import InputSpec
+    from tfplace.rewrite.hook import check_feed_batches
+    strategy = load_strategy(os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json"))
+    assert strategy.global_batch_size == 16
+    inputs = [InputSpec("features:0", "float32", (16, 16), 0), InputSpec("labels:0", "int32", (16,), 0)]
+    feed = {"features:0": np.zeros((feed_rows, 16), np.float32), "labels:0": [0] * label_rows}
+    if says is None:
+        check_feed_batches(inputs, feed, strategy)
+        return
+    with pytest.raises(InputError) as info:
+        check_feed_batches(inputs, feed, strategy)
+    assert says in str(info.value) and "global batch of 16" in str(info.value), str(info.value)
+
+
+@pytest.mark.multiprocess
+def test_the_hook_refuses_a_feed_of_another_batch_before_the_step_runs(local_cluster):
+    import tensorflow as tf
+    from tfplace.formats.errors import InputError
+    from tfplace.rewrite.hook import PlacementHook
+    strategy = os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json")
+    with tf.Graph().as_default():
+        x, y, loss, train_op, _, _ = mlp_training_script()
+        hook = PlacementHook(strategy, os.path.join(ROOT, "clusters", "local_cpu.json"), train_op, loss)
+        with tf.compat.v1.train.MonitoredTrainingSession(master=local_cluster.target,
+                                                         config=hook.session_config(local_cluster.session_config()),
+                                                         hooks=[hook]) as sess:
+            fx, fy = _feeds()[0]
+            with pytest.raises(InputError, match="features:0: holds 8 samples"):
+                sess.run(train_op, feed_dict={x: fx[:8], y: fy[:8]})

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 
 SCOPE = "tfplace_step"
@@ -133,6 +134,14 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         session.run(self.copy_op)
         self._live_session = session
 
+    def before_run(self, run_context):
+        """Checks the run's feeds of the step's inputs: each must hold the strategy's global batch
+        on its batch axis (the rewritten step cuts each replica's rows out of it at fixed offsets,
+        so a smaller feed would train on rows that are not there and a larger one would leave
+        rows out, silently). Raises InputError (a ValueError) naming the placeholder."""
+        check_feed_batches(self.step.inputs, run_context.original_args.feed_dict, self.strategy)
+        return None
+
     def _sync_before_save(self, session) -> None:
         """Until the hook has copied a session's state into the replicas (MonitoredTrainingSession's
         CheckpointSaverHook saves before that, on every session it creates), the script's
@@ -160,3 +169,23 @@ class _SyncingSaver(tf.compat.v1.train.Saver):
     def save(self, sess, *args, **kwargs):
         self._before_save(sess)
         return super().save(sess, *args, **kwargs)
+
+
+def check_feed_batches(inputs, feed_dict, strategy) -> None:
+    """Raises InputError when a feed of one of `inputs` (graph_rewrite.InputSpec; `feed_dict` keys
+    are tensors or names) has another size than `strategy.global_batch_size` on its batch axis."""
+    from tfplace.formats.errors import InputError
+    if not feed_dict:
+        return
+    by_name = {getattr(k, "name", k): v for k, v in feed_dict.items()}
+    want = strategy.global_batch_size
+    for spec in inputs:
+        value = by_name.get(spec.tensor)
+        if value is None:
+            continue
+        shape = value.shape if hasattr(value, "shape") else np.shape(value)
+        if len(shape) > spec.batch_axis and shape[spec.batch_axis] != want:
+            raise InputError("feed_dict", spec.tensor, f"holds {shape[spec.batch_axis]} samples on axis "
+                             f"{spec.batch_axis}; the strategy{' ' + strategy.source if strategy.source else ''} is for a "
+                             f"global batch of "
+                             f"{want}", f"feed {want} samples per step, or make a strategy for the batch you feed")
