@@ -140,11 +140,43 @@ def _read(path: str, default):
     return FieldReader.from_file(path).data if os.path.exists(path) else default
 
 
+# Settings a run may change when it resumes a work folder: more rounds continue it, and the
+# REINFORCE steps run after the rounds from what they left (neither is stored in the folder).
+RESUMABLE_CHANGES = ("out", "work_dir", "rounds", "rl_steps")
+SETTINGS_FILE = "settings.json"
+
+
+def work_settings(config: PretrainConfig) -> Dict[str, object]:
+    """What the work folder's targets and round weights depend on: every setting but RESUMABLE_CHANGES."""
+    out = {k: v for k, v in dataclasses.asdict(config).items() if k not in RESUMABLE_CHANGES}
+    out["split_path"] = os.path.abspath(config.split_path or distribution.DEFAULT_SPLIT_PATH)
+    return out
+
+
+def check_work_settings(config: PretrainConfig) -> None:
+    """Records the settings in a new work folder (SETTINGS_FILE); in one that has them, raises
+    InputError naming the first setting that differs, before any work: targets and weights made
+    with other settings would be resumed as if they were this run's."""
+    from tfplace.formats.errors import InputError
+    path = os.path.join(config.work, SETTINGS_FILE)
+    now = work_settings(config)
+    if not os.path.exists(path):
+        write_json(path, {"format": "tfplace.pretrain_work", "version": 1, "settings": now})
+        return
+    was = FieldReader.from_file(path, expected_format="tfplace.pretrain_work").data.get("settings", {})
+    for key in sorted(set(now) | set(was)):
+        if now.get(key) != was.get(key):
+            raise InputError(path, f"settings.{key}", f"the work folder was made with {was.get(key)!r}, this run "
+                             f"asks for {now.get(key)!r}", f"run with the settings it was made with, or give "
+                             f"another --work_dir (or remove {config.work})")
+
+
 def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, object]:
     """Runs (or resumes) pre-training; writes config.out; returns its provenance. `resolve_bundle`:
     as for build_task (the policy does not depend on the model zoo)."""
     from tfplace.policy.train_lib import seed_everything
     os.makedirs(config.work, exist_ok=True)
+    check_work_settings(config)
     seed_everything(config.seed)  # before the network is built: its initial weights
     split = distribution.load_split(config.split_path)
     drawn = draw_tasks(split, config.num_tasks + config.num_validation_tasks, config.seed)

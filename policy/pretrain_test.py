@@ -110,6 +110,30 @@ def test_pretrain_learns_the_targets_writes_provenance_and_resumes(tmp_path):
     assert not any("search" in m and "target" in m for m in again)
 
 
+@pytest.mark.parametrize("change, refused", [
+    (dict(seed=1), "settings.seed"),                       # another task draw: the targets are not its
+    (dict(network=dataclasses.replace(SMALL, hidden_size=32)), "settings.network"),
+    (dict(search_seconds=2.0), "settings.search_seconds"),
+    (dict(rounds=3), None),                                # more rounds continue the folder
+    (dict(rl_steps=0), None),
+    (dict(out="other.json"), None),
+])
+def test_a_work_folder_resumes_only_the_settings_it_was_made_with(tmp_path, change, refused):
+    from tfplace.formats.errors import InputError
+    base = pretrain.PretrainConfig(out=str(tmp_path / "policy.json"), num_tasks=3, network=SMALL,
+                                   work_dir=str(tmp_path / "work"))
+    os.makedirs(base.work)
+    pretrain.check_work_settings(base)     # a new folder: the settings are recorded
+    pretrain.check_work_settings(base)     # the same settings: resumed
+    other = dataclasses.replace(base, **change)
+    if refused is None:
+        pretrain.check_work_settings(other)
+        return
+    with pytest.raises(InputError) as info:
+        pretrain.check_work_settings(other)
+    assert refused in str(info.value) and "--work_dir" in str(info.value), str(info.value)
+
+
 @pytest.mark.parametrize("canonical", [False, True])
 def test_expert_targets_are_relabelled_for_a_network_that_reads_the_device_rank(canonical, monkeypatch):
     # the search "finds" a strategy that puts every group on v100_1 and none on v100_0, its

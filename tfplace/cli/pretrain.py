@@ -6,7 +6,9 @@ The tasks are drawn from the split's training models and generated training clus
 policy-guided search on every task for --search_seconds, encodes the best strategy found as the
 task's target and trains the policy to imitate the targets; REINFORCE steps follow
 (tfplace.policy.pretrain). Progress goes to stderr. Running the same command again resumes from
-the folder --work_dir (default: OUT.work), where targets and per-round weights are kept.
+the folder --work_dir (default: OUT.work), where targets and per-round weights are kept; a work
+folder resumes only the settings it was made with (more --rounds or other --rl_steps aside),
+another is refused before any work.
 The shipped policy is made by exactly the command above.
 """
 
