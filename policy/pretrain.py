@@ -23,8 +23,8 @@ drift from what the search found); their weights are kept only if the validation
 strategies end closer to their targets than before them (the provenance says which). Round r+1's search starts
 from round r's policy.
 
-Resume: targets and per-round weights go to `work_dir` as they are made (JSON, atomically);
-running the same config again skips what is there. Every random draw comes from the seed and the
+Resume: targets and per-round weights and optimizer state go to `work_dir` as they are made
+(JSON, atomically); running the same config again skips what is there. Every random draw comes from the seed and the
 round / task index (not from a generator that an interruption would leave elsewhere), so a
 resumed run takes the same steps as an uninterrupted one; the run is deterministic for a seed up
 to the search's wall-clock budget (a faster machine evaluates more candidates).
@@ -140,6 +140,36 @@ def _read(path: str, default):
     return FieldReader.from_file(path).data if os.path.exists(path) else default
 
 
+OPTIMIZER_FORMAT = "tfplace.pretrain_optimizer"
+
+
+def _optimizer_path(round_path: str) -> str:
+    return os.path.splitext(round_path)[0] + ".optimizer.json"
+
+
+def save_optimizer(learner, path: str) -> None:
+    """The optimizer's state (Adam's step count and moments) as JSON, beside a round's weights: a
+    resumed run continues with it, as the uninterrupted run does (float32 values with 9 digits
+    round-trip exactly)."""
+    write_json(path, {"format": OPTIMIZER_FORMAT, "version": 1, "variables": [
+        {"name": v.name, "shape": list(v.shape), "values": [float(f"{x:.9g}") for x in np.ravel(v.numpy())]}
+        for v in learner.optimizer.variables]})
+
+
+def restore_optimizer(learner, path: str) -> bool:
+    """Sets the optimizer's state from `path` (save_optimizer); False when there is none, or it is
+    not this optimizer's (a folder from before it was kept: the run then goes on with a fresh one)."""
+    if not os.path.exists(path):
+        return False
+    saved = FieldReader.from_file(path, expected_format=OPTIMIZER_FORMAT).data["variables"]
+    own = learner.optimizer.variables
+    if [(v.name, list(v.shape)) for v in own] != [(x["name"], list(x["shape"])) for x in saved]:
+        return False
+    for v, x in zip(own, saved):
+        v.assign(np.asarray(x["values"], v.dtype.as_numpy_dtype).reshape(v.shape))
+    return True
+
+
 # Settings a run may change when it resumes a work folder: more rounds continue it, and the
 # REINFORCE steps run after the rounds from what they left (neither is stored in the folder).
 RESUMABLE_CHANGES = ("out", "work_dir", "rounds", "rl_steps")
@@ -196,7 +226,9 @@ def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, obje
         if os.path.exists(round_path):
             weights, variables = pretrained.read_weights(round_path)
             pretrained.assign_weights(learner, weights, variables)
-            log(f"round {r}: resumed from {round_path}")
+            kept = restore_optimizer(learner, _optimizer_path(round_path))
+            log(f"round {r}: resumed from {round_path}" +
+                ("" if kept else " (its optimizer state was not kept: the run goes on with a fresh optimizer)"))
             continue
         for i, spec in enumerate(drawn):  # validation tasks get targets too, to be judged against
             key = f"{r}:{spec.label}"
@@ -217,6 +249,7 @@ def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, obje
         stats = _imitate(learner, specs, validation, tasks, targets, config, np.random.default_rng([config.seed, r]),
                          log, r)
         rounds_log.append(stats)
+        save_optimizer(learner, _optimizer_path(round_path))  # first: a round file means both are there
         pretrained.save_weights(learner, round_path, config.network, config.max_groups, {"round": r})
         write_json(os.path.join(config.work, "rounds.json"), {"rounds": rounds_log})
     rl = {}
