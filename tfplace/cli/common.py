@@ -429,7 +429,8 @@ def _help(doc: str, names: Sequence[str], positional: Sequence[str]) -> str:
     lines.append("flags:" if names else "flags: none")
     for name in names:
         flag = FLAGS[name]
-        shown = f"--[no]{name}" if flag.boolean else f"--{name}"
+        # a boolean whose name is already a negation (no-plot) is shown as it is typed, not as --[no]no-plot
+        shown = f"--[no]{name}" if flag.boolean and not name.startswith("no") else f"--{name}"
         default = "" if flag.default is None else f" (default: {flag.default_as_str})"
         lines.append(f"  {shown}: {flag.help}{default}")
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """Compares every baseline and planner on one graph and cluster, in the simulator.
 
     python -m tfplace.compare --graph vgg19 --cluster clusters/heterog_testbed.json --out out/vgg19
-    python -m tfplace.compare --graph graph_defs/zoo/resnet50_b64_s224_sgd.json \
+    python -m tfplace.compare --graph graph_defs/zoo/resnet50_b64_s224_sgd.json \\
         --cluster clusters/two_kind_4gpu.json --profile resnet50.profile.json --max-groups 64
 
 --graph is a bundle .json, a zoo model name (exported on demand at --batch-size, or at the

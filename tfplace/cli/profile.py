@@ -1,7 +1,7 @@
 """`python -m tfplace.profile`: measure a graph's per-op costs, derive absent device kinds, and
 measure communication on a local cluster.
 
-    python -m tfplace.profile --graph graph_defs/zoo/resnet50_b64_s224_sgd.json --device CPU \
+    python -m tfplace.profile --graph graph_defs/zoo/resnet50_b64_s224_sgd.json --device CPU \\
         --batch-sizes 2,4,8 --repeats 3 --warmup 1 --derive V100,P100,GTX1080Ti --out profile.json
     python -m tfplace.profile --comm-only --out profile.json      # add/replace the comm fits
     python -m tfplace.profile --graph G.json --roofline V100,T4 --batch-sizes 8,16 --out p.json
@@ -45,7 +45,7 @@ def define_flags() -> None:
     flags.DEFINE_string("cluster", None, "a CPU-emulated cluster file: measure each of its device kinds pinned "
                         "and limited as its devices' emulation says (instead of --kind/--cpus/--cpu-fraction)")
     flags.DEFINE_string("device", "CPU", "CPU, GPU or GPU:<k>")
-    flags.DEFINE_string("kind", "", "device kind that keys the profile (default CPU for CPUs)")
+    flags.DEFINE_string("kind", "", "device kind that keys the profile (empty: CPU for a CPU device)")
     flags.DEFINE_list("batch-sizes", ["8", "16", "32"], "per-device batch sizes, comma-separated")
     flags.DEFINE_integer("repeats", 5, "traced steps per batch size (and as many untraced)", lower_bound=1)
     flags.DEFINE_integer("warmup", 2, "untraced steps before them", lower_bound=0)

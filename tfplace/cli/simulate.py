@@ -1,7 +1,7 @@
 """Simulates one training iteration of a strategy and prints the report.
 
-    python -m tfplace.simulate --graph graph_defs/zoo/resnet50_b64_s224_sgd.json \
-        --cluster clusters/two_kind_4gpu.json --profile resnet50.profile.json \
+    python -m tfplace.simulate --graph graph_defs/zoo/resnet50_b64_s224_sgd.json \\
+        --cluster clusters/two_kind_4gpu.json --profile resnet50.profile.json \\
         --strategy strategy.json --trace trace.json
 
 --graph may be your own training step (.pb/.pbtxt GraphDef, .meta MetaGraphDef): its train op, loss,
