@@ -151,9 +151,8 @@ def save_optimizer(learner, path: str) -> None:
     """The optimizer's state (Adam's step count and moments) as JSON, beside a round's weights: a
     resumed run continues with it, as the uninterrupted run does (float32 values with 9 digits
     round-trip exactly)."""
-    write_json(path, {"format": OPTIMIZER_FORMAT, "version": 1, "variables": [
-        {"name": v.name, "shape": list(v.shape), "values": [float(f"{x:.9g}") for x in np.ravel(v.numpy())]}
-        for v in learner.optimizer.variables]})
+    write_json(path, {"format": OPTIMIZER_FORMAT, "version": 1,
+                      "variables": pretrained.variables_to_json(learner.optimizer.variables)})
 
 
 def restore_optimizer(learner, path: str) -> bool:

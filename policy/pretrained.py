@@ -46,12 +46,17 @@ def new_learner(network: NetworkConfig, rl: RLConfig = RLConfig()):
     return learner
 
 
+def variables_to_json(variables) -> list:
+    """[{name, shape, values}] of TF variables, float32 values with 9 significant digits (they
+    round-trip exactly)."""
+    return [{"name": v.name, "shape": list(v.shape),
+             "values": [float(f"{x:.9g}") for x in v.numpy().astype(np.float32).ravel()]} for v in variables]
+
+
 def save_weights(learner, path: str, network: NetworkConfig, max_groups: int,
                  provenance: Optional[Dict[str, Any]] = None) -> None:
     """Writes the network's weights (atomically, through tfplace.formats.jsonio)."""
-    variables = [{"name": v.name, "shape": list(v.shape),
-                  "values": [float(f"{x:.9g}") for x in v.numpy().astype(np.float32).ravel()]}
-                 for v in learner.network.trainable_variables]
+    variables = variables_to_json(learner.network.trainable_variables)
     write_json(path, {"format": FORMAT, "version": VERSION, "network": dataclasses.asdict(network),
                       "max_groups": int(max_groups), "provenance": provenance or {}, "variables": variables})
 
