@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import warnings
 
 
 def _import_gym_quietly() -> None:
@@ -16,3 +17,6 @@ def _import_gym_quietly() -> None:
 
 
 _import_gym_quietly()
+# AutoGraph compiles the network's converted code with `state is not ()` in it: Python warns about
+# that generated file, at the top of the main job's output, though nothing in it can be changed.
+warnings.filterwarnings("ignore", message=r'"is not" with a literal', category=SyntaxWarning)
