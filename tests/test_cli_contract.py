@@ -257,3 +257,19 @@ def test_training_on_a_bundled_emulated_cluster_needs_no_profile_and_notes_the_o
     beside = os.path.join(REPO, "clusters", "local_cpu_hetero.overheads.json")
     assert f'give "{beside}" as "overheads"[0] in the config' in done.stderr, done.stderr[-2000:]
     assert (tmp_path / "run" / "tiny_mlp_b12" / "best_strategy.json").exists()
+
+
+def test_kernel_replay_without_pytorch_is_one_line_naming_the_fix(tmp_path):
+    """The replay times ops with PyTorch on a GPU; where PyTorch is missing (as in this project's
+    CPU environment) the command says so in one line and exits 2, with no traceback."""
+    ops = tmp_path / "ops.json"
+    exported = _run(COMMANDS["kernel_replay"][0], ["export", "--graph", TINY, "--out", str(ops)], tmp_path)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    code = "import sys; sys.modules['torch'] = None; from tfplace.cli.kernel_replay import run; run()"
+    result = subprocess.run([sys.executable, "-c", code, "replay", "--ops", str(ops), "--batch-sizes", "8",
+                             "--out", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120,
+                            cwd=str(tmp_path), env=env)
+    errors = _error_lines(result.stderr)
+    assert result.returncode == 2 and len(errors) == 1 and "PyTorch" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "r.json").exists()

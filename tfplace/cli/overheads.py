@@ -306,7 +306,8 @@ def measure(cluster, source: str, lc_kwargs: dict, how_text: str, progress=None,
     `probe_kwargs` (passes, comm, reps, ...). Stamped with the machine's quiet speed
     (machine_probe_s) on the cores a run on `cluster` probes (machine_speed.cores_of, as the
     commands that compare against the stamp do), probed before, at every progress line and for 2 s
-    after, so that a slow phase of a shared core is not taken for the machine. `watch`: the run's
+    after, so that a slow phase of a shared core is not taken for the machine; the probes at
+    progress lines are not kept in `watch.probes` (the servers may load the cores then). `watch`: the run's
     SpeedWatch of those cores, else a new one. `how_text` opens the file's `how`."""
     from tfplace.overheads.model import overheads_from_json
     from tfplace.profiling import overheads_probe as probe
@@ -315,8 +316,10 @@ def measure(cluster, source: str, lc_kwargs: dict, how_text: str, progress=None,
         watch = machine_speed.SpeedWatch(machine_speed.cores_of(cluster))
     watch.calibrate()
 
-    def probing(line: str) -> None:  # between micro-benchmarks: the servers are idle
-        watch.probe()
+    def probing(line: str) -> None:
+        # between micro-benchmarks: the servers may still be busy (an idle machine read 1.9-2.1x
+        # slow here), so these probes only help find the quiet speed, never mark the machine slow
+        watch.probe(keep=False)
         if progress is not None:
             progress(line)
     measured, _ = probe.measure_runtime_overheads(cluster, lc_kwargs, progress=probing, **probe_kwargs)

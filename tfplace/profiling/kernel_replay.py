@@ -394,8 +394,18 @@ def _perm_from_shapes(a, b):
 
 def replay(table: Dict[str, Any], batch_sizes: Sequence[int], reps: int = 7, warmup: int = 3,
            progress=None) -> Dict[str, Any]:
-    """Times every op of the table at each batch size on cuda:0 (median of `reps` launches)."""
-    import torch
+    """Times every op of the table at each batch size on cuda:0 (median of `reps` launches).
+    Raises InputError when PyTorch or a CUDA device is missing (the replay runs on the GPU)."""
+    from tfplace.formats.errors import InputError
+    try:
+        import torch
+    except ImportError:
+        raise InputError("kernel_replay replay", "", "needs PyTorch, which is not installed",
+                         "run the replay on a GPU machine with PyTorch (pip install torch); export the op table "
+                         "here and copy it there") from None
+    if not torch.cuda.is_available():
+        raise InputError("kernel_replay replay", "", "needs a CUDA device, and PyTorch sees none",
+                         "run the replay on a GPU machine; export the op table here and copy it there")
 
     torch.backends.cuda.matmul.allow_tf32 = True   # TensorFlow's default on Ampere and later
     torch.backends.cudnn.allow_tf32 = True

@@ -100,12 +100,15 @@ class SpeedWatch:
         self.reference_s: Dict[int, float] = {}
         self.probes: List[Dict[int, float]] = []
 
-    def probe(self) -> Dict[int, float]:
-        """{core: seconds} now; lowers each core's quiet seconds when this probe is faster."""
+    def probe(self, keep: bool = True) -> Dict[int, float]:
+        """{core: seconds} now; lowers each core's quiet seconds when this probe is faster. `keep`
+        False: not added to `probes` (a probe taken while tfplace's own servers may still load the
+        cores: it can find a quiet speed, but a slow one says nothing about the machine)."""
         out = {c: float(self._probe_fn(c)) for c in self.cores}
         for c, s in out.items():
             self.reference_s[c] = min(s, self.reference_s.get(c, s))
-        self.probes.append(out)
+        if keep:
+            self.probes.append(out)
         return out
 
     def calibrate(self, probes: int = 3) -> None:
@@ -126,8 +129,11 @@ class SpeedWatch:
         return slowdown_of(probes, self.reference_s)
 
     def slowdown_since(self, mark: int) -> float:
-        """The slowdown of every probe taken since `mark` (len(self.probes) when the stretch began)."""
-        return self.slowdown(*self.probes[mark:])
+        """The median slowdown of the probes kept since `mark` (len(self.probes) when the stretch
+        began): a slow phase of the machine, not one probe's spike (one probe in a dozen read
+        1.2-1.8x slow on an idle machine here). 1.0 without probes."""
+        kept = self.probes[mark:]
+        return float(statistics.median(self.slowdown(p) for p in kept)) if kept else 1.0
 
 
 def machine_probe_s(reference_s: Mapping[int, float]) -> Optional[float]:
