@@ -158,9 +158,10 @@ def measure_cluster_overheads(cluster: Cluster, cluster_path: str, path: str, by
     names the caller in the file's `how`, `watch` is its SpeedWatch (a new one without).
     About a minute for 3 tasks. With `out`, says so first, prints a line for each step of the
     measurement (progress) and one at the end: how long it took, the file, and whether the machine
-    ran slow around it (`watch`'s probes just before and for 2 s after; those between the steps
-    are not judged: the servers may still load the cores then). Raises InputError naming the cluster file's field, before any server starts, for a
-    cluster that cannot be measured here (check_local_cluster)."""
+    ran slow around it (the median of `watch`'s probes just before and for 2 s after; those
+    between the steps are not judged: the servers may still load the cores then). Raises
+    InputError naming the cluster file's field, before any server starts, for a cluster that
+    cannot be measured here (check_local_cluster)."""
     from tfplace.cli import overheads as overheads_cli
     from tfplace.overheads.model import save_overheads
     overheads_cli.check_local_cluster(cluster, cluster_path)
