@@ -177,7 +177,7 @@ def measure_cluster_overheads(cluster: Cluster, cluster_path: str, path: str, by
                                       progress=lambda line: say(f"  [{time.monotonic() - started:4.0f} s] {line}"))
     save_overheads(overheads, path)
     say(f"measured the runtime overheads in {time.monotonic() - started:.0f} s: {path}" +
-        overheads_cli.slow_note(watch.slowdown_since(mark)))
+        machine_speed.slow_note(watch.slowdown_since(mark)))
     return overheads
 
 
@@ -202,9 +202,8 @@ def measured_profiles(jobs, cluster: Cluster, config: ActivateConfig, overheads,
         profiles[graph] = measure_graph_profile(graph, batch, cluster, path, overheads)
         slow = watch.slowdown(before, watch.probe())
         print(f"profiled {os.path.basename(graph)} on {len(profiles[graph].kinds)} kinds in "
-              f"{time.monotonic() - started:.1f} s: {path}" +
-              (f" (the machine ran {slow:.2f}x slower than its quiet speed: its costs may be high)"
-               if slow > machine_speed.DISTURBED_SLOWDOWN else ""), file=out, flush=True)
+              f"{time.monotonic() - started:.1f} s: {path}" + machine_speed.slow_note(slow, "its costs"),
+              file=out, flush=True)
     return profiles
 
 

@@ -286,18 +286,9 @@ def main(argv) -> int:
     save_overheads(overheads, args.out)
     for line in summary_lines(overheads):
         print(line)
-    print(f"wrote {args.out} ({time.monotonic() - started:.0f} s){slow_note(watch.slowdown_since(0))}")
+    print(f"wrote {args.out} ({time.monotonic() - started:.0f} s){machine_speed.slow_note(watch.slowdown_since(0))}")
     return 0
 
-
-def slow_note(slowdown: float) -> str:
-    """What to add to the line that reports measured overheads when the machine's probes saw it
-    `slowdown` times slower than its quiet speed meanwhile (more than
-    machine_speed.DISTURBED_SLOWDOWN): the figures may then be high. "" otherwise."""
-    from tfplace.runtime import machine_speed
-    if slowdown <= machine_speed.DISTURBED_SLOWDOWN:
-        return ""
-    return f" (the machine ran {slowdown:.2f}x slower than its quiet speed meanwhile: they may be high)"
 
 
 def measure(cluster, source: str, lc_kwargs: dict, how_text: str, progress=None, watch=None, **probe_kwargs):

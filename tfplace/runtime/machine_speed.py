@@ -136,6 +136,15 @@ class SpeedWatch:
         return float(statistics.median(self.slowdown(p) for p in kept)) if kept else 1.0
 
 
+def slow_note(slowdown: float, what: str = "they") -> str:
+    """What to add to a line that reports something measured (`what`: "they", "its costs") when the
+    machine's probes saw it `slowdown` times slower than its quiet speed meanwhile (more than
+    DISTURBED_SLOWDOWN): the figures may then be high. "" otherwise."""
+    if slowdown <= DISTURBED_SLOWDOWN:
+        return ""
+    return f" (the machine ran {slowdown:.2f}x slower than its quiet speed meanwhile: {what} may be high)"
+
+
 def machine_probe_s(reference_s: Mapping[int, float]) -> Optional[float]:
     """One number for the machine's speed: the median over its probed cores of their quiet seconds
     (SpeedWatch.reference_s); None when nothing was probed. A runtime-overheads file keeps it
