@@ -9,7 +9,7 @@ JSON round-trip (`to_json` / `from_json`) for checkpoints — never pickle.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -54,6 +54,29 @@ def strategy_key(s: Strategy) -> tuple:
     the search keys about four strategies per simulation."""
     return (s.global_batch_size, s.max_groups, s.bucket_bytes, s.min_batch_per_replica, _decision_key(s.default),
             tuple(sorted((name, _decision_key(d)) for name, d in s.groups.items())))
+
+
+def _placement_of(d: GroupDecision) -> tuple:
+    """What a decision makes the rewrite do: its micro-batches per device (in any device order),
+    the aggregation (none to do on one device without a PS) and the priority (None runs as 0)."""
+    shares = tuple(sorted(d.shares))
+    if d.sync == "ps":
+        sync = ("ps", d.ps_device)
+    else:
+        sync = ("allreduce",) if len(shares) > 1 else ()
+    return shares, sync, 0 if d.priority is None else int(d.priority)
+
+
+def placement_key(s: Strategy, group_names: Sequence[str]) -> tuple:
+    """A hashable key, equal for strategies that place the groups `group_names` (a grouping's
+    names, at s.max_groups) the same way, however the file spells it: each group's decision as
+    resolved (its own or the default), the bucket size only where a group all-reduces across
+    devices. A single-device default and one decision per group giving that device every sample
+    are one placement (strategy_key tells them apart). Raises InputError when a group has no
+    decision."""
+    per_group = tuple(_placement_of(s.decision_for(g)) for g in group_names)
+    reduces = any(sync == ("allreduce",) for _, sync, _ in per_group)
+    return s.global_batch_size, (s.bucket_bytes if reduces else None), per_group
 
 
 def _rank(entry: PoolEntry) -> float:

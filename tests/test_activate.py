@@ -336,21 +336,35 @@ def test_activate_profile_takes_two_values(tmp_path, value):
 
 def _verdict_row(name, real_ms, sim_ms=None, graph="g/tiny_mlp_b16_sgd.json", error=None):
     return {"name": name, "graph": graph, "error": error, "rounds": [{}] if error is None else [],
+            "horovod": name.startswith("horovod"),
             "mean_s": real_ms / 1e3 if real_ms else None, "simulated_s": sim_ms / 1e3 if sim_ms else None}
 
 
 @pytest.mark.parametrize("rows, expected", [
     # the simulator's first pick ran fastest
     ([_verdict_row("a", 2.0, 1.0), _verdict_row("b", 3.0, 1.5)],
-     ["tiny_mlp_b16_sgd: fastest for real a (2.00 ms); the simulator ranked a first of its 2 entries too"]),
+     ["tiny_mlp_b16_sgd: fastest for real a (2.00 ms); the simulator ranked a first of its 2 entries too",
+      "  simulated / real on its 2 simulated entries: 0.50-0.50 (median 0.50); 1 is exact"]),
     # it did not: the pick ran 1.50x slower than the fastest simulated entry; Horovod (not simulated) ran fastest
     ([_verdict_row("a", 3.0, 1.0), _verdict_row("b", 2.0, 1.5), _verdict_row("horovod_even.x", 1.0)],
      ["tiny_mlp_b16_sgd: fastest for real horovod_even.x (1.00 ms); the simulator ranked a first of its 2 entries, "
-      "which ran 1.50x slower than b"]),
+      "which ran 1.50x slower than b",
+      "  against Horovod: b ran 2.00x slower than horovod_even.x, the fastest Horovod row",
+      "  simulated / real on its 2 simulated entries: 0.33-0.75 (median 0.54); 1 is exact"]),
+    # the fastest of ours against the fastest of two Horovod rows; one simulated entry
+    ([_verdict_row("a", 2.0, 2.2), _verdict_row("horovod_even.x", 3.0), _verdict_row("horovod_prop.x", 2.5)],
+     ["tiny_mlp_b16_sgd: fastest for real a (2.00 ms)",
+      "  against Horovod: a ran 1.25x faster than horovod_prop.x, the fastest Horovod row",
+      "  simulated / real on its 1 simulated entry: 1.10; 1 is exact"]),
+    # equal to two decimals: as fast
+    ([_verdict_row("a", 2.0), _verdict_row("horovod_even.x", 2.004)],
+     ["tiny_mlp_b16_sgd: fastest for real a (2.00 ms)",
+      "  against Horovod: a ran as fast as horovod_even.x, the fastest Horovod row"]),
     # failed rows do not count; a graph with one row that ran says nothing; graphs apart
     ([_verdict_row("a", None, 1.0, error="boom"), _verdict_row("b", 2.0, 1.5), _verdict_row("c", 1.0, 1.0, graph="h.json"),
       _verdict_row("d", 4.0, 2.0, graph="h.json")],
-     ["h: fastest for real c (1.00 ms); the simulator ranked c first of its 2 entries too"]),
+     ["h: fastest for real c (1.00 ms); the simulator ranked c first of its 2 entries too",
+      "  simulated / real on its 2 simulated entries: 0.50-1.00 (median 0.75); 1 is exact"]),
 ])
 def test_the_verdict_names_the_fastest_for_real_and_whether_the_simulator_agreed(rows, expected):
     from tfplace.cli.activate import verdict_lines

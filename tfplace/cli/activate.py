@@ -316,6 +316,7 @@ def run_rounds(jobs: List[Dict[str, Any]], cluster: Cluster, config: ActivateCon
     against the quiet core speeds of the whole run (`watch`, a SpeedWatch already calibrated); a
     job that failed has its "error". `after_entry(rows)` runs after every entry."""
     rows: List[Dict[str, Any]] = [{"name": job["name"], "kind": job["kind"], "graph": job.get("graph"),
+                                   "horovod": job["kind"] == "baseline" and _is_horovod(job),
                                    "error": None, "rounds": []} for job in jobs]
     lc = None
     try:
@@ -442,9 +443,12 @@ def ran(row: Dict[str, Any]) -> bool:
 
 
 def verdict_lines(rows: List[Dict[str, Any]]) -> List[str]:
-    """One line per graph that ran two or more entries: the entry that ran fastest for real (median
-    round), and whether the simulator ranked the same one first among the entries it simulates
-    (Horovod rows are not simulated); when not, how much slower its pick ran."""
+    """Per graph that ran two or more entries: a line naming the entry that ran fastest for real
+    (median round) and whether the simulator ranked the same one first among the entries it
+    simulates (Horovod rows are not simulated), and when not, how much slower its pick ran; then,
+    indented, how the fastest other entry compares with the fastest Horovod row (when both ran)
+    and how far the simulator was off on the entries it simulated (simulated / real: its range
+    and median)."""
     by_graph: Dict[str, List[Dict[str, Any]]] = {}
     for r in rows:
         if ran(r) and r.get("graph"):
@@ -466,7 +470,27 @@ def verdict_lines(rows: List[Dict[str, Any]]) -> List[str]:
                 line += (f"; the simulator ranked {pick['name']} first of its {len(simulated)} entries, which ran "
                          f"{pick['mean_s'] / fastest_simulated['mean_s']:.2f}x slower than {fastest_simulated['name']}")
         lines.append(line)
+        horovod = [r for r in entries if r.get("horovod")]
+        ours = [r for r in entries if not r.get("horovod")]
+        if horovod and ours:
+            h, o = min(horovod, key=lambda r: r["mean_s"]), min(ours, key=lambda r: r["mean_s"])
+            lines.append(f"  against Horovod: {o['name']} ran {_compared(h['mean_s'], o['mean_s'])} {h['name']}, "
+                         f"the fastest Horovod row")
+        if simulated:
+            ratios = sorted(r["simulated_s"] / r["mean_s"] for r in simulated)
+            spread = (f"{ratios[0]:.2f}-{ratios[-1]:.2f} (median {statistics.median(ratios):.2f})"
+                      if len(ratios) > 1 else f"{ratios[0]:.2f}")
+            lines.append(f"  simulated / real on its {len(ratios)} simulated "
+                         f"entr{'ies' if len(ratios) > 1 else 'y'}: {spread}; 1 is exact")
     return lines
+
+
+def _compared(other_s: float, this_s: float) -> str:
+    """"1.25x faster than" when `this_s` is the shorter time, "1.25x slower than" when the longer,
+    "as fast as" when they round to equal."""
+    if f"{other_s / this_s:.2f}" == "1.00":
+        return "as fast as"
+    return f"{other_s / this_s:.2f}x faster than" if this_s < other_s else f"{this_s / other_s:.2f}x slower than"
 
 
 def print_machine_note(rows, out=sys.stdout) -> None:

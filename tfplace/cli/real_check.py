@@ -2,11 +2,13 @@
 
 The simulator ranks strategies; what a user keeps is what runs faster on the cluster. With
 --confirm_real K, plan runs its best strategy, the K baselines the simulator ranks next (those
-that fit in memory, each distinct) and the fastest device alone on the cluster itself: a local
-cluster of loopback tasks, emulated as its file says, round by round on fresh servers, exactly as
-activate runs its entries (tfplace.cli.activate.run_rounds). The strategy whose median round ran
-fastest is written. When that is a baseline the plan beat in simulation, the command says so and
-by how much: a plan is never recommended over a checked baseline that runs faster for real.
+that fit in memory, each placing the groups otherwise than the ones before: a baseline that only
+spells the plan's placement differently is not timed twice) and the fastest device alone on the
+cluster itself: a local cluster of loopback tasks, emulated as its file says, round by round on
+fresh servers, exactly as activate runs its entries (tfplace.cli.activate.run_rounds). The
+strategy whose median round ran fastest is written. When that is a baseline the plan beat in
+simulation, the command says so and by how much: a plan is never recommended over a checked
+baseline that runs faster for real. A lead within the rounds' spread is called a tie.
 """
 
 from __future__ import annotations
@@ -41,17 +43,19 @@ ALWAYS_CHECKED = "single"  # the fastest device alone: what a split must beat, a
 # misses runtime overheads ranks too low (a DenseNet-121 plan ran 1.9x slower than it: benchmarks/hetero_bench.md)
 
 
-def candidates(best, baselines: Sequence, k: int) -> List[Tuple[str, Any]]:
+def candidates(best, baselines: Sequence, k: int, group_names: Sequence[str]) -> List[Tuple[str, Any]]:
     """(entry name, PoolEntry) to run for real: the plan (`best`) named PLAN_NAME, then the `k`
-    baselines with the lowest simulated effective time that fit in memory and mean another strategy
-    than the plan and every baseline already taken (tfplace.policy.pool.strategy_key), each named
-    by its baseline name; then ALWAYS_CHECKED when k > 0 and it fits and is not taken yet."""
-    from tfplace.policy.pool import strategy_key
+    baselines with the lowest simulated effective time that fit in memory and place the groups
+    `group_names` (the planned grouping's) otherwise than the plan and every baseline already taken
+    (tfplace.policy.pool.placement_key: a baseline that writes the plan's placement in other words
+    would only time the same rewrite twice), each named by its baseline name; then ALWAYS_CHECKED
+    when k > 0 and it fits and is not taken yet."""
+    from tfplace.policy.pool import placement_key
     out = [(PLAN_NAME, best)]
-    seen = {strategy_key(best.strategy)}
+    seen = {placement_key(best.strategy, group_names)}
 
     def take(e) -> None:
-        key = strategy_key(e.strategy)
+        key = placement_key(e.strategy, group_names)
         if not e.oom and key not in seen:
             seen.add(key)
             out.append((e.source, e))
@@ -76,14 +80,14 @@ def fastest(rows: Sequence[Dict[str, Any]]) -> Optional[int]:
 
 def confirm(task, result, bundle: str, cluster_path: str, overheads_path: Optional[str], k: int, steps: int,
             warmup_steps: int, rounds: int, out=sys.stdout) -> RealCheck:
-    """Runs candidates(result.best, result.baseline_entries, k) of the graph bundle `bundle` on the
-    cluster of `task` (the PlacementTask planned: its grouping and profile, so each rewrite is the
-    strategy the plan simulated) for `rounds` rounds of `warmup_steps` + `steps` steps; returns the
-    RealCheck. Raises TfplaceError when no candidate ran."""
+    """Runs candidates(result.best, result.baseline_entries, k, the grouping's names) of the graph
+    bundle `bundle` on the cluster of `task` (the PlacementTask planned: its grouping and profile,
+    so each rewrite is the strategy the plan simulated) for `rounds` rounds of `warmup_steps` +
+    `steps` steps; returns the RealCheck. Raises TfplaceError when no candidate ran."""
     from tfplace.cli import activate
     from tfplace.formats.config import ActivateConfig
     from tfplace.runtime import machine_speed
-    picked = candidates(result.best, result.baseline_entries, k)
+    picked = candidates(result.best, result.baseline_entries, k, task.grouping.group_names)
     config = ActivateConfig(cluster=cluster_path, strategies=(), baselines=(), graphs=(), output_dir="",
                             steps=steps, warmup_steps=warmup_steps, rounds=rounds, trace=False,
                             overheads=overheads_path)
@@ -124,19 +128,27 @@ def format_check(check: RealCheck) -> str:
                      f"{sim_s / row['mean_s']:9.3f}{spread}{mark}")
     plan_row, best = check.rows[0], check.rows[check.chosen]
     if check.chosen == 0:
-        others = [r["mean_s"] for r in check.rows[1:] if ran(r)]
-        lines.append("the plan ran fastest for real" +
-                     (f", {min(others) / plan_row['mean_s']:.2f}x faster than the next checked baseline"
-                      if others else " (no checked baseline ran)"))
+        others = [i for i, r in enumerate(check.rows) if i and ran(r)]
+        if others:
+            runner_up = min(others, key=lambda i: check.rows[i]["mean_s"])
+            lines.append(f"the plan ran fastest for real, {check.rows[runner_up]['mean_s'] / plan_row['mean_s']:.2f}x "
+                         f"faster than the next checked baseline ({check.picked[runner_up][0]})"
+                         + _tie_note(plan_row, check.rows[runner_up]))
+        else:
+            lines.append("the plan ran fastest for real (no checked baseline ran)")
     else:
         sim_gain = sims_s[check.chosen] / sims_s[0]
         real = (f"{plan_row['mean_s'] / best['mean_s']:.2f}x faster than the plan for real"
                 if ran(plan_row) else "the plan failed for real")
-        overlap = ""
-        if ran(plan_row):
-            plan_means, best_means = _round_means(plan_row), _round_means(best)
-            if min(plan_means) <= max(best_means):
-                overlap = "; their rounds overlap: within this machine's spread they tie"
+        overlap = _tie_note(best, plan_row) if ran(plan_row) else ""
         lines.append(f"written instead of the plan: {check.picked[check.chosen][0]}, {real} "
                      f"(the simulator had the plan {sim_gain:.2f}x faster){overlap}")
     return "\n".join(lines)
+
+
+def _tie_note(faster: Dict[str, Any], slower: Dict[str, Any]) -> str:
+    """"; their rounds overlap: ..." when a round of `slower` ran no slower than a round of
+    `faster` (the median's lead is within this machine's round-to-round spread), else ""."""
+    if min(_round_means(slower)) <= max(_round_means(faster)):
+        return "; their rounds overlap: within this machine's spread they tie"
+    return ""
