@@ -139,6 +139,23 @@ def test_a_number_out_of_range_is_a_usage_error_naming_the_flag(name, argv, flag
     assert result.returncode == 2 and len(errors) == 1 and flag in errors[0], result.stderr
 
 
+@pytest.mark.parametrize("name,argv,expected", [
+    ("groups", [], "error: --graph, --max-groups are required. Fix: give them (see --help)"),
+    ("groups", ["--graph", TINY], "error: --max-groups is required. Fix: give it (see --help)"),
+])
+def test_a_required_flag_left_out_is_one_line_naming_it(name, argv, expected, tmp_path):
+    result = _run(COMMANDS[name][0], argv, tmp_path)
+    assert result.returncode == 2 and _error_lines(result.stderr) == [expected], result.stderr
+
+
+def test_a_usage_message_ending_in_a_full_stop_gets_one_before_its_fix(capsys):
+    from tfplace.cli.common import _usage_error
+    with pytest.raises(SystemExit):
+        _usage_error("Unknown command line flag 'x'.")
+    assert capsys.readouterr().err.strip() == ("error: Unknown command line flag 'x'. Fix: remove it or use a flag "
+                                               "that --help lists (see --help)")
+
+
 @pytest.mark.parametrize("name,argv,flag", [
     ("plan", ["--model", "tiny_mlp", "--cluster", CLUSTER, "--batch-size", "0"], "--batch_size"),
     ("plan", ["--model", "tiny_mlp", "--cluster", CLUSTER, "--search-seconds=-1"], "--search_seconds"),

@@ -31,6 +31,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import re
 import signal
 import sys
 import types
@@ -447,11 +448,19 @@ _ABSL_FIXES = (("is not a positive integer", "give an integer >= 1"),
                ("expected ", "give the arguments the usage line shows"))
 
 
+# absl's line for each required flag left out: "flag --graph=None: Flag --graph must have a value other than None."
+_MISSING_FLAG = re.compile(r"flag --(\S+)=None: Flag --\S+ must have a value other than None\.?")
+
+
 def _usage_error(message: str) -> None:
     text = " ".join(str(message).split())
+    missing = _MISSING_FLAG.findall(text)
+    if missing:
+        text = ", ".join(f"--{name}" for name in missing) + (" is" if len(missing) == 1 else " are") + \
+            " required. Fix: give " + ("it" if len(missing) == 1 else "them")
     if "Fix:" not in text:  # every error line says how to fix it
         fix = next((f for phrase, f in _ABSL_FIXES if phrase in text), "give a value that --help describes")
-        text = f"{text}. Fix: {fix}"
+        text = f"{text.rstrip('.')}. Fix: {fix}"
     print("error: " + text + " (see --help)", file=sys.stderr)
     sys.exit(USAGE_EXIT)
 

@@ -42,7 +42,8 @@ def define_flags():
     flags.DEFINE_float("learning-rate", DEFAULT_LR, "learning rate (> 0)")
     flags.DEFINE_integer("seed", 0, "graph-level random seed", lower_bound=0)
     flags.DEFINE_string("out", ZOO_DIR, "output folder (default: the zoo cache)")
-    flags.DEFINE_boolean("force", False, "re-export even if the bundle is current")
+    flags.DEFINE_boolean("force", False, "with --all/--tiny: re-export bundles that are current too (--model always "
+                         "exports)")
     flags.DEFINE_boolean("manifest", False, "with --all/--tiny: rewrite manifest.json and zoo/.gitignore")
     common.output_dir_flag("out")
     common.zoo_model_flag("model")
