@@ -145,3 +145,46 @@ def test_the_hook_refuses_a_feed_of_another_batch_before_the_step_runs(local_clu
             fx, fy = _feeds()[0]
             with pytest.raises(InputError, match="features:0: holds 8 samples"):
                 sess.run(train_op, feed_dict={x: fx[:8], y: fy[:8]})
+
+
+STRATEGY = os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json")
+LOCAL_CPU = os.path.join(ROOT, "clusters", "local_cpu.json")
+
+
+@pytest.mark.parametrize("optimizer, global_step", [("adam", True), ("adam", False), ("momentum", True)])
+def test_without_train_op_the_hook_repoints_the_group_the_script_runs(optimizer, global_step):
+    """minimize() puts its own op in TRAIN_OP (with a global step, an AssignAddVariableOp); the
+    script runs its tf.group around it, and that is the op the hook re-points."""
+    import tensorflow as tf
+    from tfplace.rewrite.hook import SCOPE, PlacementHook
+    with tf.Graph().as_default() as g:
+        _, _, loss, train_op, _, _ = mlp_training_script(optimizer=optimizer, global_step=global_step)
+        hook = PlacementHook(STRATEGY, LOCAL_CPU, loss=loss)
+        hook.begin()
+        assert train_op.control_inputs[0].name.startswith(f"{SCOPE}/"), [op.name for op in train_op.control_inputs]
+        assert g.get_operation_by_name(f"{SCOPE}/{hook.step.train_op}") is train_op.control_inputs[0]
+
+
+@pytest.mark.parametrize("build, says", [
+    ("two_groups", "2 ops could be the train op ('a', 'b'); pass the op the script runs as train_op="),
+    ("reference_variables", "variable 'dense_0/kernel' is a VariableV2; the hook needs resource variables"),
+])
+def test_the_hook_says_what_to_change_in_the_script(build, says):
+    import tensorflow as tf
+    from tfplace.rewrite.hook import PlacementHook
+    with tf.Graph().as_default():
+        if build == "reference_variables":  # what tf.compat.v1.disable_v2_behavior() gives
+            tf.compat.v1.disable_resource_variables()
+            try:
+                _, _, loss, train_op, _, _ = mlp_training_script(optimizer="sgd")
+            finally:
+                tf.compat.v1.enable_resource_variables()
+            hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
+        else:
+            _, _, loss, train_op, _, _ = mlp_training_script(optimizer="sgd")
+            tf.group(train_op, name="a")
+            tf.group(train_op, name="b")
+            tf.compat.v1.get_default_graph().clear_collection(tf.compat.v1.GraphKeys.TRAIN_OP)
+            hook = PlacementHook(STRATEGY, LOCAL_CPU, loss=loss)
+        with pytest.raises(ValueError, match="PlacementHook: .*" + says.replace("(", r"\(").replace(")", r"\)")):
+            hook.begin()

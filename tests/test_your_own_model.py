@@ -98,6 +98,68 @@ def test_plan_takes_a_bare_step_with_no_flags(tmp_path, suffix, monkeypatch, cap
     assert load_strategy(str(out)).global_batch_size == 32
 
 
+@pytest.mark.parametrize("loss", ["nope", "nope:0"])
+def test_a_loss_the_step_lacks_is_one_line_naming_the_seeded_one(tmp_path, loss, capsys):
+    path = _write(_step(), tmp_path, ".pb")
+    assert common.call(groups, ["--graph", path, "--max-groups", "3", "--loss", loss]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "loss: no op named 'nope'; the gradients flow from 'loss0'. Fix: name the scalar loss's op" in err, err
+
+
+def _optimizer_step(optimizer, grouped, global_step):
+    """A tiny step trained by `optimizer` (a tf.compat.v1.train optimizer name), with a global step
+    or not, its minimize op run as is or in `tf.group(..., name="train_op")`."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float32, [None, 8], name="x")
+        y = v1.placeholder(tf.int32, [None], name="y")
+        logits = v1.layers.Dense(4, name="head")(v1.layers.Dense(16, activation=tf.nn.relu, name="hidden")(x))
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits), name="loss")
+        opt = {"Adam": lambda: v1.train.AdamOptimizer(0.01), "RMSProp": lambda: v1.train.RMSPropOptimizer(0.01),
+               "Momentum": lambda: v1.train.MomentumOptimizer(0.1, 0.9)}[optimizer]()
+        step = opt.minimize(loss, global_step=v1.train.get_or_create_global_step() if global_step else None)
+        if grouped:
+            tf.group(step, name="train_op")
+        v1.global_variables_initializer()
+    return graph
+
+
+@pytest.mark.parametrize("suffix", [".pb", ".meta"])
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("optimizer, global_step", [("Adam", False), ("Adam", True), ("RMSProp", True),
+                                                    ("Momentum", False)])
+def test_the_train_op_a_script_runs_is_inferred(tmp_path, suffix, grouped, optimizer, global_step):
+    """Adam leaves reads of its beta powers that nothing consumes: no train op. A .meta's train_op
+    collection holds minimize's op; the script runs the group around it, and so must the plan (the
+    hook groups the script's graph with that group in it)."""
+    g = load_op_graph(_write(_optimizer_step(optimizer, grouped, global_step), tmp_path, suffix), batch_size=8)
+    assert g.names[g.sink] == ("train_op" if grouped else optimizer)
+
+
+def test_of_two_groups_the_one_that_also_runs_the_other_is_the_train_op(tmp_path):
+    """An exponential moving average updated after the train op: the EMA's group runs the step too."""
+    graph = _step()
+    with graph.as_default():
+        train = graph.get_operation_by_name("train")
+        with tf.control_dependencies([train]):
+            ema = tf.train.ExponentialMovingAverage(0.9)
+            tf.group(ema.apply(v1.trainable_variables()), name="train_and_average")
+    graph.clear_collection(v1.GraphKeys.TRAIN_OP)
+    g = load_op_graph(_write(graph, tmp_path, ".pb"), batch_size=8)
+    assert g.names[g.sink] == "train_and_average"
+
+
+def test_two_groups_of_the_same_updates_are_ambiguous(tmp_path):
+    graph = _step()
+    with graph.as_default():
+        tf.group(graph.get_operation_by_name("train"), name="other")
+        tf.group(graph.get_operation_by_name("train"), name="another")
+    graph.clear_collection(v1.GraphKeys.TRAIN_OP)
+    with pytest.raises(InputError, match=r"2 ops could be the train op \('another', 'other'\)"):
+        load_op_graph(_write(graph, tmp_path, ".pb"), batch_size=8)
+
+
 @pytest.mark.parametrize("kind,flag,fix_args", [
     ("two_train_ops", "--train_op", ["--train_op", "step0"]),  # a named train op: the default batch too
     ("two_losses", "--loss", ["--loss", "loss1"]),

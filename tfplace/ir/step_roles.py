@@ -7,8 +7,9 @@ so `infer_step` reads them off the graph's structure (no op-name lists):
     through control edges, an *update*: an op that writes a variable (tfplace.ir.roles.VARIABLE_WRITER:
     every optimizer's Apply*, assigns, scatters) from a value that depends on an input
     placeholder. Initializers and restore ops write values that depend on no input, so the
-    `init` and `save/restore_all` ops are never candidates. A MetaGraphDef's `train_op`
-    collection, when present, wins.
+    `init` and `save/restore_all` ops are never candidates. Of several, those run for their effect
+    (a NoOp or a variable write) and running the most are kept (`_outermost`). A MetaGraphDef's
+    `train_op` collection, when present, wins, each entry lifted to the group a script runs it in.
   * **loss**: the scalar the gradients flow from. `tf.gradients` seeds the backward pass with
     ones (a `Fill` of 1, or `OnesLike`) shaped like the loss: `Fill(Shape(loss), 1)` names the
     loss directly; when the shape was folded to a constant, the seed's consumers are the loss
@@ -111,11 +112,14 @@ def infer_step(graph_def, *, train_ops: Optional[Sequence[str]] = None, loss: Op
       InputError naming the flag to pass when a role is missing or ambiguous.
     """
     g, hints = _Graph(graph_def), hints or {}
-    fed = [n for n, node in g.node.items() if node.op in _PLACEHOLDERS]
-    batched = g.descendants(fed, control=False)
-    updates = [n for n, node in g.node.items() if VARIABLE_WRITER.match(node.op) and n in batched]
+    batched, updates = _updates(g)
     sinks = _train_ops(g, train_ops, updates, hints, src)
     step = g.ancestors(sinks)
+    if loss is not None and loss.split(":")[0] not in g.node:
+        seeds = _seeded(g, step)
+        raise InputError(src, "loss", f"no op named {loss.split(':')[0]!r}" +
+                         (f"; the gradients flow from {_listing(seeds)}" if seeds else ""),
+                         "name the scalar loss's op with --loss NAME (Python: loss=)")
     loss_name = loss if loss is not None else _loss(g, step, src, required=loss_reduction is None)
     roots = list(sinks) + ([loss_name.split(":")[0]] if loss_name else [])
     step |= g.ancestors(roots)
@@ -123,6 +127,21 @@ def infer_step(graph_def, *, train_ops: Optional[Sequence[str]] = None, loss: Op
     inits = _initializers(g, step, batched, hints)
     optimizer, rate = _optimizer(g, [u for u in updates if u in step])
     return StepRoles(tuple(sinks), loss_name, tuple(specs), tuple(inits), _init_op(g, inits), optimizer, rate)
+
+
+def infer_train_ops(graph_def, *, collection: Sequence[str] = (), src: str = "GraphDef") -> List[str]:
+    """The train op(s) of a step as infer_step finds them, `collection` standing for a
+    MetaGraphDef's train_op collection (e.g. the names in a live graph's TRAIN_OP collection).
+    Raises InputError when there is none or several could be."""
+    g = _Graph(graph_def)
+    return _train_ops(g, None, _updates(g)[1], {"train_op": list(collection)}, src)
+
+
+def _updates(g) -> Tuple[Set[str], List[str]]:
+    """(the ops that depend on an input placeholder through data edges, the variable writes among them)."""
+    fed = [n for n, node in g.node.items() if node.op in _PLACEHOLDERS]
+    batched = g.descendants(fed, control=False)
+    return batched, [n for n, node in g.node.items() if VARIABLE_WRITER.match(node.op) and n in batched]
 
 
 def _listing(names: Sequence[str], limit: int = 6) -> str:
@@ -138,18 +157,44 @@ def _train_ops(g, given, updates, hints, src) -> List[str]:
         return list(given)
     collected = [n for n in dict.fromkeys(hints.get("train_op", [])) if n in g.node]
     if collected:  # minimize() adds its op too: keep those no other entry runs
-        return [n for n in collected if not any(n in g.ancestors([m]) for m in collected if m != n)]
+        lifted = list(dict.fromkeys(_lift(g, n) for n in collected))
+        return [n for n in lifted if not any(n in g.ancestors([m]) for m in lifted if m != n)]
     if not updates:
         raise InputError(src, "train_op", "no op updates a variable from the inputs (no optimizer apply or assign "
                          "that depends on a placeholder)", "export the training step (loss + optimizer.minimize), "
                          "or name the train op with --train_op (Python: train_ops=)")
-    reach = g.descendants(updates)
-    found = sorted(n for n in reach if not g.consumers[n])
+    found = _outermost(g, sorted(n for n in g.descendants(updates) if not g.consumers[n]))
     if len(found) > 1:
         raise InputError(src, "train_op", f"{len(found)} ops could be the train op ({_listing(found)})",
                          "name it with --train_op NAME, or several comma-separated to run them together "
                          "(Python: train_ops=[...])")
     return found
+
+
+def _lift(g, name: str) -> str:
+    """The op a script runs for the collected train op `name`: `name` itself when nothing consumes
+    it, else the one outermost sink that runs it (`tf.group(opt.minimize(...), name="train_op")`
+    puts minimize's op in the collection and the script runs the group); `name` when there are
+    several."""
+    if not g.consumers[name]:
+        return name
+    sinks = _outermost(g, sorted(n for n in g.descendants([name]) if not g.consumers[n]))
+    return sinks[0] if len(sinks) == 1 else name
+
+
+def _outermost(g, sinks: Sequence[str]) -> List[str]:
+    """The train-op candidates among `sinks` (ops nothing consumes): those run for their effect (a
+    NoOp, or an op that writes a variable) when there are any, since a value nobody reads (e.g.
+    Adam's read of its beta powers after updating them) is no train op; then without those that
+    run nothing besides themselves that another candidate does not run, unless that one runs no
+    more than they do (an EMA group run after the train op wins; two groups of the same updates
+    stay, ambiguous)."""
+    effect = [n for n in sinks if g.node[n].op == "NoOp" or VARIABLE_WRITER.match(g.node[n].op)]
+    sinks = effect or list(sinks)
+    runs = {n: g.ancestors([n]) for n in sinks}
+    before = {n: runs[n] - {n} for n in sinks}
+    return [n for n in sinks
+            if not any(before[n] <= runs[o] and not before[o] <= runs[n] for o in sinks if o != n)]
 
 
 def _const_value(node) -> Optional[float]:
@@ -164,6 +209,19 @@ def _const_value(node) -> Optional[float]:
 
 
 def _loss(g, step, src, required) -> Optional[str]:
+    found = _seeded(g, step)
+    if len(found) == 1:
+        return found.pop()
+    if not found and not required:
+        return None
+    problem = (f"{len(found)} tensors seed gradients ({_listing(found)})" if found
+               else "no gradient seed (tf.gradients' Fill of ones) in the step, so the loss is unknown")
+    raise InputError(src, "loss", problem, "name the scalar loss with --loss NAME (Python: loss=)"
+                     + ("" if found else ", or give --loss_reduction mean|sum to go without one"))
+
+
+def _seeded(g, step) -> Set[str]:
+    """The tensors of `step` that seed gradients (see the module docstring: the loss candidates)."""
     found = set()
     for name in step:
         node = g.node[name]
@@ -178,15 +236,7 @@ def _loss(g, step, src, required) -> Optional[str]:
                 match = _GRAD_SCOPE.search(consumer)
                 if match and match.group(1) in g.node:
                     found.add(match.group(1))
-    found = {n[:-2] if n.endswith(":0") else n for n in found}
-    if len(found) == 1:
-        return found.pop()
-    if not found and not required:
-        return None
-    problem = (f"{len(found)} tensors seed gradients ({_listing(found)})" if found
-               else "no gradient seed (tf.gradients' Fill of ones) in the step, so the loss is unknown")
-    raise InputError(src, "loss", problem, "name the scalar loss with --loss NAME (Python: loss=)"
-                     + ("" if found else ", or give --loss_reduction mean|sum to go without one"))
+    return {n[:-2] if n.endswith(":0") else n for n in found}
 
 
 def _inputs(g, step, given, src) -> List[dict]:

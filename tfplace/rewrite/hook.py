@@ -8,7 +8,8 @@
 `begin()` (called before the session exists) rewrites the default graph's training step with
 tfplace.rewrite.graph_rewrite, imports the result under the scope `tfplace_step/` with the script's
 placeholders mapped onto the rewritten graph's inputs (so the script's feeds feed it), and
-re-points the script's train op: it must be a NoOp (`tf.group(...)`); its control inputs are
+re-points the script's train op (`train_op=`, by default the op the script runs as
+tfplace.ir.step_roles finds it for a bare step): it must be a NoOp (`tf.group(...)`); its control inputs are
 replaced by the rewritten step's train op (and the global step's copy, below), so the original
 single-device update no longer runs.
 
@@ -69,8 +70,9 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         if tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS):
             raise ValueError("PlacementHook: the graph's SAVERS collection already holds a Saver, which would save "
                              "the script's untrained variables; leave it out (the hook provides one, hook.saver)")
-        train_op = self._train_op if self._train_op is not None else tf.compat.v1.get_collection(
-            tf.compat.v1.GraphKeys.TRAIN_OP)[0]
+        for v in tf.compat.v1.global_variables():  # before the rewrite, which cannot import reference variables
+            _handle(g, v.op.name)
+        train_op = self._train_op if self._train_op is not None else _inferred_train_op(g)
         train_op = getattr(train_op, "op", train_op)
         if train_op.type != "NoOp":
             raise ValueError(f"PlacementHook: train op {train_op.name!r} is a {train_op.type}; group it "
@@ -150,11 +152,29 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
             session.run(self.sync_op)
 
 
+def _inferred_train_op(g):
+    """The op the script runs to train, found as for a bare step (tfplace.ir.step_roles): the
+    TRAIN_OP collection's entry lifted to the group that runs it, else the outermost op that runs
+    the updates. ValueError naming `train_op=` when there is none or several could be."""
+    from tfplace.formats.errors import InputError
+    from tfplace.ir.step_roles import infer_train_ops
+    collected = [getattr(t, "op", t).name for t in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.TRAIN_OP)]
+    try:
+        names = infer_train_ops(g.as_graph_def(), collection=collected, src="default graph")
+    except InputError as err:
+        raise ValueError(f"PlacementHook: {err.problem}; pass the op the script runs as train_op=") from None
+    if len(names) > 1:
+        raise ValueError(f"PlacementHook: the script has {len(names)} train ops ({', '.join(names)}); group them "
+                         "with tf.group(...) and pass the group as train_op=")
+    return g.get_operation_by_name(names[0])
+
+
 def _handle(g, name: str):
     op = g.get_operation_by_name(name)
     if op.type != "VarHandleOp":
-        raise ValueError(f"PlacementHook: variable {name!r} is a {op.type}; the hook needs resource variables "
-                         "(tf.compat.v1.enable_resource_variables())")
+        raise ValueError(f"PlacementHook: variable {name!r} is a {op.type}; the hook needs resource variables: call "
+                         "tf.compat.v1.enable_resource_variables() before building the model (disable_v2_behavior() "
+                         "turns them off; the Grappler plugin takes either kind)")
     return op.outputs[0]
 
 
