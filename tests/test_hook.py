@@ -188,3 +188,39 @@ def test_the_hook_says_what_to_change_in_the_script(build, says):
             hook = PlacementHook(STRATEGY, LOCAL_CPU, loss=loss)
         with pytest.raises(ValueError, match="PlacementHook: .*" + says.replace("(", r"\(").replace(")", r"\)")):
             hook.begin()
+
+
+_FAILING_SCRIPT = """
+import os, sys
+import tensorflow as tf
+from tfplace.rewrite.hook import PlacementHook
+from tfplace.runtime.local_cluster import LocalCluster
+from tfplace.testing import mlp_training_script
+tf.compat.v1.disable_eager_execution()
+
+class Raises(tf.compat.v1.train.SessionRunHook):
+    def after_create_session(self, session, coord):
+        raise RuntimeError("a hook of the script failed")
+
+with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1]) as lc, tf.Graph().as_default():
+    x, y, loss, train_op, _, _ = mlp_training_script(optimizer="sgd")
+    hook = PlacementHook(sys.argv[1], sys.argv[2], train_op, loss)
+    with tf.compat.v1.train.MonitoredTrainingSession(master=lc.target, config=hook.session_config(lc.session_config()),
+                                                     hooks=[hook, Raises()]) as sess:
+        pass
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_script_whose_session_creation_fails_exits_instead_of_hanging(tmp_path):
+    """The session MonitoredTrainingSession opened stays open when a hook raises while it is
+    created; closed by its finalizer after the servers stopped, TensorFlow retried that RPC forever.
+    The cluster now closes it first: the script ends with its error (a hang times out here)."""
+    import subprocess
+    import sys
+    script = tmp_path / "script.py"
+    script.write_text(_FAILING_SCRIPT)
+    result = subprocess.run([sys.executable, str(script), STRATEGY, LOCAL_CPU], capture_output=True, text=True,
+                            timeout=90, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.rstrip().endswith("RuntimeError: a hook of the script failed"), result.stderr[-2000:]

@@ -349,6 +349,8 @@ class LocalCluster:
         if self._closed:
             return
         self._closed = True
+        if self._addresses:
+            _close_sessions_on(f"grpc://{self._addresses[0]}")  # self.target: only while open
         self._kill_all()
         with self._stepper_lock:
             for stepper in self._steppers:
@@ -529,6 +531,26 @@ class LocalCluster:
         except OSError:
             tail = ""
         return WorkerDiedError(task, self._addresses[task], proc.pid, proc.poll(), tail, during)
+
+
+def _close_sessions_on(target: str) -> None:
+    """Closes every TensorFlow session still open on `target` while its servers live. A session a
+    script left open (its creation failed part way: a session hook raised, or Ctrl-C came while
+    MonitoredTrainingSession started) is otherwise closed by its finalizer after the servers
+    stopped, and TensorFlow retries that RPC forever: the script would hang instead of exiting.
+    Each close is bounded by CLOSE_TIMEOUT_S. Does nothing unless TensorFlow is imported."""
+    if "tensorflow" not in sys.modules:
+        return
+    import gc
+
+    from tensorflow.python.client.session import BaseSession
+    names = (target, target.encode())  # sess_str is bytes in TF 2.15
+    open_sessions = [obj for obj in gc.get_objects() if isinstance(obj, BaseSession)
+                     and not getattr(obj, "_closed", True) and obj.sess_str in names]
+    for session in open_sessions:
+        closing = threading.Thread(target=session.close, name="tfplace-session-close", daemon=True)
+        closing.start()
+        closing.join(CLOSE_TIMEOUT_S)
 
 
 _SESSION_CLASS = None
