@@ -1,9 +1,8 @@
 """`python activate.py cfg` end to end on the local CPU cluster:
-one good strategy, one entry that fails while it runs (a strategy deciding a group the graph
-lacks) and one baseline; the run completes, the failed entry is reported while the others run,
+one good strategy, one entry that fails while it runs and one baseline; the run completes, the failed entry is reported while the others run,
 results.json carries measured and simulated times and their ratio, and every timeline is a valid
 Chrome trace. An entry that is bad before any run (an unknown baseline, a strategy naming a device
-the cluster lacks) stops the run before any work."""
+the cluster lacks, or a group its graph lacks) stops the run before any work."""
 
 import io
 import json
@@ -44,16 +43,43 @@ def test_a_bad_entry_stops_activate_before_any_work(tmp_path, monkeypatch, capsy
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.multiprocess
-def test_activate_runs_good_entries_and_reports_the_bad_one(tmp_path, monkeypatch):
-    from tfplace.cli.activate import run
-    good = _write(tmp_path / "good.json", {
-        "format": "tfplace.strategy", "global_batch_size": 16, "max_groups": 4,
-        "default": {"shares": {"cpu0": 8, "cpu1": 4, "cpu2": [2, 2]}, "sync": "allreduce"}})
-    bad = _write(tmp_path / "bad.json", {  # found when the entry runs: the graph has no such group
+def test_a_strategy_deciding_a_group_the_graph_lacks_stops_activate_before_any_server(tmp_path, monkeypatch,
+                                                                                       capsys):
+    """The group names need the graph: it is exported and grouped first, and no server starts."""
+    from tfplace.cli import activate, common
+    from tfplace.runtime import local_cluster
+    monkeypatch.setattr(local_cluster.LocalCluster, "start", lambda *a, **k: pytest.fail("a server was started"))
+    bad = _write(tmp_path / "bad.json", {
         "format": "tfplace.strategy", "global_batch_size": 16, "max_groups": 4,
         "default": {"shares": {"cpu0": 16}, "sync": "allreduce"},
         "groups": {"no_such_group": {"shares": {"cpu1": 16}, "sync": "allreduce"}}})
+    config = {"format": "tfplace.activate_config", "cluster": os.path.join(ROOT, "clusters", "local_cpu.json"),
+              "strategies": [{"name": "bad", "strategy": bad, "model": "tiny_mlp"}], "baselines": ["single"],
+              "output_dir": str(tmp_path / "out")}
+    status = common.call(activate, [_write(tmp_path / "activate_config.txt", config)])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert f"{bad}: groups.no_such_group: no such group in the graph at this max_groups" in err and "Fix:" in err
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+@pytest.mark.multiprocess
+def test_activate_runs_good_entries_and_reports_the_bad_one(tmp_path, monkeypatch):
+    from tfplace.cli.activate import run
+    from tfplace.rewrite import graph_rewrite
+    good = _write(tmp_path / "good.json", {
+        "format": "tfplace.strategy", "global_batch_size": 16, "max_groups": 4,
+        "default": {"shares": {"cpu0": 8, "cpu1": 4, "cpu2": [2, 2]}, "sync": "allreduce"}})
+    bad = _write(tmp_path / "bad.json", {
+        "format": "tfplace.strategy", "global_batch_size": 16, "max_groups": 4,
+        "default": {"shares": {"cpu0": 16}, "sync": "allreduce"}})
+    rewrite = graph_rewrite.rewrite_step
+
+    def failing_for_bad(graph, strategy, *args, **kwargs):  # as a worker running out of memory would
+        if strategy.source == bad:
+            raise RuntimeError("no_such_group: the entry failed while it ran")
+        return rewrite(graph, strategy, *args, **kwargs)
+    monkeypatch.setattr(graph_rewrite, "rewrite_step", failing_for_bad)
     out_dir = tmp_path / "out"
     cfg = _write(tmp_path / "activate_config.txt", {
         "format": "tfplace.activate_config",

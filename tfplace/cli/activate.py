@@ -47,7 +47,7 @@ from typing import Any, Callable, Dict, List, Optional
 from tfplace.cli import common
 from tfplace.formats.cluster import Cluster, load_cluster
 from tfplace.formats.config import MEASURE, ActivateConfig, GraphEntry, load_activate_config
-from tfplace.formats.strategy import load_strategy
+from tfplace.formats.strategy import load_strategy, validate_strategy
 from tfplace.runtime import machine_speed
 
 
@@ -104,6 +104,22 @@ def _jobs(config: ActivateConfig) -> List[Dict[str, Any]]:
             jobs.append({"name": f"{base}.{stem}", "kind": "baseline", "baseline": base, "graph": path,
                          "batch": batch, "error": None})
     return jobs
+
+
+def check_groups(jobs: List[Dict[str, Any]], cluster: Cluster) -> None:
+    """Raises InputError naming the strategy file's field when a strategy entry's groups are not
+    its graph's at its max_groups (tfplace.formats.strategy.validate_strategy): loads each such
+    graph and groups it, as the entry's run would. Entries whose graph failed to export are left
+    to be reported as they run."""
+    from tfplace.ir.grouping import make_grouping
+    from tfplace.ir.loader import load_op_graph
+    graphs: Dict[str, Any] = {}
+    for job in jobs:
+        if job["kind"] != "strategy" or job.get("error") is not None or job.get("grouping") is not None:
+            continue
+        strategy = job["strategy"]
+        graph = graphs.get(job["graph"]) or graphs.setdefault(job["graph"], load_op_graph(job["graph"]))
+        validate_strategy(strategy, make_grouping(graph, strategy.max_groups).group_names, cluster.device_names)
 
 
 def _is_horovod(job) -> bool:
@@ -254,8 +270,10 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads, watch
     return {"step_times_s": times, "simulated_s": sim, "timeline": path, "probes_s": [before, after]}
 
 
-def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
-    """Runs every entry of the config; returns (and writes) the result rows."""
+def run(config_path: str, out=None) -> List[Dict[str, Any]]:
+    """Runs every entry of the config, printing to `out` (standard output by default); returns
+    (and writes) the result rows."""
+    out = out or sys.stdout  # at call time: a stream bound when the module loaded may be closed since
     from tfplace.graph_defs.export import resolve_options
     from tfplace.runtime.local_cluster import LocalCluster
     config = load_activate_config(config_path, check_model=resolve_options)  # every entry: before any work
@@ -280,6 +298,7 @@ def run(config_path: str, out=sys.stdout) -> List[Dict[str, Any]]:
         print(note, file=out, flush=True)
     with common.OutputLock(config.output_dir, config_path, "output_dir"):  # one run per folder
         jobs = _jobs(config)
+        check_groups(jobs, cluster)  # before any server: a group the graph lacks is an input error
         if config.trace:
             common.check_outputs_in(config.output_dir, [f"{j['name']}.timeline.json" for j in jobs], config_path,
                                     "output_dir")
@@ -418,7 +437,7 @@ def _write_results(path: str, config_path: str, config: ActivateConfig, rows, co
             os.remove(tmp)
 
 
-def print_table(rows, out=sys.stdout) -> None:
+def print_table(rows, out=None) -> None:
     """The result table: an entry column as wide as its longest name, so the numbers line up."""
     w = max([40] + [len(r["name"]) for r in rows])
     print(f"{'entry':{w}s} {'measured ms':>16s} {'simulated ms':>13s} {'sim/real':>9s}", file=out)
@@ -493,7 +512,7 @@ def _compared(other_s: float, this_s: float) -> str:
     return f"{other_s / this_s:.2f}x faster than" if this_s < other_s else f"{this_s / other_s:.2f}x slower than"
 
 
-def print_machine_note(rows, out=sys.stdout) -> None:
+def print_machine_note(rows, out=None) -> None:
     """One line when some rounds ran while the machine itself was slow (machine_speed)."""
     rounds = [x for r in rows if not r["error"] for x in r["rounds"]]
     slow = [x["machine_slowdown"] for x in rounds if x["disturbed"]]

@@ -79,7 +79,7 @@ def fastest(rows: Sequence[Dict[str, Any]]) -> Optional[int]:
 
 
 def confirm(task, result, bundle: str, cluster_path: str, overheads_path: Optional[str], k: int, steps: int,
-            warmup_steps: int, rounds: int, out=sys.stdout) -> RealCheck:
+            warmup_steps: int, rounds: int, out=None) -> RealCheck:
     """Runs candidates(result.best, result.baseline_entries, k, the grouping's names) of the graph
     bundle `bundle` on the cluster of `task` (the PlacementTask planned: its grouping and profile,
     so each rewrite is the strategy the plan simulated) for `rounds` rounds of `warmup_steps` +
