@@ -14,7 +14,6 @@ baseline that runs faster for real. A lead within the rounds' spread is called a
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tfplace.formats.errors import TfplaceError
