@@ -141,3 +141,30 @@ def test_plan_command_uses_the_shipped_policy_without_a_checkpoint(tmp_path):
     assert "zero-shot" in result.stdout and f"strategy written to {out}" in result.stdout
     s = load_strategy(out)
     validate_strategy(s, None, list(s.all_devices()), 16)
+
+
+def test_plan_command_writes_nothing_when_every_strategy_runs_out_of_memory(tmp_path):
+    """Devices of 100 kB: no strategy of the tiny CNN fits. plan says which device needs how much
+    against its memory, exits 1 and leaves --out unwritten (the train command exits 1 too)."""
+    import json
+    import re
+    import subprocess
+    import sys
+    with open(os.path.join(REPO, "clusters/two_kind_4gpu.json")) as f:
+        cluster = json.load(f)
+    for device in cluster["devices"]:
+        device["memory_bytes"] = 100_000
+    small = tmp_path / "small_memory.json"
+    small.write_text(json.dumps(cluster))
+    out = tmp_path / "s.json"
+    result = subprocess.run([sys.executable, "-m", "tfplace.plan", "--model", "tiny_cnn", "--batch_size", "16",
+                             "--cluster", str(small), "--samples", "0", "--out", str(out)],
+                            capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 1, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"{small}: no strategy found fits in device memory" in errors[0], result.stderr
+    needs = re.findall(r"(\w+) needs (\d+) of (\d+) bytes", errors[0])
+    assert needs and all(int(need) > int(capacity) == 100_000 for _, need, capacity in needs), errors[0]
+    assert f"{out} was not written" in errors[0] and "Fix:" in errors[0] and not out.exists()
+    assert "strategy written" not in result.stdout

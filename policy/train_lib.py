@@ -381,9 +381,8 @@ class Trainer:
             report = r.best_report or r.task.simulate(best.strategy)
             out["tasks"][r.label] = {"best_time_s": best.time_s, "best_source": best.source,
                                      "feasible": not best.oom,
-                                     "oom_devices": {d: {"peak_memory_bytes": int(p), "memory_bytes": int(c)}
-                                                     for d, p, c in zip(report.device_names, report.peak_memory_bytes,
-                                                                        report.memory_capacity_bytes) if p > c},
+                                     "oom_devices": {d: {"peak_memory_bytes": p, "memory_bytes": c}
+                                                     for d, (p, c) in report.over_memory.items()},
                                      "best_baseline": bb.source, "best_baseline_time_s": bb.time_s,
                                      "best_baseline_feasible": not bb.oom,
                                      "speedup_over_best_baseline": r.speedup(),

@@ -142,6 +142,12 @@ def test_a_number_out_of_range_is_a_usage_error_naming_the_flag(name, argv, flag
 @pytest.mark.parametrize("name,argv,expected", [
     ("groups", [], "error: --graph, --max-groups are required. Fix: give them (see --help)"),
     ("groups", ["--graph", TINY], "error: --max-groups is required. Fix: give it (see --help)"),
+    ("plan", ["--cluster", CLUSTER, "--out", "s.json"], "error: one of --graph or --model is required. Fix: give one "
+                                                        "(see --help)"),
+    ("plan", ["--model", "tiny_mlp", "--graph", TINY, "--cluster", CLUSTER, "--out", "s.json"],
+     "error: --graph and --model were given together. Fix: keep one of them (see --help)"),
+    ("plan", ["--model", "tiny_mlp", "--checkpoint", ".", "--policy", "p.json", "--cluster", CLUSTER, "--out",
+              "s.json"], "error: --checkpoint and --policy were given together. Fix: keep one of them (see --help)"),
 ])
 def test_a_required_flag_left_out_is_one_line_naming_it(name, argv, expected, tmp_path):
     result = _run(COMMANDS[name][0], argv, tmp_path)

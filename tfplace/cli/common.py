@@ -452,12 +452,23 @@ _ABSL_FIXES = (("is not a positive integer", "give an integer >= 1"),
 _MISSING_FLAG = re.compile(r"flag --(\S+)=None: Flag --\S+ must have a value other than None\.?")
 
 
+# absl's line for flags of which one (or at most one) may be given:
+# "flags graph=None, model=None: Exactly one of (graph, model) must have a value other than None."
+_ONE_OF = re.compile(r"flags (.*?): (?:Exactly|At most) one of \(([^)]*)\) must have a value other than None\.?")
+
+
 def _usage_error(message: str) -> None:
     text = " ".join(str(message).split())
     missing = _MISSING_FLAG.findall(text)
     if missing:
         text = ", ".join(f"--{name}" for name in missing) + (" is" if len(missing) == 1 else " are") + \
             " required. Fix: give " + ("it" if len(missing) == 1 else "them")
+    one_of = _ONE_OF.search(text)
+    if one_of:
+        names = [name.strip() for name in one_of.group(2).split(",")]
+        given = [name for name in names if not re.search(rf"(^|, ){re.escape(name)}=None(,|$)", one_of.group(1))]
+        text = (" and ".join(f"--{name}" for name in given) + " were given together. Fix: keep one of them" if given
+                else "one of " + " or ".join(f"--{name}" for name in names) + " is required. Fix: give one")
     if "Fix:" not in text:  # every error line says how to fix it
         fix = next((f for phrase, f in _ABSL_FIXES if phrase in text), "give a value that --help describes")
         text = f"{text.rstrip('.')}. Fix: {fix}"

@@ -9,6 +9,8 @@ network sizes and max_groups, its state.json the checkpoint) or --policy FILE (a
 `python -m tfplace.pretrain`) names another. The result is the best of: the policy's greedy
 strategy, `--samples` policy samples, every baseline, and (with --search_seconds) the
 policy-guided search (tfplace.policy.planner.plan_task); it is never worse than the best baseline.
+When even that runs out of device memory, nothing is written: one error line gives each device's
+need against its memory, exit status 1.
 
 --confirm_real K (a cluster of loopback tasks, emulated as its file says; any other is refused
 before planning): the result, the K baselines the simulator ranks next and the fastest device
@@ -125,18 +127,33 @@ def main(argv) -> int:
                                      machine_fix=f"give --overheads {MEASURE} to measure them on this machine")
     result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
                           cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
-                          samples=FLAGS.samples, seed=FLAGS.seed, out=None if FLAGS.confirm_real else FLAGS.out,
-                          resolve_bundle=bundle_for_entry, overheads=overheads_path, weights=FLAGS.policy)
+                          samples=FLAGS.samples, seed=FLAGS.seed, out=None, resolve_bundle=bundle_for_entry,
+                          overheads=overheads_path, weights=FLAGS.policy)
     print(planner.format_result(result), flush=True)
+    if result.best.oom:  # nothing written: a strategy that does not fit is no plan
+        print(f"error: {out_of_memory_problem(result)}; {FLAGS.out} was not written. Fix: use a cluster with more "
+              f"device memory or a smaller batch size", file=sys.stderr)
+        return common.FAILED_EXIT
+    from tfplace.formats.strategy import save_strategy
+    strategy = result.best.strategy
     if FLAGS.confirm_real:
         from tfplace.cli import real_check
-        from tfplace.formats.strategy import save_strategy
         check = real_check.confirm(result.task, result, result.bundle, FLAGS.cluster, overheads_path,
                                    FLAGS.confirm_real, FLAGS.confirm_steps, FLAGS.confirm_steps, FLAGS.confirm_rounds)
         print(real_check.format_check(check))
-        save_strategy(check.strategy, FLAGS.out)
-        print(f"strategy written to {FLAGS.out}")
+        strategy = check.strategy
+    save_strategy(strategy, FLAGS.out)
+    print(f"strategy written to {FLAGS.out}")
     return 0
+
+
+def out_of_memory_problem(result) -> str:
+    """What runs out of memory in `result` (a PlanResult whose best is OOM): every strategy the
+    plan considered did, the best included; each device's peak against its memory."""
+    report = result.task.simulate(result.best.strategy)
+    over = ", ".join(f"{d} needs {peak} of {capacity} bytes" for d, (peak, capacity) in report.over_memory.items())
+    return (f"{FLAGS.cluster}: no strategy found fits in device memory: the best ({result.best.source}) "
+            f"runs out of memory ({over})")
 
 
 def measured_overheads_path() -> str:

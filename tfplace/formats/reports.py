@@ -67,6 +67,12 @@ class SimReport:
             raise ValueError(f"SimReport.iteration_time_s: must be finite and >= 0, got {self.iteration_time_s}")
 
     @property
+    def over_memory(self) -> Dict[str, Tuple[int, int]]:
+        """{device: (peak bytes, capacity bytes)} of every device whose peak exceeds its memory."""
+        return {d: (int(p), int(c)) for d, p, c in zip(self.device_names, self.peak_memory_bytes,
+                                                       self.memory_capacity_bytes) if p > c}
+
+    @property
     def utilisation(self) -> Tuple[float, ...]:
         """Busy fraction of each device's compute lane over the iteration."""
         t = self.iteration_time_s
