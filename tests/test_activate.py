@@ -421,3 +421,20 @@ def test_activate_exits_1_when_an_entry_failed(monkeypatch, capsys, errors, stat
     err = capsys.readouterr().err
     failed = [r["name"] for r in rows if r["error"]]
     assert (f"error: {len(failed)} of 2 entries failed ({', '.join(failed)})" in err) == bool(failed), err
+
+
+def test_a_new_run_moves_the_earlier_results_aside_before_any_entry(tmp_path):
+    """Stopped before its first entry ends, a run must not leave the earlier run's results.json
+    (complete: true) beside its own files: it is moved to results.previous.json, and this run's
+    results.json says it is not complete."""
+    from tfplace.cli import activate
+    from tfplace.formats.config import ActivateConfig
+    from tfplace.runtime import machine_speed
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"complete": True, "results": [{"name": "earlier"}]}))
+    config = ActivateConfig(cluster=os.path.join(ROOT, "clusters", "local_cpu.json"), strategies=(), baselines=(),
+                            graphs=(), output_dir=str(tmp_path))
+    activate._start_results(str(results), "a.txt", config, machine_speed.SpeedWatch([0]))
+    assert json.loads((tmp_path / activate.PREVIOUS_RESULTS).read_text())["results"] == [{"name": "earlier"}]
+    now = json.loads(results.read_text())
+    assert now["complete"] is False and now["results"] == []

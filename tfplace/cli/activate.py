@@ -9,7 +9,8 @@ for real and whether the simulator ranked it first (verdict_lines). Every entry 
 work (an unknown baseline, a strategy file that does not fit the cluster: exit 2); an entry that
 fails while it runs (out of memory, a strategy whose groups the graph lacks) is reported (its error
 in the table and in results.json) and the others still run; a worker that died is replaced by a
-new cluster for the next entry. Results: `<output_dir>/results.json`, rewritten after every entry
+new cluster for the next entry. Results: `<output_dir>/results.json`, written empty when the run
+starts (an earlier run's moved to results.previous.json) and rewritten after every entry
 ("complete": false until the last), so what ran survives an interrupt. Each core the run uses is
 probed just before and after every timed window (tfplace.runtime.machine_speed): a round during
 which the machine itself ran slow (a shared host) is marked "disturbed" in results.json and left
@@ -277,7 +278,7 @@ def run(config_path: str, out=None) -> List[Dict[str, Any]]:
     from tfplace.graph_defs.export import resolve_options
     from tfplace.runtime.local_cluster import LocalCluster
     config = load_activate_config(config_path, check_model=resolve_options)  # every entry: before any work
-    common.check_outputs_in(config.output_dir, ["results.json", ".tfplace.lock"] +
+    common.check_outputs_in(config.output_dir, ["results.json", PREVIOUS_RESULTS, ".tfplace.lock"] +
                             ([OVERHEADS_FILE] if config.overheads == MEASURE else []), config_path,
                             "output_dir")  # before any work
     cluster = load_cluster(config.cluster)
@@ -303,6 +304,7 @@ def run(config_path: str, out=None) -> List[Dict[str, Any]]:
             common.check_outputs_in(config.output_dir, [f"{j['name']}.timeline.json" for j in jobs], config_path,
                                     "output_dir")
         watch.calibrate()
+        _start_results(results_path, config_path, config, watch)
         if measure_overheads:
             overheads = measure_cluster_overheads(cluster, config.cluster,
                                                   os.path.join(config.output_dir, OVERHEADS_FILE),
@@ -417,6 +419,18 @@ def _running_cluster(lc, cluster: Cluster, out):
         lc.close()
         print("a worker died: restarting the cluster for the next entry", file=out, flush=True)
     return LocalCluster.for_cluster(cluster).start()
+
+
+PREVIOUS_RESULTS = "results.previous.json"  # an earlier run's results.json, kept when a new run starts
+
+
+def _start_results(path: str, config_path: str, config: ActivateConfig, watch) -> None:
+    """Moves an earlier run's results.json aside (PREVIOUS_RESULTS, replacing an older one) and
+    writes this run's, empty and not complete: a run stopped before its first entry ends leaves no
+    earlier run's results marked complete beside its own files."""
+    if os.path.exists(path):
+        os.replace(path, os.path.join(os.path.dirname(path), PREVIOUS_RESULTS))
+    _write_results(path, config_path, config, [], False, watch)
 
 
 def _write_results(path: str, config_path: str, config: ActivateConfig, rows, complete: bool, watch) -> None:
