@@ -22,6 +22,7 @@ import re
 import time
 
 from tfplace.formats.errors import InputError
+from tfplace.formats.config import SIZE_LIMIT
 
 from . import bundle
 from . import models
@@ -37,8 +38,8 @@ DEFAULT_LR = 0.01
 def _check_int(field, value, minimum, model):
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{model}: {field} must be an integer >= {minimum}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value < SIZE_LIMIT:
+        raise ValueError(f"{model}: {field} must be an integer >= {minimum} and below 2**31, got {value!r}")
     return value
 
 

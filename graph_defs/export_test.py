@@ -195,9 +195,10 @@ def test_bundle_stem(name, opts, stem):
 
 @pytest.mark.parametrize("name,opts,message", [
     ("alexnet", {}, "unknown model 'alexnet'"),
-    ("vgg19", {"batch_size": 0}, "batch_size must be an integer >= 1, got 0"),
+    ("vgg19", {"batch_size": 0}, r"batch_size must be an integer >= 1 and below 2\*\*31, got 0"),
+    ("vgg19", {"batch_size": 2 ** 31}, r"batch_size must be an integer >= 1 and below 2\*\*31, got 2147483648"),
     ("vgg19", {"batch_size": 2.5}, "batch_size must be an integer"),
-    ("resnet50", {"image_size": -3}, "image_size must be an integer >= 1, got -3"),
+    ("resnet50", {"image_size": -3}, r"image_size must be an integer >= 1 and below 2\*\*31, got -3"),
     ("bert_large", {"image_size": 224}, "option image_size does not apply"),
     ("vgg19", {"seq_len": 128}, "option seq_len does not apply"),
     ("vgg19", {"optimizer": "rmsprop"}, "unknown optimizer 'rmsprop'"),
@@ -245,7 +246,7 @@ def test_cli(tmp_path, capsys):
     from tfplace.cli import export as export_cli
     from tfplace.cli.common import call
     assert call(export_cli, ["--model", "tiny_mlp", "--batch-size", "0", "--out", str(tmp_path)]) == 2
-    assert "--batch-size=0: 0 is not a positive integer" in capsys.readouterr().err
+    assert "--batch-size=0: 0 is not an integer in the range [1, 2147483647]" in capsys.readouterr().err
     assert call(export_cli, ["--all", "--batch-size", "8"]) == 2
     assert "--all/--tiny export the default sizes" in capsys.readouterr().err
     assert call(export_cli, ["--model", "tiny_mlp", "--batch-size", "4", "--out", str(tmp_path)]) == 0

@@ -132,6 +132,8 @@ def test_activate_without_a_config_prints_usage_and_exits_2(tmp_path):
     ("profile", ["--graph", TINY, "--out", "p.json", "--batch-sizes", "4,-2"], "--batch-sizes"),
     ("plan", ["--checkpoint", ".", "--model", "m", "--cluster", CLUSTER, "--search_seconds", "-1"], "--search_seconds"),
     ("groups", ["--graph", TINY, "--max-groups", "3", "--batch-size", "0"], "--batch-size"),
+    ("plan", ["--model", "tiny_mlp", "--cluster", CLUSTER, "--batch_size", str(10 ** 12)], "--batch_size"),  # int32
+    ("compare", ["--graph", TINY, "--cluster", CLUSTER, "--batch-size", str(2 ** 31)], "--batch-size"),
 ])
 def test_a_number_out_of_range_is_a_usage_error_naming_the_flag(name, argv, flag, tmp_path):
     result = _run(COMMANDS[name][0], argv, tmp_path)

@@ -439,6 +439,7 @@ def _help(doc: str, names: Sequence[str], positional: Sequence[str]) -> str:
 
 # absl's own usage messages (bounds, enums, unknown or missing flags) -> the fix they imply
 _ABSL_FIXES = (("is not a positive integer", "give an integer >= 1"),
+               ("is not an integer in the range", "give an integer in that range"),
                ("is not a non-negative integer", "give an integer >= 0"),
                ("is not a positive number", "give a number > 0"),
                ("is not a non-negative number", "give a number >= 0"),

@@ -42,7 +42,8 @@ def main(argv) -> int:
     import dataclasses
 
     from tfplace.formats.config import load_train_config
-    config = load_train_config(FLAGS.config)
+    from tfplace.graph_defs.export import resolve_options
+    config = load_train_config(FLAGS.config, check_model=resolve_options)  # zoo names and options: before any work
     if FLAGS.output_dir:
         config = dataclasses.replace(config, output_dir=os.path.abspath(FLAGS.output_dir))
     else:

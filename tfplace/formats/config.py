@@ -38,6 +38,10 @@ DERIVE = "derive"
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")  # entry names become file names
 
 _pos = dict(check=lambda v: v > 0, must="be > 0")
+#: Sizes a graph is built with (batch, image side, sequence length) stay below this: TensorFlow's
+#: shapes are int32.
+SIZE_LIMIT = 2 ** 31
+_size = dict(check=lambda v: 0 < v < SIZE_LIMIT, must="be > 0 and below 2**31 (TensorFlow sizes are int32)")
 _non_neg = dict(check=lambda v: v >= 0, must="be >= 0")
 
 
@@ -232,10 +236,10 @@ def _graph_entry(g: FieldReader, bases: List[str], check_model: Optional[ModelCh
     if g.has("model") == g.has("graph"):
         raise g.error(None, 'needs exactly one of "model" (a zoo model name) and "graph" (a bundle .json path)',
                       'keep one of the two keys')
-    options = {key: g.get(key, int, default=None, **_pos) for key in ("image_size", "seq_len", "num_layers")}
+    options = {key: g.get(key, int, default=None, **_size) for key in ("image_size", "seq_len", "num_layers")}
     options["optimizer"] = g.get("optimizer", str, default=None, check=lambda v: v in OPTIMIZERS,
                                  must=f"be one of {list(OPTIMIZERS)}")
-    batch = g.get("batch_size", int, **_pos)
+    batch = g.get("batch_size", int, **_size)
     if g.has("graph"):
         for key, value in options.items():
             if value is not None:
