@@ -360,10 +360,11 @@ def test_activate_profile_takes_two_values(tmp_path, value):
         load_activate_config(cfg)
 
 
-def _verdict_row(name, real_ms, sim_ms=None, graph="g/tiny_mlp_b16_sgd.json", error=None):
+def _verdict_row(name, real_ms, sim_ms=None, graph="g/tiny_mlp_b16_sgd.json", error=None, rounds_ms=None):
     return {"name": name, "graph": graph, "error": error, "rounds": [{}] if error is None else [],
             "horovod": name.startswith("horovod"),
-            "mean_s": real_ms / 1e3 if real_ms else None, "simulated_s": sim_ms / 1e3 if sim_ms else None}
+            "mean_s": real_ms / 1e3 if real_ms else None, "simulated_s": sim_ms / 1e3 if sim_ms else None,
+            "round_means_s": [m / 1e3 for m in rounds_ms] if rounds_ms else ([real_ms / 1e3] if real_ms else None)}
 
 
 @pytest.mark.parametrize("rows, expected", [
@@ -382,6 +383,17 @@ def _verdict_row(name, real_ms, sim_ms=None, graph="g/tiny_mlp_b16_sgd.json", er
      ["tiny_mlp_b16_sgd: fastest for real a (2.00 ms)",
       "  against Horovod: a ran 1.25x faster than horovod_prop.x, the fastest Horovod row",
       "  simulated / real on its 1 simulated entry: 1.10; 1 is exact"]),
+    # the pick and the fastest simulated alike (one placement spelled twice): no ranking claimed; rounds overlap
+    ([_verdict_row("plan", 3.0, 1.5, rounds_ms=[2.8, 3.0, 3.3]), _verdict_row("single", 2.75, 1.5,
+                                                                             rounds_ms=[2.7, 2.75, 2.9])],
+     ["tiny_mlp_b16_sgd: fastest for real single (2.75 ms); the simulator gave plan and single the same time, and "
+      "single ran 1.09x faster; their rounds overlap: within this machine's spread they tie",
+      "  simulated / real on its 2 simulated entries: 0.50-0.55 (median 0.52); 1 is exact"]),
+    # a ranking missed within the rounds' spread
+    ([_verdict_row("a", 3.0, 1.0, rounds_ms=[2.5, 3.0, 3.1]), _verdict_row("b", 2.6, 1.5, rounds_ms=[2.4, 2.6, 2.7])],
+     ["tiny_mlp_b16_sgd: fastest for real b (2.60 ms); the simulator ranked a first of its 2 entries, which ran 1.15x "
+      "slower than b; their rounds overlap: within this machine's spread they tie",
+      "  simulated / real on its 2 simulated entries: 0.33-0.58 (median 0.46); 1 is exact"]),
     # equal to two decimals: as fast
     ([_verdict_row("a", 2.0), _verdict_row("horovod_even.x", 2.004)],
      ["tiny_mlp_b16_sgd: fastest for real a (2.00 ms)",

@@ -499,9 +499,14 @@ def verdict_lines(rows: List[Dict[str, Any]]) -> List[str]:
             fastest_simulated = min(simulated, key=lambda r: r["mean_s"])
             if pick is fastest_simulated:
                 line += f"; the simulator ranked {pick['name']} first of its {len(simulated)} entries too"
+            elif f"{pick['simulated_s']:.12g}" == f"{fastest_simulated['simulated_s']:.12g}":
+                line += (f"; the simulator gave {pick['name']} and {fastest_simulated['name']} the same time, and "
+                         f"{fastest_simulated['name']} ran {pick['mean_s'] / fastest_simulated['mean_s']:.2f}x faster"
+                         + rounds_tie_note(fastest_simulated, pick))
             else:
                 line += (f"; the simulator ranked {pick['name']} first of its {len(simulated)} entries, which ran "
-                         f"{pick['mean_s'] / fastest_simulated['mean_s']:.2f}x slower than {fastest_simulated['name']}")
+                         f"{pick['mean_s'] / fastest_simulated['mean_s']:.2f}x slower than {fastest_simulated['name']}"
+                         + rounds_tie_note(fastest_simulated, pick))
         lines.append(line)
         horovod = [r for r in entries if r.get("horovod")]
         ours = [r for r in entries if not r.get("horovod")]
@@ -516,6 +521,16 @@ def verdict_lines(rows: List[Dict[str, Any]]) -> List[str]:
             lines.append(f"  simulated / real on its {len(ratios)} simulated "
                          f"entr{'ies' if len(ratios) > 1 else 'y'}: {spread}; 1 is exact")
     return lines
+
+
+def rounds_tie_note(faster: Dict[str, Any], slower: Dict[str, Any]) -> str:
+    """"; their rounds overlap: ..." when a round of the row `slower` ran no slower than a round of
+    the row `faster` (the medians' gap is within this machine's round-to-round spread), else ""."""
+    def means(row):
+        return row.get("round_means_s") or [row["mean_s"]]
+    if min(means(slower)) <= max(means(faster)):
+        return "; their rounds overlap: within this machine's spread they tie"
+    return ""
 
 
 def _compared(other_s: float, this_s: float) -> str:

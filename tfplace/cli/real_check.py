@@ -111,7 +111,7 @@ def _round_means(row: Dict[str, Any]) -> List[float]:
 def format_check(check: RealCheck) -> str:
     """The check as a table (simulated and real ms, their ratio, the rounds' range) and one line
     saying what was written and why."""
-    from tfplace.cli.activate import ran
+    from tfplace.cli.activate import ran, rounds_tie_note
     lines = [f"for real: median of {check.rounds} round(s) of {check.steps} steps after {check.warmup_steps} warm-up",
              f"  {'entry':<34} {'simulated ms':>12} {'real ms':>10} {'sim/real':>9}"]
     sims_s = [e.time_s for _, e in check.picked]
@@ -132,22 +132,14 @@ def format_check(check: RealCheck) -> str:
             runner_up = min(others, key=lambda i: check.rows[i]["mean_s"])
             lines.append(f"the plan ran fastest for real, {check.rows[runner_up]['mean_s'] / plan_row['mean_s']:.2f}x "
                          f"faster than the next checked baseline ({check.picked[runner_up][0]})"
-                         + _tie_note(plan_row, check.rows[runner_up]))
+                         + rounds_tie_note(plan_row, check.rows[runner_up]))
         else:
             lines.append("the plan ran fastest for real (no checked baseline ran)")
     else:
         sim_gain = sims_s[check.chosen] / sims_s[0]
         real = (f"{plan_row['mean_s'] / best['mean_s']:.2f}x faster than the plan for real"
                 if ran(plan_row) else "the plan failed for real")
-        overlap = _tie_note(best, plan_row) if ran(plan_row) else ""
+        overlap = rounds_tie_note(best, plan_row) if ran(plan_row) else ""
         lines.append(f"written instead of the plan: {check.picked[check.chosen][0]}, {real} "
                      f"(the simulator had the plan {sim_gain:.2f}x faster){overlap}")
     return "\n".join(lines)
-
-
-def _tie_note(faster: Dict[str, Any], slower: Dict[str, Any]) -> str:
-    """"; their rounds overlap: ..." when a round of `slower` ran no slower than a round of
-    `faster` (the median's lead is within this machine's round-to-round spread), else ""."""
-    if min(_round_means(slower)) <= max(_round_means(faster)):
-        return "; their rounds overlap: within this machine's spread they tie"
-    return ""
