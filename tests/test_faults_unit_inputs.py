@@ -273,6 +273,9 @@ CASES = {
                                    ["c.json", "graphs[0].model", "did you mean 'resnet50'"]),
     "export_image_size_over_int32": ("value", export, ["--model", "tiny_cnn", "--image-size", str(2 ** 31),
                                                        "--out", "{tmp}/zoo"], {}, ["--image-size"]),
+    "train_config_init_policy_typo": ("value", train, ["--config", "{tmp}/c.json", "--output_dir", "{tmp}/out"],
+                                      {"c.json": _with(TRAIN, init_policy="pretrianed")},
+                                      ["c.json", "init_policy", "did you mean 'pretrained'"]),
     "train_config_learning_rate_0": ("value", train, ["--config", "{tmp}/c.json", "--output_dir", "{tmp}/out"],
                                      {"c.json": _with(TRAIN, rl={"learning_rate": 0})}, ["c.json", "rl.learning_rate"]),
 }

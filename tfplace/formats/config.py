@@ -343,6 +343,10 @@ def _init_policy(r: FieldReader, bases: List[str]) -> Tuple[Optional[str], Netwo
     if value is None:
         return None, _section(r, "network", NetworkConfig)
     from tfplace.formats.policy_weights import pretrained_path, read_weights  # it imports this module
+    if value != PRETRAINED and difflib.get_close_matches(value, [PRETRAINED], n=1, cutoff=0.8) \
+            and not any(os.path.exists(os.path.join(base, value)) for base in bases + [""]):
+        raise r.error("init_policy", f"{value!r} is no file (did you mean {PRETRAINED!r}?)",
+                      f'write "{PRETRAINED}" for the shipped policy, or give a policy weights file')
     path = pretrained_path() if value == PRETRAINED else _resolve(r, "init_policy", value, bases, "policy weights file")
     weights, _ = read_weights(path)
     if r.has("network") and _section(r, "network", NetworkConfig) != weights.network:
