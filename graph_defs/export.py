@@ -14,6 +14,7 @@ bert_large_b16_t128_n24_sgd, tiny_mlp_b16_sgd.
 The command line is tfplace.cli.export.
 """
 
+import contextlib
 import hashlib
 import json
 import math
@@ -127,6 +128,20 @@ def source_hash(spec):
     return h.hexdigest()[:16]
 
 
+@contextlib.contextmanager
+def quiet_tf_warnings():
+    """TensorFlow's Python warnings (deprecation notices of the tf.compat.v1 and Keras APIs a
+    training step is built with) left out while the block runs; errors still show."""
+    import tensorflow as tf
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel("ERROR")
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def export_model(name, batch_size=None, *, image_size=None, seq_len=None, num_layers=None,
                  num_classes=None, variant=None, optimizer="sgd", learning_rate=DEFAULT_LR,
                  seed=0, out_dir=ZOO_DIR):
@@ -145,8 +160,8 @@ def export_model(name, batch_size=None, *, image_size=None, seq_len=None, num_la
     from .models import _train
 
     build_fn = models.family_module(spec).build
-    graph_def, info = _train.build_train_graph(build_fn, cfg, optimizer, opts["learning_rate"],
-                                               seed)
+    with quiet_tf_warnings():
+        graph_def, info = _train.build_train_graph(build_fn, cfg, optimizer, opts["learning_rate"], seed)
     graph_def = bundle.with_batch_size(graph_def, info["inputs"], opts["batch_size"])
     meta = {
         "format": bundle.FORMAT_NAME, "version": bundle.FORMAT_VERSION, "model": name,

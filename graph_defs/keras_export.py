@@ -130,11 +130,13 @@ def export_keras(model_fn, loss, optimizer="sgd", *, batch_size, input_shapes, o
 
     from . import models
     from .models import _train
+    from .export import quiet_tf_warnings
 
     image = shapes[0][0] if len(shapes) == 1 and len(shapes[0]) == 3 and shapes[0][0] == shapes[0][1] else None
     cfg = models.ModelConfig(name, image, None, None, None, None)
     build = make_build(model_fn, loss, shapes, tuple(label_shape), label_dtype)
-    graph_def, info = _train.build_train_graph(build, cfg, optimizer, float(learning_rate), seed)
+    with quiet_tf_warnings():
+        graph_def, info = _train.build_train_graph(build, cfg, optimizer, float(learning_rate), seed)
     graph_def = bundle.with_batch_size(graph_def, info["inputs"], batch_size)
     meta = {
         "format": bundle.FORMAT_NAME, "version": bundle.FORMAT_VERSION, "model": name,

@@ -104,7 +104,7 @@ def write_step(graph_def, out_dir, stem, *, model, src, hints=None, train_ops=No
     graph = loader.load_op_graph(graph_def, sinks=[sink], loss=roles.loss, loss_reduction=loss_reduction,
                                  inputs=specs, batch_size=batch_size, source=src)
     keep = [sink, roles.init_op, roles.loss.split(":")[0]]
-    graph_def = tf.compat.v1.graph_util.extract_sub_graph(graph_def, keep)
+    graph_def = _subgraph(graph_def, keep)
     graph_def = bundle.with_batch_size(graph_def, list(roles.inputs), graph.reference_batch_size)
     model_vars = [v for v in graph.variables if not v.is_slot]
     known = roles.optimizer in bundle.OPTIMIZERS
@@ -125,6 +125,25 @@ def write_step(graph_def, out_dir, stem, *, model, src, hints=None, train_ops=No
     if not known:
         meta["variant"] = roles.optimizer
     return bundle.write_bundle(out_dir, stem, graph_def, meta)
+
+
+def _subgraph(graph_def, keep):
+    """A copy of `graph_def` with only the nodes `keep` (op names) need through data and control
+    inputs, in their order; what tf.compat.v1.graph_util.extract_sub_graph does, without its
+    deprecation warning on every import."""
+    by_name = {n.name: n for n in graph_def.node}
+    needed, todo = set(), list(keep)
+    while todo:
+        name = todo.pop()
+        if name in needed or name not in by_name:
+            continue
+        needed.add(name)
+        todo.extend(x.lstrip("^").split(":")[0] for x in by_name[name].input)
+    out = type(graph_def)()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    out.node.extend(n for n in graph_def.node if n.name in needed)
+    return out
 
 
 def _elements(shape):

@@ -347,3 +347,13 @@ def test_tf_function_step_that_returns_a_vector_names_the_fix(tmp_path):
                           out_dir=str(tmp_path), name="bad")
     assert err.value.field == "step" and "shape (None,)" in err.value.problem
     assert "tf.reduce_mean" in err.value.fix and not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("keep", [["train"], ["loss0"], ["train", "init", "loss0"], ["init"]])
+def test_the_step_is_pruned_as_tensorflows_extract_sub_graph_prunes_it(keep):
+    from tfplace.graph_defs.user_step import _subgraph
+    graph_def = _step().as_graph_def()
+    ours = _subgraph(graph_def, keep)
+    theirs = v1.graph_util.extract_sub_graph(graph_def, keep)
+    assert [n.name for n in ours.node] == [n.name for n in theirs.node] and len(ours.node) < len(graph_def.node)
+    assert ours == theirs
