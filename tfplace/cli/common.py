@@ -284,6 +284,10 @@ def check_graph_arg(spec: str, flag: str, zoo: bool = True) -> None:
     """Raises InputError naming `flag` unless `spec` is a readable regular file (a bundle .json
     or a GraphDef) or, with `zoo`, a zoo model name (a bare name: no folder, no extension)."""
     if os.path.lexists(spec) or not _bare_name(spec):
+        from tfplace.formats.files import saved_model_problem
+        problem = saved_model_problem(spec)
+        if problem:
+            raise InputError(flag, "", f"{spec} {problem[0]}", problem[1])
         check_input_file(spec)
         return
     from tfplace.graph_defs.models import MODELS, unknown_model

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from tfplace.formats.cluster import load_cluster
 from tfplace.formats.errors import InputError
-from tfplace.formats.files import STEP_SUFFIXES
+from tfplace.formats.files import STEP_SUFFIXES, saved_model_problem
 from tfplace.formats.jsonio import FieldReader, resolve_path, write_json
 from tfplace.formats.strategy import load_strategy, validate_strategy
 
@@ -245,6 +245,11 @@ def _graph_entry(g: FieldReader, bases: List[str], check_model: Optional[ModelCh
             if value is not None:
                 raise g.error(key, 'applies only to zoo models ("model"); a bundle fixes it',
                               "remove it, or export a bundle with this option")
+        raw = g.get("graph", str)
+        problem = next(filter(None, (saved_model_problem(os.path.join(base, raw)) for base in [""] + list(bases))),
+                       None)
+        if problem:
+            raise g.error("graph", f"{raw} {problem[0]}", problem[1])
         path = g.get_path("graph", bases, what="graph bundle")
         roles = {"train_ops": tuple(g.strings("train_ops", default=[])), "inputs": tuple(g.strings("inputs", default=[])),
                  "loss": g.get("loss", str, default=None),

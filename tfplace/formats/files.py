@@ -25,6 +25,24 @@ STEP_SUFFIXES = (".pb", ".pbtxt", ".meta")
 _FIX = "give the path of a regular file (copy what the pipe or device would give into a file first)"
 
 
+KERAS_SUFFIXES = (".h5", ".hdf5", ".keras")
+_EXPORT_FIX = ("export the model's training step with tfplace.graph_defs.export_keras (a Keras model) or "
+               "export_train_step (docs/your_own_model.md)")
+
+
+def saved_model_problem(path: Union[str, os.PathLike]) -> Optional[Tuple[str, str]]:
+    """(problem, fix) when `path` is a saved model rather than a training step: a SavedModel
+    folder or its saved_model.pb, or a Keras .h5/.keras file; else None. Never opens the path."""
+    path = os.fspath(path)
+    name = os.path.basename(os.path.normpath(path))
+    if name in ("saved_model.pb", "saved_model.pbtxt") or (
+            os.path.isdir(path) and os.path.exists(os.path.join(path, "saved_model.pb"))):
+        return "is a SavedModel, not a training step", _EXPORT_FIX
+    if name.lower().endswith(KERAS_SUFFIXES):
+        return "is a saved Keras model, not a training step", _EXPORT_FIX
+    return None
+
+
 def file_kind(mode: int) -> str:
     """What a non-regular st_mode is, in words ("a folder", "a named pipe (FIFO)", ...)."""
     if stat.S_ISDIR(mode):
