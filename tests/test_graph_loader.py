@@ -412,3 +412,26 @@ def test_every_zoo_model_loads_and_batch_axes_double_at_twice_the_batch(model):
             assert shape2 == shape, (key, shape, shape2)
             checked_fixed += 1
     assert checked_batched > g.num_ops // 20 and checked_fixed > 0
+
+
+@pytest.mark.parametrize("wrap", ["numpy_function", "py_function"])
+def test_a_step_calling_python_is_refused_naming_the_op(wrap):
+    """tf.numpy_function / tf.py_function run Python of the building process: no server can run
+    them. The error names the op instead of the unknown shapes that follow from it."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as g:
+        x = v1.placeholder(tf.float32, [None, 8], name="x")
+        y = v1.placeholder(tf.int32, [None], name="y")
+        call = getattr(tf, wrap)
+        scaled = call(lambda a: a * 2, [x], tf.float32, name="scale")
+        scaled = tf.reshape(scaled, [-1, 8])
+        logits = v1.layers.Dense(4, name="head")(scaled)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits), name="loss")
+        tf.group(v1.train.GradientDescentOptimizer(0.1).minimize(loss), name="train_op")
+        v1.global_variables_initializer()
+    with pytest.raises(UnsupportedGraphError) as info:
+        load_op_graph(g.as_graph_def(add_shapes=True), sinks=["train_op"], batch_size=8)
+    err = info.value
+    assert err.field == "node[scale].op" and "tf.numpy_function / tf.py_function" in err.problem, str(err)
+    assert "feed it as an input" in err.fix

@@ -109,6 +109,15 @@ def test_entry_keeps_function_bodies_and_rewritten_graphs():
         optimize(gd, ["train_op"], _params(train_op="not_here"))
 
 
+def test_an_init_op_the_graph_lacks_is_named_with_the_parameter_to_pass():
+    from tfplace.formats.errors import InputError
+    from tfplace.rewrite.grappler_entry import optimize
+    with pytest.raises(InputError) as err:
+        optimize(_graph_def().SerializeToString(), ["train_op"], _params(init_op="my_init"))
+    assert err.value.field == "parameter_map.init_op" and "'my_init'" in err.value.problem
+    assert "session_config(..., init_op=...)" in err.value.fix
+
+
 def test_a_failed_rewrite_fails_the_run(plugin):
     """TensorFlow would run the original graph after an optimizer error; the plugin makes it fail."""
     import tensorflow as tf

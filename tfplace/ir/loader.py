@@ -56,6 +56,10 @@ _CONTROL_FLOW_OPS = frozenset({
     "Enter", "Exit", "NextIteration", "Switch", "Merge", "LoopCond", "RefEnter", "RefExit",
     "RefNextIteration", "RefSwitch", "RefMerge", "While", "StatelessWhile", "_While"})
 
+# Ops that call back into the Python of the process that built the graph (tf.numpy_function,
+# tf.py_function): a step with one cannot run on a server, and their outputs have no shapes.
+_PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
+
 GraphSource = Union[str, os.PathLike, "object"]
 
 
@@ -319,6 +323,14 @@ class _NodeTable:
                 if j not in step:
                     step.add(j)
                     stack.append(j)
+        python = sorted(i for i in step if self.nodes[i].op in _PYTHON_OPS)
+        if python:
+            raise UnsupportedGraphError(
+                self.src, f"node[{self.names[python[0]]}].op",
+                f"is {self.nodes[python[0]].op} (tf.numpy_function / tf.py_function): it runs Python of the process "
+                f"that built the graph, which no TensorFlow server can run, and its outputs have no shapes"
+                + (f" ({len(python)} such ops)" if len(python) > 1 else ""),
+                "write that part with TensorFlow ops, or compute it outside the step and feed it as an input")
         flow = sorted(i for i in step if self.nodes[i].op in _CONTROL_FLOW_OPS)
         if flow:
             kinds = sorted({self.nodes[i].op for i in flow})

@@ -81,6 +81,10 @@ def optimize(graph_def_bytes: bytes, fetches: Sequence[str], params: Mapping[str
     if p.train_op not in names:
         raise InputError(SOURCE, "parameter_map.train_op", f"no op {p.train_op!r} in the session's graph",
                          "pass the op the script runs for one training step")
+    if p.init_op not in names:
+        raise InputError(SOURCE, "parameter_map.init_op", f"no op {p.init_op!r} in the session's graph",
+                         "pass the op that initialises the variables as session_config(..., init_op=...), e.g. "
+                         "the one tf.compat.v1.global_variables_initializer() returns")
     step = _rewritten_step(graph_def, graph_def_bytes, p)
     out = graph_pb2.GraphDef()
     out.CopyFrom(step.graph_def)
