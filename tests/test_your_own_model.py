@@ -357,3 +357,34 @@ def test_the_step_is_pruned_as_tensorflows_extract_sub_graph_prunes_it(keep):
     theirs = v1.graph_util.extract_sub_graph(graph_def, keep)
     assert [n.name for n in ours.node] == [n.name for n in theirs.node] and len(ours.node) < len(graph_def.node)
     assert ours == theirs
+
+
+def _small_keras_model():
+    return tf.keras.Sequential([tf.keras.layers.Dense(3, input_shape=(8,))])
+
+
+@pytest.mark.parametrize("change, field, says", [
+    ({"loss": None}, "loss", "is None"),
+    ({"loss": "no_such_loss"}, "loss", "'no_such_loss' is no Keras loss"),
+    ({"loss": "categorical_crossentropy"}, "loss", "label_shape=(10,), label_dtype='float32'"),  # ids, not one-hot
+    ({"model_fn": "built"}, "model_fn", "is Sequential, not a function that builds the model"),
+    ({"out_dir": "/proc/no_such_folder"}, "out_dir", "cannot be made"),
+])
+def test_export_keras_names_the_argument_to_change(tmp_path, change, field, says):
+    from tfplace.graph_defs import export_keras
+    args = {"model_fn": _small_keras_model, "loss": "sparse_categorical_crossentropy", "out_dir": str(tmp_path)}
+    args.update(change)
+    if args["model_fn"] == "built":
+        with tf.Graph().as_default():
+            args["model_fn"] = _small_keras_model()
+    with pytest.raises(InputError) as info:
+        export_keras(args.pop("model_fn"), args.pop("loss"), batch_size=4, input_shapes=[(8,)], name="small", **args)
+    assert info.value.field == field and says in str(info.value), str(info.value)
+    assert not list(tmp_path.glob("small*"))
+
+
+def test_export_keras_takes_one_hot_labels_when_told(tmp_path):
+    from tfplace.graph_defs import export_keras, read_bundle
+    path = export_keras(_small_keras_model, "categorical_crossentropy", batch_size=4, input_shapes=[(8,)],
+                        out_dir=str(tmp_path), name="small", label_shape=(3,), label_dtype="float32")
+    assert read_bundle(path)[1]["inputs"][-1]["shape"] == [-1, 3]
