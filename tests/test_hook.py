@@ -165,6 +165,21 @@ def test_without_train_op_the_hook_repoints_the_group_the_script_runs(optimizer,
         assert g.get_operation_by_name(f"{SCOPE}/{hook.step.train_op}") is train_op.control_inputs[0]
 
 
+def test_a_value_read_after_the_step_does_not_take_the_train_ops_place():
+    """minimize's NoOp is in TRAIN_OP and the script also reads the loss after it: the hook keeps
+    re-pointing the NoOp (a value computed after the step is no group the script trains with)."""
+    import tensorflow as tf
+    from tfplace.rewrite.hook import SCOPE, PlacementHook
+    with tf.Graph().as_default() as g:
+        _, _, loss, train_op, _, _ = mlp_training_script(optimizer="sgd")
+        with tf.control_dependencies([train_op]):
+            tf.identity(loss, name="loss_after")
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.TRAIN_OP, train_op)
+        hook = PlacementHook(STRATEGY, LOCAL_CPU, loss=loss)
+        hook.begin()
+        assert g.get_operation_by_name(f"{SCOPE}/{hook.step.train_op}") is train_op.control_inputs[0]
+
+
 @pytest.mark.parametrize("build, says", [
     ("two_groups", "2 ops could be the train op ('a', 'b'); pass the op the script runs as train_op="),
     ("reference_variables", "variable 'dense_0/kernel' is a VariableV2; the hook needs resource variables"),

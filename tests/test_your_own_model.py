@@ -150,6 +150,22 @@ def test_of_two_groups_the_one_that_also_runs_the_other_is_the_train_op(tmp_path
     assert g.names[g.sink] == "train_and_average"
 
 
+def test_a_logging_write_beside_the_step_is_no_train_op(tmp_path):
+    """A running average of the loss (a variable write of its own) and a read of the loss after the
+    step: neither runs all the other runs, so the step is ambiguous and says so, rather than
+    training nothing but the average."""
+    graph = _step()
+    with graph.as_default():
+        loss = graph.get_tensor_by_name("loss0:0")
+        with tf.control_dependencies([graph.get_operation_by_name("train")]):
+            tf.identity(loss, name="loss_after")
+        average = v1.get_variable("loss_average", [], initializer=v1.zeros_initializer(), use_resource=True)
+        average.assign(0.9 * average + 0.1 * loss, name="log_loss_average")
+    graph.clear_collection(v1.GraphKeys.TRAIN_OP)
+    with pytest.raises(InputError, match=r"2 ops could be the train op \(.*'loss_after'\)"):
+        load_op_graph(_write(graph, tmp_path, ".pb"), batch_size=8)
+
+
 def test_two_groups_of_the_same_updates_are_ambiguous(tmp_path):
     graph = _step()
     with graph.as_default():

@@ -7,9 +7,9 @@ so `infer_step` reads them off the graph's structure (no op-name lists):
     through control edges, an *update*: an op that writes a variable (tfplace.ir.roles.VARIABLE_WRITER:
     every optimizer's Apply*, assigns, scatters) from a value that depends on an input
     placeholder. Initializers and restore ops write values that depend on no input, so the
-    `init` and `save/restore_all` ops are never candidates. Of several, those run for their effect
-    (a NoOp or a variable write) and running the most are kept (`_outermost`). A MetaGraphDef's
-    `train_op` collection, when present, wins, each entry lifted to the group a script runs it in.
+    `init` and `save/restore_all` ops are never candidates. Of several, one that runs nothing the
+    other does not run besides itself gives way (`_outermost`). A MetaGraphDef's `train_op`
+    collection, when present, wins, each entry lifted to the tf.group a script runs it in.
   * **loss**: the scalar the gradients flow from. `tf.gradients` seeds the backward pass with
     ones (a `Fill` of 1, or `OnesLike`) shaped like the loss: `Fill(Shape(loss), 1)` names the
     loss directly; when the shape was folded to a constant, the seed's consumers are the loss
@@ -173,24 +173,22 @@ def _train_ops(g, given, updates, hints, src) -> List[str]:
 
 def _lift(g, name: str) -> str:
     """The op a script runs for the collected train op `name`: `name` itself when nothing consumes
-    it, else the one outermost sink that runs it (`tf.group(opt.minimize(...), name="train_op")`
-    puts minimize's op in the collection and the script runs the group); `name` when there are
-    several."""
+    it, else the one outermost NoOp nothing consumes that runs it (`tf.group(opt.minimize(...),
+    name="train_op")` puts minimize's op in the collection and the script runs the group); `name`
+    when there is no such group or several. A value computed after the step (a loss read again, a
+    summary) is no group the script trains with."""
     if not g.consumers[name]:
         return name
-    sinks = _outermost(g, sorted(n for n in g.descendants([name]) if not g.consumers[n]))
-    return sinks[0] if len(sinks) == 1 else name
+    groups = _outermost(g, sorted(n for n in g.descendants([name]) if not g.consumers[n] and g.node[n].op == "NoOp"))
+    return groups[0] if len(groups) == 1 else name
 
 
 def _outermost(g, sinks: Sequence[str]) -> List[str]:
-    """The train-op candidates among `sinks` (ops nothing consumes): those run for their effect (a
-    NoOp, or an op that writes a variable) when there are any, since a value nobody reads (e.g.
-    Adam's read of its beta powers after updating them) is no train op; then without those that
-    run nothing besides themselves that another candidate does not run, unless that one runs no
-    more than they do (an EMA group run after the train op wins; two groups of the same updates
-    stay, ambiguous)."""
-    effect = [n for n in sinks if g.node[n].op == "NoOp" or VARIABLE_WRITER.match(g.node[n].op)]
-    sinks = effect or list(sinks)
+    """The train-op candidates among `sinks` (ops nothing consumes): without those that run nothing
+    besides themselves that another candidate does not run, unless that one runs no more than they
+    do. So a read nobody consumes of what the step updated (Adam's reads of its beta powers) gives
+    way to the op that runs the update, a train op to an EMA group run after it; two groups of the
+    same updates both stay (ambiguous), and so do ops that each run something the other does not."""
     runs = {n: g.ancestors([n]) for n in sinks}
     before = {n: runs[n] - {n} for n in sinks}
     return [n for n in sinks
