@@ -70,13 +70,13 @@ def _placement_of(d: GroupDecision) -> tuple:
 def placement_key(s: Strategy, group_names: Sequence[str]) -> tuple:
     """A hashable key, equal for strategies that place the groups `group_names` (a grouping's
     names, at s.max_groups) the same way, however the file spells it: each group's decision as
-    resolved (its own or the default), the bucket size only where a group all-reduces across
-    devices. A single-device default and one decision per group giving that device every sample
-    are one placement (strategy_key tells them apart). Raises InputError when a group has no
-    decision."""
+    resolved (its own or the default), the bucket size only where gradients are bucketed (a group
+    that all-reduces across devices or sends them to a parameter server). A single-device default
+    and one decision per group giving that device every sample are one placement (strategy_key
+    tells them apart). Raises InputError when a group has no decision."""
     per_group = tuple(_placement_of(s.decision_for(g)) for g in group_names)
-    reduces = any(sync == ("allreduce",) for _, sync, _ in per_group)
-    return s.global_batch_size, (s.bucket_bytes if reduces else None), per_group
+    bucketed = any(sync and (sync[0] == "ps" or sync == ("allreduce",)) for _, sync, _ in per_group)
+    return s.global_batch_size, (s.bucket_bytes if bucketed else None), per_group
 
 
 def _rank(entry: PoolEntry) -> float:

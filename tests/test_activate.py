@@ -450,3 +450,40 @@ def test_a_new_run_moves_the_earlier_results_aside_before_any_entry(tmp_path):
     assert json.loads((tmp_path / activate.PREVIOUS_RESULTS).read_text())["results"] == [{"name": "earlier"}]
     now = json.loads(results.read_text())
     assert now["complete"] is False and now["results"] == []
+
+
+def _rounds_row(*means_ms, disturbed=()):
+    rounds = [{"mean_s": m / 1e3, "disturbed": i in disturbed} for i, m in enumerate(means_ms)]
+    return {"rounds": rounds, "round_means_s": [m / 1e3 for m in means_ms], "mean_s": sorted(means_ms)[0] / 1e3}
+
+
+@pytest.mark.parametrize("faster, slower, tie", [
+    (_rounds_row(2.0, 2.0, 2.1), _rounds_row(3.0, 3.0, 3.0), False),
+    (_rounds_row(2.0, 2.0, 3.0), _rounds_row(3.0, 3.1, 3.2), True),              # a round of each at 3.0
+    (_rounds_row(2.0, 2.0, 5.0, disturbed=(2,)), _rounds_row(3.0, 3.0, 3.0), False),  # the slow round was left out
+    (_rounds_row(2.0, 2.0, 2.0), _rounds_row(1.5, 3.0, 3.0, disturbed=(0,)), False),
+    (_rounds_row(5.0, 5.0, disturbed=(0, 1)), _rounds_row(4.9), True),           # every round disturbed: all count
+])
+def test_rounds_tie_only_over_the_rounds_the_medians_were_taken_over(faster, slower, tie):
+    from tfplace.cli.activate import rounds_tie_note
+    assert ("they tie" in rounds_tie_note(faster, slower)) == tie
+
+
+def test_a_strategy_entry_whose_graph_does_not_load_is_left_to_fail_alone(tmp_path):
+    """check_groups loads each strategy entry's graph; one that does not load becomes that entry's
+    error (reported as the entries run), and the other entries are still checked."""
+    from tfplace.cli.activate import check_groups
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.formats.errors import InputError
+    from tfplace.formats.strategy import Strategy, decision
+    broken = tmp_path / "broken.pb"
+    broken.write_bytes(b"not a graph")
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    good = Strategy(16, 4, decision({"cpu0": 16}), {"no_such_group": decision({"cpu1": 16})}, source="s.json")
+    jobs = [{"name": "a", "kind": "strategy", "strategy": good, "graph": str(broken), "error": None},
+            {"name": "b", "kind": "strategy", "strategy": good, "graph": os.path.join(ROOT, "graph_defs", "zoo",
+                                                                                   "tiny_mlp_b16_sgd.json"),
+             "error": None}]
+    with pytest.raises(InputError, match="s.json: groups.no_such_group"):
+        check_groups(jobs, cluster)
+    assert "not a valid GraphDef" in str(jobs[0]["error"])

@@ -100,7 +100,6 @@ def test_a_baseline_placing_every_group_as_the_plan_does_is_not_checked(planned)
 @pytest.mark.parametrize("change, same", [
     (lambda d: d, True),
     (lambda d: dataclasses.replace(d, priority=0) if d.priority is None else d, True),  # None runs as 0
-    (lambda d: dataclasses.replace(d, shares=tuple(reversed(d.shares))), True),  # device order
     (lambda d: dataclasses.replace(d, priority=(d.priority or 0) + 1), False),
     (lambda d: dataclasses.replace(d, sync="ps", ps_device=d.shares[0][0]), False),
 ])
@@ -115,7 +114,7 @@ def test_placement_key_tells_placements_apart_not_spellings(planned, change, sam
     assert (placement_key(other, names) == placement_key(base, names)) == same
 
 
-def test_placement_key_ignores_bucket_size_and_sync_without_a_cross_device_all_reduce():
+def test_placement_key_reads_device_order_bucket_size_and_sync_only_where_they_change_the_rewrite():
     from tfplace.formats.strategy import Strategy, decision
     names = ("a", "b")
     alone = Strategy(16, 2, decision({"cpu0": 16}), {})
@@ -125,7 +124,15 @@ def test_placement_key_ignores_bucket_size_and_sync_without_a_cross_device_all_r
                                   bucket_bytes=1024), names) == placement_key(alone, names)
     assert placement_key(spelled, names) != placement_key(alone, names)  # two micro-batches are another rewrite
     split = Strategy(16, 2, decision({"cpu0": 8, "cpu1": 8}), {})
+    assert placement_key(Strategy(16, 2, decision({"cpu1": 8, "cpu0": 8}), {}), names) == placement_key(split, names)
+    assert placement_key(Strategy(16, 2, decision({"cpu0": 10, "cpu1": 6}), {}), names) != placement_key(split, names)
     assert placement_key(dataclasses.replace(split, bucket_bytes=1024), names) != placement_key(split, names)
+    served = Strategy(16, 2, decision({"cpu0": 8, "cpu1": 8}, "ps", "cpu2"), {})  # PS gradients are bucketed too
+    assert placement_key(dataclasses.replace(served, bucket_bytes=1024), names) != placement_key(served, names)
+    assert placement_key(served, names) != placement_key(split, names)
+    # one device: all-reduce or nothing to reduce is one placement; a PS on another device is not
+    assert placement_key(Strategy(16, 2, decision({"cpu0": 16}, "allreduce"), {}), names) == placement_key(alone, names)
+    assert placement_key(Strategy(16, 2, decision({"cpu0": 16}, "ps", "cpu1"), {}), names) != placement_key(alone, names)
 
 
 def _row(mean_ms=None, error=None, spread_ms=0.0):

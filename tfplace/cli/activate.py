@@ -5,10 +5,12 @@ warm-up, timed steps, mean ± std per-iteration time (with `"rounds": N`, every 
 times, round by round on fresh servers, and the median round counts), a Chrome timeline of one FULL_TRACE step
 (`<output_dir>/<entry>.timeline.json`), the simulated time of the same PlacedGraph, and a final
 table with measured time, simulated time and their ratio, then per graph the entry that ran fastest
-for real and whether the simulator ranked it first (verdict_lines). Every entry is checked before any
-work (an unknown baseline, a strategy file that does not fit the cluster: exit 2); an entry that
-fails while it runs (out of memory, a strategy whose groups the graph lacks) is reported (its error
-in the table and in results.json) and the others still run; a worker that died is replaced by a
+for real and whether the simulator ranked it first (verdict_lines), against the fastest Horovod row,
+and the simulator's simulated / real range. Every entry is checked before any work (an unknown
+baseline, a strategy file that does not fit the cluster; a strategy deciding groups its graph lacks,
+once the graph is exported and grouped: exit 2 before any server starts); an entry that fails while
+it runs (out of memory, a graph that does not load) is reported (its error in the table and in
+results.json) and the others still run; a worker that died is replaced by a
 new cluster for the next entry. Results: `<output_dir>/results.json`, written empty when the run
 starts (an earlier run's moved to results.previous.json) and rewritten after every entry
 ("complete": false until the last), so what ran survives an interrupt. Each core the run uses is
@@ -110,8 +112,8 @@ def _jobs(config: ActivateConfig) -> List[Dict[str, Any]]:
 def check_groups(jobs: List[Dict[str, Any]], cluster: Cluster) -> None:
     """Raises InputError naming the strategy file's field when a strategy entry's groups are not
     its graph's at its max_groups (tfplace.formats.strategy.validate_strategy): loads each such
-    graph and groups it, as the entry's run would. Entries whose graph failed to export are left
-    to be reported as they run."""
+    graph and groups it, as the entry's run would. An entry whose graph failed to export or does
+    not load gets that error (`job["error"]`), reported as the entries run."""
     from tfplace.ir.grouping import make_grouping
     from tfplace.ir.loader import load_op_graph
     graphs: Dict[str, Any] = {}
@@ -119,7 +121,15 @@ def check_groups(jobs: List[Dict[str, Any]], cluster: Cluster) -> None:
         if job["kind"] != "strategy" or job.get("error") is not None or job.get("grouping") is not None:
             continue
         strategy = job["strategy"]
-        graph = graphs.get(job["graph"]) or graphs.setdefault(job["graph"], load_op_graph(job["graph"]))
+        if job["graph"] not in graphs:
+            try:
+                graphs[job["graph"]] = load_op_graph(job["graph"])
+            except Exception as err:  # reported as the entry runs, as a failed export is
+                graphs[job["graph"]] = err
+        graph = graphs[job["graph"]]
+        if isinstance(graph, Exception):
+            job["error"] = graph
+            continue
         validate_strategy(strategy, make_grouping(graph, strategy.max_groups).group_names, cluster.device_names)
 
 
@@ -337,7 +347,7 @@ def run_rounds(jobs: List[Dict[str, Any]], cluster: Cluster, config: ActivateCon
     against the quiet core speeds of the whole run (`watch`, a SpeedWatch already calibrated); a
     job that failed has its "error". `after_entry(rows)` runs after every entry."""
     rows: List[Dict[str, Any]] = [{"name": job["name"], "kind": job["kind"], "graph": job.get("graph"),
-                                   "horovod": job["kind"] == "baseline" and _is_horovod(job),
+                                   "horovod": _is_horovod(job),
                                    "error": None, "rounds": []} for job in jobs]
     lc = None
     try:
@@ -523,12 +533,22 @@ def verdict_lines(rows: List[Dict[str, Any]]) -> List[str]:
     return lines
 
 
+def round_means(row: Dict[str, Any], quiet_only: bool = False) -> List[float]:
+    """A result row's round means (s), in round order: every round's, or with `quiet_only` those
+    of the rounds the median was taken over (the undisturbed ones, or all when every one was
+    disturbed, as _settle does); [mean_s] for a row without per-round means."""
+    rounds = [x for x in row.get("rounds") or [] if isinstance(x, dict) and "mean_s" in x]
+    if quiet_only and rounds:
+        quiet = [x["mean_s"] for x in rounds if not x.get("disturbed")]
+        return quiet or [x["mean_s"] for x in rounds]
+    return row.get("round_means_s") or [row["mean_s"]]
+
+
 def rounds_tie_note(faster: Dict[str, Any], slower: Dict[str, Any]) -> str:
     """"; their rounds overlap: ..." when a round of the row `slower` ran no slower than a round of
-    the row `faster` (the medians' gap is within this machine's round-to-round spread), else ""."""
-    def means(row):
-        return row.get("round_means_s") or [row["mean_s"]]
-    if min(means(slower)) <= max(means(faster)):
+    the row `faster`, both among the rounds their medians were taken over (the gap between the
+    medians is within this machine's round-to-round spread), else ""."""
+    if min(round_means(slower, quiet_only=True)) <= max(round_means(faster, quiet_only=True)):
         return "; their rounds overlap: within this machine's spread they tie"
     return ""
 

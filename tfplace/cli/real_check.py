@@ -104,14 +104,10 @@ def confirm(task, result, bundle: str, cluster_path: str, overheads_path: Option
     return RealCheck(picked, rows, chosen, rounds, steps, warmup_steps)
 
 
-def _round_means(row: Dict[str, Any]) -> List[float]:
-    return row.get("round_means_s") or [row["mean_s"]]
-
-
 def format_check(check: RealCheck) -> str:
     """The check as a table (simulated and real ms, their ratio, the rounds' range) and one line
     saying what was written and why."""
-    from tfplace.cli.activate import ran, rounds_tie_note
+    from tfplace.cli.activate import ran, round_means, rounds_tie_note
     lines = [f"for real: median of {check.rounds} round(s) of {check.steps} steps after {check.warmup_steps} warm-up",
              f"  {'entry':<34} {'simulated ms':>12} {'real ms':>10} {'sim/real':>9}"]
     sims_s = [e.time_s for _, e in check.picked]
@@ -121,7 +117,7 @@ def format_check(check: RealCheck) -> str:
         if not ran(row):
             lines.append(f"  {label:<34} {sim_s * 1e3:12.3f}  FAILED: {str(row.get('error')).splitlines()[0][:80]}")
             continue
-        means = _round_means(row)
+        means = round_means(row)
         spread = f"  rounds {min(means) * 1e3:.3f}-{max(means) * 1e3:.3f}" if len(means) > 1 else ""
         lines.append(f"  {label:<34} {sim_s * 1e3:12.3f} {row['mean_s'] * 1e3:10.3f} "
                      f"{sim_s / row['mean_s']:9.3f}{spread}{mark}")
