@@ -44,6 +44,10 @@ class PlanResult:
     baseline_entries: List[PoolEntry] = dataclasses.field(default_factory=list)  # every baseline, simulated
     task: Optional[PlacementTask] = None  # set by plan(): what was planned (graph, grouping, profile)
     bundle: Optional[str] = None  # set by plan(): the graph bundle planned
+    # the fastest strategy found that fits in memory (None: none does); the pool ranks by effective
+    # time, in which an out-of-memory strategy's time is multiplied by the penalty, so a fast one
+    # slightly over memory can rank above every one that fits
+    best_fitting: Optional[PoolEntry] = None
 
 
 def _to_stderr(message: str) -> None:
@@ -157,9 +161,12 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
         it += 1
     note()
     bb = pool.best_baseline()
+    fitting = min((e for e in list(pool.entries) + list(pool.baselines) if not e.oom), key=lambda e: e.time_s,
+                  default=None)
     return PlanResult(task.label, pool.best, zero, pool.baseline_times(), bb.source, bb.time_s,
                       time.time() - start, zero_s, trace=trace,
-                      best_action=best_action(best_act), baseline_entries=list(pool.baselines))
+                      best_action=best_action(best_act), baseline_entries=list(pool.baselines),
+                      best_fitting=fitting)
 
 
 def load_any_policy(run_dir: Optional[str] = None, weights: Optional[str] = None):

@@ -168,3 +168,31 @@ def test_plan_command_writes_nothing_when_every_strategy_runs_out_of_memory(tmp_
     assert needs and all(int(need) > int(capacity) == 100_000 for _, need, capacity in needs), errors[0]
     assert f"{out} was not written" in errors[0] and "Fix:" in errors[0] and not out.exists()
     assert "strategy written" not in result.stdout
+
+
+def test_plan_task_keeps_the_fastest_strategy_that_fits():
+    from tfplace.policy.testing_fixtures import tiny_task
+    result = planner.plan_task(None, tiny_task("cnn", "four", batch_size=16), 0.0, mode="search")
+    assert not result.best.oom and result.best_fitting is not None
+    assert result.best_fitting.time_s == min(e.time_s for e in result.baseline_entries + [result.best] if not e.oom)
+
+
+def test_plan_command_writes_the_fastest_that_fits_when_the_best_by_penalised_time_does_not(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """The pool ranks an out-of-memory strategy by its time times the penalty: a fast one slightly
+    over memory can rank first. plan writes the fastest strategy that fits instead, and says so."""
+    import dataclasses
+    from tfplace.cli import common
+    from tfplace.cli import plan as plan_cli
+    from tfplace.policy.testing_fixtures import tiny_task
+    result = planner.plan_task(None, tiny_task("cnn", "four", batch_size=16), 0.0, mode="search")
+    fits = sorted((e for e in result.baseline_entries if not e.oom), key=lambda e: e.time_s)
+    over = dataclasses.replace(fits[0], source="fast_but_over", oom=True)
+    faked = dataclasses.replace(result, best=over, best_fitting=fits[1], zero_shot=over)
+    monkeypatch.setattr(planner, "plan", lambda *a, **k: faked)
+    out = tmp_path / "s.json"
+    assert common.call(plan_cli, ["--model", "tiny_cnn", "--batch_size", "16", "--cluster",
+                                  os.path.join(REPO, "clusters/two_kind_4gpu.json"), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "(fast_but_over," in text and f"the fastest strategy that fits is planned instead, {fits[1].source}" in text
+    assert load_strategy(str(out)).to_json() == dataclasses.replace(fits[1].strategy, source=str(out)).to_json()

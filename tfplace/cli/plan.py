@@ -9,8 +9,9 @@ network sizes and max_groups, its state.json the checkpoint) or --policy FILE (a
 `python -m tfplace.pretrain`) names another. The result is the best of: the policy's greedy
 strategy, `--samples` policy samples, every baseline, and (with --search_seconds) the
 policy-guided search (tfplace.policy.planner.plan_task); it is never worse than the best baseline.
-When even that runs out of device memory, nothing is written: one error line gives each device's
-need against its memory, exit status 1.
+An out-of-memory strategy is never written: when the best by penalised time does not fit, the
+fastest that fits is planned instead; when none fits, one error line gives each device's need
+against its memory, exit status 1, and nothing is written.
 
 --confirm_real K (a cluster of loopback tasks, emulated as its file says; any other is refused
 before planning): the result, the K baselines the simulator ranks next and the fastest device
@@ -25,6 +26,7 @@ used for planning and the check; a file instead names overheads measured before.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -131,10 +133,16 @@ def main(argv) -> int:
                           samples=FLAGS.samples, seed=FLAGS.seed, out=None, resolve_bundle=bundle_for_entry,
                           overheads=overheads_path, weights=FLAGS.policy)
     print(planner.format_result(result), flush=True)
-    if result.best.oom:  # nothing written: a strategy that does not fit is no plan
+    if result.best.oom and result.best_fitting is None:  # nothing written: a strategy that does not fit is no plan
         print(f"error: {out_of_memory_problem(result)}; {FLAGS.out} was not written. Fix: use a cluster with more "
               f"device memory or a smaller batch size", file=sys.stderr)
         return common.FAILED_EXIT
+    if result.best.oom:
+        fit = result.best_fitting
+        print(f"the best by penalised time ({result.best.source}, {result.best.time_s * 1e3:.3f} ms) runs out of "
+              f"memory: the fastest strategy that fits is planned instead, {fit.source} ({fit.time_s * 1e3:.3f} ms)",
+              flush=True)
+        result = dataclasses.replace(result, best=fit)
     from tfplace.formats.strategy import save_strategy
     strategy = result.best.strategy
     if FLAGS.confirm_real:
@@ -149,8 +157,8 @@ def main(argv) -> int:
 
 
 def out_of_memory_problem(result) -> str:
-    """What runs out of memory in `result` (a PlanResult whose best is OOM): every strategy the
-    plan considered did, the best included; each device's peak against its memory."""
+    """What runs out of memory in `result` (a PlanResult none of whose strategies fits): its best
+    by penalised time, each device's peak against its memory."""
     report = result.task.simulate(result.best.strategy)
     over = ", ".join(f"{d} needs {peak} of {capacity} bytes" for d, (peak, capacity) in report.over_memory.items())
     return (f"{FLAGS.cluster}: no strategy found fits in device memory: the best ({result.best.source}) "
