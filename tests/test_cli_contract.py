@@ -134,6 +134,8 @@ def test_activate_without_a_config_prints_usage_and_exits_2(tmp_path):
     ("groups", ["--graph", TINY, "--max-groups", "3", "--batch-size", "0"], "--batch-size"),
     ("plan", ["--model", "tiny_mlp", "--cluster", CLUSTER, "--batch_size", str(10 ** 12)], "--batch_size"),  # int32
     ("compare", ["--graph", TINY, "--cluster", CLUSTER, "--batch-size", str(2 ** 31)], "--batch-size"),
+    ("profile", ["--graph", TINY, "--out", "p.json", "--device", "CPU", "--batch-sizes", str(3 * 10 ** 9)],
+     "--batch-sizes"),
 ])
 def test_a_number_out_of_range_is_a_usage_error_naming_the_flag(name, argv, flag, tmp_path):
     result = _run(COMMANDS[name][0], argv, tmp_path)
@@ -146,6 +148,8 @@ def test_a_number_out_of_range_is_a_usage_error_naming_the_flag(name, argv, flag
     ("groups", ["--graph", TINY], "error: --max-groups is required. Fix: give it (see --help)"),
     ("plan", ["--cluster", CLUSTER, "--out", "s.json"], "error: one of --graph or --model is required. Fix: give one "
                                                         "(see --help)"),
+    ("plan", [], "error: --cluster is required; one of --graph or --model is required. Fix: give it; give one "
+                 "(see --help)"),
     ("plan", ["--model", "tiny_mlp", "--graph", TINY, "--cluster", CLUSTER, "--out", "s.json"],
      "error: --graph and --model were given together. Fix: keep one of them (see --help)"),
     ("plan", ["--model", "tiny_mlp", "--checkpoint", ".", "--policy", "p.json", "--cluster", CLUSTER, "--out",

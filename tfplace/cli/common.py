@@ -391,8 +391,8 @@ def names_flag(name: str, known: Callable[[], Sequence[str]], what: str) -> None
     flag_check(name, check)
 
 
-def int_list_flag(name: str, minimum: int) -> None:
-    """Validates the list flag `name` at parse time: every item an integer >= minimum."""
+def int_list_flag(name: str, minimum: int, below: Optional[int] = None) -> None:
+    """Validates the list flag `name` at parse time: every item an integer >= minimum (and < below)."""
     def check(items: Optional[List[str]]) -> bool:
         for item in items or ():
             try:
@@ -401,8 +401,17 @@ def int_list_flag(name: str, minimum: int) -> None:
                 raise flags.ValidationError(f"{item!r} is not an integer. Fix: write e.g. 8,16,32") from None
             if value < minimum:
                 raise flags.ValidationError(f"{value} is not >= {minimum}. Fix: give integers >= {minimum}")
+            if below is not None and value >= below:
+                raise flags.ValidationError(f"{value} is not below {below}. Fix: give integers below {below}")
         return True
     flags.register_validator(name, check)
+
+
+def batch_size_flag(name: str, default: Optional[int], help_text: str, minimum: int = 1) -> None:
+    """An integer flag of a batch size: at least `minimum` and below SIZE_LIMIT (TensorFlow's
+    shapes are int32), checked at parse time."""
+    from tfplace.formats.config import SIZE_LIMIT
+    flags.DEFINE_integer(name, default, help_text, lower_bound=minimum, upper_bound=SIZE_LIMIT - 1)
 
 
 # ------------------------------------------------------------------------------- parsing
@@ -464,16 +473,23 @@ _ONE_OF = re.compile(r"flags (.*?): (?:Exactly|At most) one of \(([^)]*)\) must 
 
 def _usage_error(message: str) -> None:
     text = " ".join(str(message).split())
+    problems, fixes = [], []
     missing = _MISSING_FLAG.findall(text)
     if missing:
-        text = ", ".join(f"--{name}" for name in missing) + (" is" if len(missing) == 1 else " are") + \
-            " required. Fix: give " + ("it" if len(missing) == 1 else "them")
-    one_of = _ONE_OF.search(text)
-    if one_of:
-        names = [name.strip() for name in one_of.group(2).split(",")]
-        given = [name for name in names if not re.search(rf"(^|, ){re.escape(name)}=None(,|$)", one_of.group(1))]
-        text = (" and ".join(f"--{name}" for name in given) + " were given together. Fix: keep one of them" if given
-                else "one of " + " or ".join(f"--{name}" for name in names) + " is required. Fix: give one")
+        problems.append(", ".join(f"--{name}" for name in missing) + (" is" if len(missing) == 1 else " are")
+                        + " required")
+        fixes.append("give " + ("it" if len(missing) == 1 else "them"))
+    for flags_given, group in _ONE_OF.findall(text):
+        names = [name.strip() for name in group.split(",")]
+        given = [name for name in names if not re.search(rf"(^|, ){re.escape(name)}=None(,|$)", flags_given)]
+        if given:
+            problems.append(" and ".join(f"--{name}" for name in given) + " were given together")
+            fixes.append("keep one of them")
+        else:
+            problems.append("one of " + " or ".join(f"--{name}" for name in names) + " is required")
+            fixes.append("give one")
+    if problems:
+        text = "; ".join(problems) + ". Fix: " + "; ".join(fixes)
     if "Fix:" not in text:  # every error line says how to fix it
         fix = next((f for phrase, f in _ABSL_FIXES if phrase in text), "give a value that --help describes")
         text = f"{text.rstrip('.')}. Fix: {fix}"

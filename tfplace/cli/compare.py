@@ -36,7 +36,6 @@ from typing import Any, Dict, Optional, Sequence
 from absl import flags
 
 from tfplace.cli import common
-from tfplace.formats.config import SIZE_LIMIT
 from tfplace.formats.errors import InputError
 
 
@@ -49,8 +48,7 @@ def define_flags() -> None:
                         "profile.json, or 'roofline' for the pure roofline model (default: the device "
                         "model's default profile: a bundled measured profile scaled per kind, else roofline)")
     flags.DEFINE_integer("max-groups", 64, "grouping level K", lower_bound=1)
-    flags.DEFINE_integer("batch-size", None, "global batch (default: the graph's)", lower_bound=1,
-                         upper_bound=SIZE_LIMIT - 1)
+    common.batch_size_flag("batch-size", None, "global batch (default: the graph's)")
     flags.DEFINE_string("strategies", None,
                         "comma-separated baseline names (default: all; see tfplace.baselines.registry)")
     flags.DEFINE_list("strategy-files", [], "strategy files (e.g. plan's output) to simulate beside the baselines, "

@@ -18,7 +18,6 @@ import time
 from absl import flags
 
 import tfplace.cli.common as common
-from tfplace.formats.config import SIZE_LIMIT
 from tfplace.graph_defs import bundle, models
 from tfplace.formats.errors import InputError
 from tfplace.graph_defs.export import (DEFAULT_LR, MANIFEST_PATH, ZOO_DIR, _human_bytes, export_all, export_model,
@@ -33,8 +32,7 @@ def define_flags():
     flags.register_multi_flags_validator(
         ["model", "all", "tiny"], lambda v: (v["model"] is not None) + v["all"] + v["tiny"] == 1,
         message="give exactly one of --model, --all, --tiny")
-    flags.DEFINE_integer("batch-size", None, "global batch size (default: per model)", lower_bound=1,
-                         upper_bound=SIZE_LIMIT - 1)
+    common.batch_size_flag("batch-size", None, "global batch size (default: per model)")
     flags.DEFINE_integer("image-size", None, "image side in pixels (image models)", lower_bound=1)
     flags.DEFINE_integer("seq-len", None, "sequence length in tokens (sequence models)", lower_bound=1)
     flags.DEFINE_integer("num-layers", None, "layers per stack (sequence models)", lower_bound=1)

@@ -27,7 +27,7 @@ def define_flags() -> None:
     flags.DEFINE_multi_string("graph", [], "bundle JSON or zoo model name (repeatable)")
     flags.DEFINE_boolean("all", False, "every model of the zoo")
     flags.DEFINE_multi_string("kind", [], "device kind (repeatable; default V100)")
-    flags.DEFINE_integer("batch-size", 0, "per-device batch (0: the bundle's)", lower_bound=0)
+    common.batch_size_flag("batch-size", 0, "per-device batch (0: the bundle's)", minimum=0)
     flags.DEFINE_boolean("by-type", False, "also split the totals by op type")
     flags.register_multi_flags_validator(["graph", "all"], lambda v: bool(v["graph"]) or v["all"],
                                          message="give --graph BUNDLE_JSON (repeatable) or --all")

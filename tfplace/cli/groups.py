@@ -20,7 +20,6 @@ from typing import Any, Dict, List
 from absl import flags
 
 from tfplace.cli import common
-from tfplace.formats.config import SIZE_LIMIT
 
 
 def define_flags() -> None:
@@ -28,8 +27,7 @@ def define_flags() -> None:
     flags.DEFINE_string("graph", None, "bundle metadata .json, a zoo model name, or a .pb/.pbtxt GraphDef",
                         required=True)
     flags.DEFINE_integer("max-groups", None, "K: at most this many groups", lower_bound=1, required=True)
-    flags.DEFINE_integer("batch-size", None, "global batch size", lower_bound=1,
-                         upper_bound=SIZE_LIMIT - 1)
+    common.batch_size_flag("batch-size", None, "global batch size")
     common.define_step_flags()
     flags.DEFINE_alias("sinks", "train_op")
     flags.DEFINE_alias("loss-reduction", "loss_reduction")

@@ -18,6 +18,7 @@ import sys
 from absl import flags
 
 from tfplace.cli import common
+from tfplace.formats.config import SIZE_LIMIT
 from tfplace.formats.errors import InputError
 
 POSITIONAL = ("STEP",)  # export | replay | to-profile
@@ -34,7 +35,7 @@ def define_flags() -> None:
     flags.DEFINE_string("kind", None, "to-profile: device kind that keys the profile (e.g. H100)")
     flags.DEFINE_string("out", None, "the file this step writes", required=True)
     common.output_file_flag("out")
-    common.int_list_flag("batch-sizes", minimum=1)
+    common.int_list_flag("batch-sizes", minimum=1, below=SIZE_LIMIT)
     common.graph_flag("graph")
     common.input_file_flag("ops")
     common.input_file_flag("replay")

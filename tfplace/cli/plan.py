@@ -35,7 +35,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import flags  # noqa: E402
 
 from tfplace.cli import common  # noqa: E402
-from tfplace.formats.config import MEASURE, SIZE_LIMIT  # noqa: E402  (MEASURE: --overheads measure, as in activate)
+from tfplace.formats.config import MEASURE  # noqa: E402  (--overheads measure, as an activate config says it)
 from tfplace.formats.errors import InputError  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -48,8 +48,7 @@ def define_flags() -> None:
     flags.DEFINE_string("graph", None, "graph bundle .json or a training step .pb/.pbtxt/.meta (or use --model)")
     common.define_step_flags()
     flags.DEFINE_string("model", None, "zoo model name (exported on demand)")
-    flags.DEFINE_integer("batch_size", None, "global batch size (default: the bundle's)", lower_bound=1,
-                         upper_bound=SIZE_LIMIT - 1)
+    common.batch_size_flag("batch_size", None, "global batch size (default: the bundle's)")
     flags.DEFINE_string("cluster", None, "cluster .json", required=True)
     flags.DEFINE_string("profile", None, "profile .json (default: derived by the device model)")
     flags.DEFINE_float("search_seconds", 0.0, "seconds of sampling + local search after the zero-shot plan",

@@ -29,6 +29,7 @@ from typing import List, Optional, Tuple
 from absl import flags
 
 from tfplace.cli import common
+from tfplace.formats.config import SIZE_LIMIT
 from tfplace.formats.errors import InputError
 from tfplace.profiling.profiler import STATISTICS
 
@@ -75,7 +76,7 @@ def define_flags() -> None:
     flags.DEFINE_string("out", None, "profile.json to write", required=True)
     flags.DEFINE_boolean("quiet", False, "no progress bar")
     common.output_file_flag("out")
-    common.int_list_flag("batch-sizes", minimum=1)
+    common.int_list_flag("batch-sizes", minimum=1, below=SIZE_LIMIT)
     common.int_list_flag("cpus", minimum=0)
     common.graph_flag("graph")
     common.input_file_flag("cluster")
