@@ -349,8 +349,10 @@ class LocalCluster:
         if self._closed:
             return
         self._closed = True
-        if self._addresses:
-            _close_sessions_on(f"grpc://{self._addresses[0]}")  # self.target: only while open
+        try:  # never in the way of stopping the servers
+            _close_sessions_on([f"grpc://{a}" for a in self._addresses])
+        except Exception:  # noqa: BLE001  (a session object too broken to inspect: its finalizer's problem)
+            pass
         self._kill_all()
         with self._stepper_lock:
             for stepper in self._steppers:
@@ -533,8 +535,9 @@ class LocalCluster:
         return WorkerDiedError(task, self._addresses[task], proc.pid, proc.poll(), tail, during)
 
 
-def _close_sessions_on(target: str) -> None:
-    """Closes every TensorFlow session still open on `target` while its servers live. A session a
+def _close_sessions_on(targets: Sequence[str]) -> None:
+    """Closes every TensorFlow session still open on one of `targets` (a cluster's task addresses,
+    grpc://host:port) while its servers live. A session a
     script left open (its creation failed part way: a session hook raised, or Ctrl-C came while
     MonitoredTrainingSession started) is otherwise closed by its finalizer after the servers
     stopped, and TensorFlow retries that RPC forever: the script would hang instead of exiting.
@@ -544,9 +547,9 @@ def _close_sessions_on(target: str) -> None:
     import gc
 
     from tensorflow.python.client.session import BaseSession
-    names = (target, target.encode())  # sess_str is bytes in TF 2.15
+    names = set(targets) | {t.encode() for t in targets}  # a session's target is bytes in TF 2.15
     open_sessions = [obj for obj in gc.get_objects() if isinstance(obj, BaseSession)
-                     and not getattr(obj, "_closed", True) and obj.sess_str in names]
+                     and not getattr(obj, "_closed", True) and getattr(obj, "_target", None) in names]
     for session in open_sessions:
         closing = threading.Thread(target=session.close, name="tfplace-session-close", daemon=True)
         closing.start()
