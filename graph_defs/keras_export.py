@@ -78,12 +78,16 @@ def _per_example(loss, labels, outputs):
     try:
         value = tf.convert_to_tensor(fn(labels, outputs))
     except (ValueError, TypeError) as err:  # e.g. one-hot labels expected, class ids given
+        classes = outputs.shape[-1] if outputs.shape.rank else None
+        example = (f" (one-hot labels of these {classes} classes: label_shape=({classes},), label_dtype='float32')"
+                   if classes else "")
         raise InputError("export_keras", "loss", f"fails on labels {labels.shape} {labels.dtype.name} and outputs "
                          f"{outputs.shape} ({str(err).splitlines()[0][:200]})",
-                         "give the labels' label_shape and label_dtype the loss expects (one-hot labels of 10 "
-                         "classes: label_shape=(10,), label_dtype='float32')") from None
+                         f"give the label_shape and label_dtype the loss expects{example}, or fix the loss "
+                         "function") from None
     if value.shape.rank is None or value.shape.rank < 1:
-        raise ValueError(f"loss must return one value per example, got shape {value.shape}")
+        raise InputError("export_keras", "loss", f"returns shape {value.shape}, not one value per example",
+                         "return the unreduced loss, [batch] or [batch, ...] (a Keras loss object is called so)")
     return tf.reduce_mean(value, axis=list(range(1, value.shape.rank))) if value.shape.rank > 1 else value
 
 
@@ -139,17 +143,17 @@ def export_keras(model_fn, loss, optimizer="sgd", *, batch_size, input_shapes, o
     if not (isinstance(loss, str) or callable(loss)):
         raise InputError("export_keras", "loss", f"is {loss!r}",
                          "give a Keras loss name, a Keras loss object or fn(labels, outputs)")
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as err:
-        raise InputError("export_keras", "out_dir", f"{out_dir!r} cannot be made ({err.strerror or err})",
-                         "give a folder this process may write") from None
     start = time.time()
     import tensorflow as tf
     if isinstance(model_fn, tf.keras.Model) or not callable(model_fn):
         raise InputError("export_keras", "model_fn", f"is {type(model_fn).__name__}, not a function that builds the "
                          "model", "pass a function, e.g. lambda: make_model(): the model must be built inside the "
                          "export's graph")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as err:
+        raise InputError("export_keras", "out_dir", f"{out_dir!r} cannot be made ({err.strerror or err})",
+                         "give a folder this process may write") from None
 
     from . import models
     from .models import _train

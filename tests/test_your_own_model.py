@@ -382,7 +382,8 @@ def _small_keras_model():
 @pytest.mark.parametrize("change, field, says", [
     ({"loss": None}, "loss", "is None"),
     ({"loss": "no_such_loss"}, "loss", "'no_such_loss' is no Keras loss"),
-    ({"loss": "categorical_crossentropy"}, "loss", "label_shape=(10,), label_dtype='float32'"),  # ids, not one-hot
+    ({"loss": "categorical_crossentropy"}, "loss", "label_shape=(3,), label_dtype='float32'"),  # ids, not one-hot
+    ({"loss": lambda labels, outputs: tf.reduce_mean(outputs)}, "loss", "not one value per example"),
     ({"model_fn": "built"}, "model_fn", "is Sequential, not a function that builds the model"),
     ({"out_dir": "/proc/no_such_folder"}, "out_dir", "cannot be made"),
 ])
@@ -397,6 +398,15 @@ def test_export_keras_names_the_argument_to_change(tmp_path, change, field, says
         export_keras(args.pop("model_fn"), args.pop("loss"), batch_size=4, input_shapes=[(8,)], name="small", **args)
     assert info.value.field == field and says in str(info.value), str(info.value)
     assert not list(tmp_path.glob("small*"))
+
+
+def test_export_keras_makes_no_folder_for_a_call_it_refuses(tmp_path):
+    from tfplace.graph_defs import export_keras
+    with tf.Graph().as_default():
+        built = _small_keras_model()
+    with pytest.raises(InputError, match="model_fn"):
+        export_keras(built, "mse", batch_size=4, input_shapes=[(8,)], out_dir=str(tmp_path / "new"), name="small")
+    assert not (tmp_path / "new").exists()
 
 
 def test_export_keras_takes_one_hot_labels_when_told(tmp_path):
