@@ -24,7 +24,7 @@ from tfplace.cli import common
 
 def define_flags() -> None:
     """The command's flags (called when it runs; see tfplace.cli.common)."""
-    flags.DEFINE_string("graph", None, "bundle metadata .json, a zoo model name, or a .pb/.pbtxt GraphDef",
+    flags.DEFINE_string("graph", None, "bundle metadata .json, a zoo model name, or a training step .pb/.pbtxt/.meta",
                         required=True)
     flags.DEFINE_integer("max-groups", None, "K: at most this many groups", lower_bound=1, required=True)
     common.batch_size_flag("batch-size", None, "global batch size")
