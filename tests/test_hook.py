@@ -239,3 +239,18 @@ def test_a_script_whose_session_creation_fails_exits_instead_of_hanging(tmp_path
                             timeout=90, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 1, result.stderr[-2000:]
     assert result.stderr.rstrip().endswith("RuntimeError: a hook of the script failed"), result.stderr[-2000:]
+
+
+def test_a_reference_variable_outside_the_step_does_not_stop_the_hook():
+    import tensorflow as tf
+    from tfplace.rewrite.hook import PlacementHook
+    with tf.Graph().as_default():
+        _, _, loss, train_op, _, _ = mlp_training_script(optimizer="sgd")
+        tf.compat.v1.disable_resource_variables()
+        try:
+            tf.compat.v1.Variable(0, name="epoch_counter")  # a VariableV2 the step never touches
+        finally:
+            tf.compat.v1.enable_resource_variables()
+        hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
+        hook.begin()
+        assert hook.step is not None and "epoch_counter" not in hook.step.variables

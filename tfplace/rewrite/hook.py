@@ -70,10 +70,12 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         if tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS):
             raise ValueError("PlacementHook: the graph's SAVERS collection already holds a Saver, which would save "
                              "the script's untrained variables; leave it out (the hook provides one, hook.saver)")
-        for v in tf.compat.v1.global_variables():  # before the rewrite, which cannot import reference variables
-            _handle(g, v.op.name)
         train_op = self._train_op if self._train_op is not None else _inferred_train_op(g)
         train_op = getattr(train_op, "op", train_op)
+        step_ops = _ancestors(train_op)
+        for v in tf.compat.v1.global_variables():  # before the rewrite, which cannot import reference variables
+            if v.op in step_ops:
+                _handle(g, v.op.name)
         if train_op.type != "NoOp":
             raise ValueError(f"PlacementHook: train op {train_op.name!r} is a {train_op.type}; group it "
                              "with tf.group(...) so that the hook can re-point it")
@@ -167,6 +169,18 @@ def _inferred_train_op(g):
         raise ValueError(f"PlacementHook: the script has {len(names)} train ops ({', '.join(names)}); group them "
                          "with tf.group(...) and pass the group as train_op=")
     return g.get_operation_by_name(names[0])
+
+
+def _ancestors(op) -> set:
+    """`op` and every op it runs, through data and control inputs."""
+    seen, stack = {op}, [op]
+    while stack:
+        current = stack.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent not in seen:
+                seen.add(parent)
+                stack.append(parent)
+    return seen
 
 
 def _handle(g, name: str):
