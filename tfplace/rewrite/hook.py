@@ -72,10 +72,6 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
                              "the script's untrained variables; leave it out (the hook provides one, hook.saver)")
         train_op = self._train_op if self._train_op is not None else _inferred_train_op(g)
         train_op = getattr(train_op, "op", train_op)
-        step_ops = _ancestors(train_op)
-        for v in tf.compat.v1.global_variables():  # before the rewrite, which cannot import reference variables
-            if v.op in step_ops:
-                _handle(g, v.op.name)
         if train_op.type != "NoOp":
             raise ValueError(f"PlacementHook: train op {train_op.name!r} is a {train_op.type}; group it "
                              "with tf.group(...) so that the hook can re-point it")
@@ -85,6 +81,8 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         graph = load_op_graph(g.as_graph_def(), sinks=[train_op.name], batch_size=self.strategy.global_batch_size,
                               loss=loss.split(":")[0] if loss else None, loss_reduction=self._reduction,
                               source="default graph")
+        for v in graph.variables:  # the step's only: the rewrite cannot import reference variables
+            _handle(g, v.name)
         self.step = rewrite_step(graph, self.strategy, self.cluster, init_op=init.name)
         input_map = {spec.tensor: g.get_tensor_by_name(spec.tensor) for spec in self.step.inputs}
         tf.graph_util.import_graph_def(self.step.graph_def, input_map=input_map, name=SCOPE)
@@ -169,18 +167,6 @@ def _inferred_train_op(g):
         raise ValueError(f"PlacementHook: the script has {len(names)} train ops ({', '.join(names)}); group them "
                          "with tf.group(...) and pass the group as train_op=")
     return g.get_operation_by_name(names[0])
-
-
-def _ancestors(op) -> set:
-    """`op` and every op it runs, through data and control inputs."""
-    seen, stack = {op}, [op]
-    while stack:
-        current = stack.pop()
-        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
-            if parent not in seen:
-                seen.add(parent)
-                stack.append(parent)
-    return seen
 
 
 def _handle(g, name: str):
