@@ -112,11 +112,13 @@ def _jobs(config: ActivateConfig) -> List[Dict[str, Any]]:
 def check_groups(jobs: List[Dict[str, Any]], cluster: Cluster) -> None:
     """Raises InputError naming the strategy file's field when a strategy entry's groups are not
     its graph's at its max_groups (tfplace.formats.strategy.validate_strategy): loads each such
-    graph and groups it, as the entry's run would. An entry whose graph failed to export or does
-    not load gets that error (`job["error"]`), reported as the entries run."""
+    graph and groups it, as the entry's run would, and keeps the grouping for its rounds
+    (`job["grouping"]`). An entry whose graph failed to export or does not load gets that error
+    (`job["error"]`), reported as the entries run."""
     from tfplace.ir.grouping import make_grouping
     from tfplace.ir.loader import load_op_graph
     graphs: Dict[str, Any] = {}
+    groupings: Dict[Any, Any] = {}
     for job in jobs:
         if job["kind"] != "strategy" or job.get("error") is not None or job.get("grouping") is not None:
             continue
@@ -130,7 +132,11 @@ def check_groups(jobs: List[Dict[str, Any]], cluster: Cluster) -> None:
         if isinstance(graph, Exception):
             job["error"] = graph
             continue
-        validate_strategy(strategy, make_grouping(graph, strategy.max_groups).group_names, cluster.device_names)
+        key = (job["graph"], strategy.max_groups)
+        if key not in groupings:
+            groupings[key] = make_grouping(graph, strategy.max_groups)
+        validate_strategy(strategy, groupings[key].group_names, cluster.device_names)
+        job["grouping"] = groupings[key]  # the one its rounds rewrite with: grouped once, as checked
 
 
 def _is_horovod(job) -> bool:
@@ -258,7 +264,7 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads, watch
         return {"step_times_s": list(res.report.step_times_s), "simulated_s": None, "timeline": "",
                 "probes_s": [before, watch.probe()]}
     profile = job.get("profile") or cluster_profile(graph, cluster)  # measured_profiles' when measured
-    strategy, grouping = job.get("strategy"), job.get("grouping")  # a plan's own grouping (tfplace.cli.real_check)
+    strategy, grouping = job.get("strategy"), job.get("grouping")  # check_groups' or a plan's (real_check)
     if strategy is None:
         strategy, grouping = baseline_plan(job["baseline"], graph, cluster, profile, job["batch"],
                                            overheads=overheads)
@@ -409,14 +415,18 @@ def _settle(row: Dict[str, Any], reference_s: Dict[int, float]) -> None:
         probes = [{int(c): s for c, s in p.items()} for p in rnd["probes_s"]]
         rnd["machine_slowdown"] = machine_speed.slowdown_of(probes, reference_s)
         rnd["disturbed"] = rnd["machine_slowdown"] > machine_speed.DISTURBED_SLOWDOWN
-    quiet = [x for x in row["rounds"] if not x["disturbed"]] or row["rounds"]
-    ordered = sorted(quiet, key=lambda x: x["mean_s"])
+    ordered = sorted(median_rounds(row["rounds"]), key=lambda x: x["mean_s"])
     median = ordered[(len(ordered) - 1) // 2]
     row["step_times_s"], row["mean_s"], row["std_s"] = median["step_times_s"], median["mean_s"], median["std_s"]
     row["round_means_s"] = [x["mean_s"] for x in row["rounds"]]
     row["disturbed_rounds"] = sum(x["disturbed"] for x in row["rounds"])
     sim = row["simulated_s"]
     row["ratio"] = sim / row["mean_s"] if sim else None
+
+
+def median_rounds(rounds: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The rounds a row's median is taken over: the undisturbed ones, or all when every one was."""
+    return [x for x in rounds if not x.get("disturbed")] or list(rounds)
 
 
 def _running_cluster(lc, cluster: Cluster, out):
@@ -535,12 +545,11 @@ def verdict_lines(rows: List[Dict[str, Any]]) -> List[str]:
 
 def round_means(row: Dict[str, Any], quiet_only: bool = False) -> List[float]:
     """A result row's round means (s), in round order: every round's, or with `quiet_only` those
-    of the rounds the median was taken over (the undisturbed ones, or all when every one was
-    disturbed, as _settle does); [mean_s] for a row without per-round means."""
+    of the rounds the median was taken over (median_rounds); [mean_s] for a row without per-round
+    means."""
     rounds = [x for x in row.get("rounds") or [] if isinstance(x, dict) and "mean_s" in x]
     if quiet_only and rounds:
-        quiet = [x["mean_s"] for x in rounds if not x.get("disturbed")]
-        return quiet or [x["mean_s"] for x in rounds]
+        return [x["mean_s"] for x in median_rounds(rounds)]
     return row.get("round_means_s") or [row["mean_s"]]
 
 
