@@ -159,7 +159,7 @@ def out_of_memory_problem(result) -> str:
     """What runs out of memory in `result` (a PlanResult none of whose strategies fits): its best
     by penalised time, each device's peak against its memory."""
     report = result.task.simulate(result.best.strategy)
-    over = ", ".join(f"{d} needs {peak} of {capacity} bytes" for d, (peak, capacity) in report.over_memory.items())
+    over = report.over_memory_text(report.over_memory)
     return (f"{FLAGS.cluster}: no strategy found fits in device memory: the best ({result.best.source}) "
             f"runs out of memory ({over})")
 

@@ -90,8 +90,9 @@ def _summary_line(label: str, t: dict) -> str:
     if t["feasible"]:
         return (f"{label}: best {t['best_time_s'] * 1e3:.3f} ms ({t['best_source']}); {baseline}; "
                 f"speed-up x{t['speedup_over_best_baseline']:.3f}")
-    over = ", ".join(f"{d} needs {v['peak_memory_bytes']} of {v['memory_bytes']} bytes"
-                     for d, v in t["oom_devices"].items())
+    from tfplace.formats.reports import SimReport
+    over = SimReport.over_memory_text({d: (v["peak_memory_bytes"], v["memory_bytes"])
+                                       for d, v in t["oom_devices"].items()})
     return (f"{label}: INFEASIBLE: the best strategy found ({t['best_source']}, {t['best_time_s'] * 1e3:.3f} ms) "
             f"runs out of memory ({over}); {baseline}; no speed-up")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +71,12 @@ class SimReport:
         """{device: (peak bytes, capacity bytes)} of every device whose peak exceeds its memory."""
         return {d: (int(p), int(c)) for d, p, c in zip(self.device_names, self.peak_memory_bytes,
                                                        self.memory_capacity_bytes) if p > c}
+
+    @staticmethod
+    def over_memory_text(over: Mapping[str, Tuple[int, int]]) -> str:
+        """`over` ({device: (peak bytes, capacity bytes)}, as over_memory gives it) in words:
+        "v100_0 needs 1846591764 of 200000000 bytes, ..."."""
+        return ", ".join(f"{d} needs {peak} of {capacity} bytes" for d, (peak, capacity) in over.items())
 
     @property
     def utilisation(self) -> Tuple[float, ...]:
