@@ -161,12 +161,10 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
         it += 1
     note()
     bb = pool.best_baseline()
-    fitting = min((e for e in list(pool.entries) + list(pool.baselines) if not e.oom), key=lambda e: e.time_s,
-                  default=None)
     return PlanResult(task.label, pool.best, zero, pool.baseline_times(), bb.source, bb.time_s,
                       time.time() - start, zero_s, trace=trace,
                       best_action=best_action(best_act), baseline_entries=list(pool.baselines),
-                      best_fitting=fitting)
+                      best_fitting=pool.best_fitting)
 
 
 def load_any_policy(run_dir: Optional[str] = None, weights: Optional[str] = None):

@@ -102,14 +102,20 @@ class TaskRun:
     env: PlacementEnvironment
     pool: StrategyPool
     log_rows: List[List[float]] = dataclasses.field(default_factory=list)  # step, mean, min, best, greedy
-    best_report: Optional[SimReport] = None  # simulation of the pool's best, from write_outputs
+    best_report: Optional[SimReport] = None  # simulation of `best`, from write_outputs
 
     @property
     def label(self) -> str:
         return self.task.label
 
+    @property
+    def best(self) -> PoolEntry:
+        """The strategy the run reports and writes: the fastest that fits in device memory, or,
+        when none fits, the pool's best by penalised time (the summary then says INFEASIBLE)."""
+        return self.pool.best_fitting or self.pool.best
+
     def speedup(self) -> float:
-        return self.pool.best_baseline().effective_time_s / self.pool.best.effective_time_s
+        return self.pool.best_baseline().effective_time_s / self.best.effective_time_s
 
 
 # ---- building tasks ----------------------------------------------------------------------------
@@ -362,7 +368,7 @@ class Trainer:
             return
         b = self.config.budget
         total = f"/{b.steps}" if b.steps is not None else ""
-        parts = [f"{r.label} {r.pool.best.time_s * 1e3:.3f}ms x{r.speedup():.2f}" + (" OOM" if r.pool.best.oom else "")
+        parts = [f"{r.label} {r.best.time_s * 1e3:.3f}ms x{r.speedup():.2f}" + (" OOM" if r.best.oom else "")
                  for r in self.runs]
         line = f"[step {self.step}{total} {self.elapsed_s:6.0f}s] best (x vs best baseline): " + " | ".join(parts)
         if sys.stderr.isatty():  # a terminal: one line that updates in place
@@ -372,15 +378,20 @@ class Trainer:
         sys.stderr.flush()
 
     def summary(self) -> Dict[str, object]:
-        """Per task: the best strategy, the best baseline, the speed-up, and `feasible` (False: the
-        best found runs out of memory; `oom_devices` then gives each such device's peak and
-        capacity in bytes). Also written to output_dir/summary.json."""
+        """Per task: the best strategy (TaskRun.best: the fastest that fits), the best baseline,
+        the speed-up, `feasible` (False: no strategy found fits in memory; `oom_devices` then gives
+        each device over its memory with its peak and capacity in bytes) and `passed_over` (the
+        source and time of a strategy that ranks above the best by penalised time but runs out of
+        memory, else None). Also written to output_dir/summary.json."""
         out = {"steps": self.step, "elapsed_s": self.elapsed_s, "tasks": {}}
         for r in self.runs:
-            bb, best = r.pool.best_baseline(), r.pool.best
+            bb, best = r.pool.best_baseline(), r.best
             report = r.best_report or r.task.simulate(best.strategy)
+            first = r.pool.best
             out["tasks"][r.label] = {"best_time_s": best.time_s, "best_source": best.source,
                                      "feasible": not best.oom,
+                                     "passed_over": None if first is best else
+                                     {"source": first.source, "time_s": first.time_s},
                                      "oom_devices": {d: {"peak_memory_bytes": p, "memory_bytes": c}
                                                      for d, (p, c) in report.over_memory.items()},
                                      "best_baseline": bb.source, "best_baseline_time_s": bb.time_s,
@@ -400,7 +411,7 @@ def infeasible_tasks(summary: Dict[str, object]) -> List[str]:
 # ---- per-task outputs --------------------------------------------------------------------------
 def write_outputs(run: TaskRun, folder: str) -> None:
     os.makedirs(folder, exist_ok=True)
-    best, bb = run.pool.best, run.pool.best_baseline()
+    best, bb = run.best, run.pool.best_baseline()
     with open(os.path.join(folder, "time.log"), "w", encoding="utf-8") as f:
         f.write("# step, mean sampled time s, min sampled time s, best time so far s, greedy time s "
                 "(OOM penalty folded in)\n")

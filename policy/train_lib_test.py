@@ -223,3 +223,44 @@ def test_the_fingerprint_follows_file_contents_not_paths(edit, part, tmp_path):
         config = dataclasses.replace(config, graphs=(entry,), clusters=(str(moved / "cluster.json"),))
     after = train_state.run_fingerprint(config, [config.graphs[0].graph])
     assert train_state.first_difference(before, after) == part
+
+
+def test_a_run_reports_and_writes_the_fastest_strategy_that_fits_not_a_faster_one_over_memory(tmp_path):
+    """The pool ranks by penalised time, so a fast strategy slightly over memory can rank first
+    (an oom_penalty near 1). The run's best (progress, summary, best_strategy.json, speed-up) is
+    the fastest that fits; it is the pool's best again once nothing over memory ranks above it."""
+    from tfplace.formats.strategy import load_strategy
+    from tfplace.policy import train_lib
+    from tfplace.policy.environment import PlacementEnvironment
+    from tfplace.policy.testing_fixtures import tiny_task
+    task = tiny_task("cnn", "four", batch_size=16)
+    pool = train_lib.seed_pool(task, 8)
+    run = train_lib.TaskRun(task, PlacementEnvironment(task), pool)
+    fitting = min((e for e in pool.entries + pool.baselines if not e.oom), key=lambda e: e.time_s)
+    assert run.best is pool.best is fitting  # nothing over memory yet: one best
+    fast = fitting.time_s * 0.9
+    over = dataclasses.replace(fitting, source="fast_but_over", oom=True, time_s=fast, effective_time_s=fast * 1.01,
+                               strategy=dataclasses.replace(fitting.strategy, bucket_bytes=12345))
+    assert pool.add(over) and pool.best is over
+    assert run.best is fitting and pool.best_fitting is fitting
+    assert run.speedup() == pytest.approx(pool.best_baseline().effective_time_s / fitting.effective_time_s)
+    train_lib.write_outputs(run, str(tmp_path))
+    written = load_strategy(str(tmp_path / "best_strategy.json"))
+    assert written.to_json() == dataclasses.replace(fitting.strategy, source=written.source).to_json()
+    with open(tmp_path / "best_time.log") as f:
+        assert json.load(f)["source"] == fitting.source
+    assert not run.best_report.oom
+
+
+@pytest.mark.parametrize("passed_over, shows, hides", [
+    (None, ["best 2.000 ms (local search); best baseline"], ["penalised"]),
+    ({"source": "fast_but_over", "time_s": 1e-3},
+     ["best 2.000 ms (local search, the fastest that fits; fast_but_over (1.000 ms) ranks above it by penalised "
+      "time but runs out of memory); best baseline"], []),
+])
+def test_the_summary_line_says_when_a_faster_strategy_over_memory_was_passed_over(passed_over, shows, hides):
+    from tfplace.cli import train as train_cli
+    line = train_cli._summary_line("t", {"best_time_s": 2e-3, "best_source": "local search", "feasible": True,
+                                         "passed_over": passed_over, "best_baseline": "dp", "best_baseline_time_s": 3e-3,
+                                         "best_baseline_feasible": True, "speedup_over_best_baseline": 1.5})
+    assert all(s in line for s in shows) and not any(s in line for s in hides), line

@@ -5,7 +5,7 @@ output_dir resumes from its last usable checkpoint (the budget and checkpoint pe
 anything else that changes the problem is refused). The run holds output_dir's lock
 (tfplace.cli.common.OutputLock) throughout, so a second run on the same folder stops at once.
 
-Exit status: 0 done; 1 the run failed: some task's best strategy runs out of memory (unless the
+Exit status: 0 done; 1 the run failed: no strategy found for some task fits in memory (unless the
 config sets "accept_infeasible": true; the summary says INFEASIBLE either way); 2 bad input,
 including a config that differs from the run output_dir holds, no usable checkpoint in it, or
 an output_dir in use by another run;
@@ -88,7 +88,11 @@ def _summary_line(label: str, t: dict) -> str:
     baseline = f"best baseline {t['best_baseline']} {t['best_baseline_time_s'] * 1e3:.3f} ms" + \
         ("" if t["best_baseline_feasible"] else " (out of memory)")
     if t["feasible"]:
-        return (f"{label}: best {t['best_time_s'] * 1e3:.3f} ms ({t['best_source']}); {baseline}; "
+        over = t.get("passed_over")
+        passed = "" if over is None else \
+            (f", the fastest that fits; {over['source']} ({over['time_s'] * 1e3:.3f} ms) ranks above it by "
+             "penalised time but runs out of memory")
+        return (f"{label}: best {t['best_time_s'] * 1e3:.3f} ms ({t['best_source']}{passed}); {baseline}; "
                 f"speed-up x{t['speedup_over_best_baseline']:.3f}")
     from tfplace.formats.reports import SimReport
     over = SimReport.over_memory_text({d: (v["peak_memory_bytes"], v["memory_bytes"])
