@@ -39,13 +39,18 @@ def is_step_file(path):
     return str(path).endswith(STEP_SUFFIXES)
 
 
+def step_name(path):
+    """The name a bare step's file gives its graph (a strategy's "graph" field): the file name
+    without its suffix, or "step"."""
+    return os.path.basename(path).rsplit(".", 1)[0] or "step"
+
+
 def _stem(path, options):
     h = hashlib.sha256()
     with open(path, "rb") as f:
         h.update(f.read())
     h.update(json.dumps(options, sort_keys=True).encode())
-    base = os.path.basename(path).rsplit(".", 1)[0] or "step"
-    return f"{base}_{h.hexdigest()[:12]}"
+    return f"{step_name(path)}_{h.hexdigest()[:12]}"
 
 
 def import_step(path, *, train_ops=None, loss=None, loss_reduction=None, inputs=None, batch_size=None,
@@ -76,7 +81,7 @@ def _write(path, options, out_dir, meta_path):
 
     graph_def, meta, src = loader.read_graph_source(path, None)
     stem = os.path.basename(meta_path)[:-len(".json")]
-    return write_step(graph_def, out_dir, stem, model=os.path.basename(path).rsplit(".", 1)[0] or "step", src=src,
+    return write_step(graph_def, out_dir, stem, model=step_name(path), src=src,
                       hints=meta.get("hints"), **{k: v for k, v in options.items() if k != "format"})
 
 

@@ -182,9 +182,10 @@ def load_any_policy(run_dir: Optional[str] = None, weights: Optional[str] = None
 def plan(run_dir: Optional[str], *, graph: Optional[str], model: Optional[str], batch_size: Optional[int],
          cluster: str, profile: Optional[str] = None, search_seconds: float = 0.0, samples: int = 8, seed: int = 0,
          out: Optional[str] = None, resolve_bundle=None, overheads: Optional[str] = None,
-         weights: Optional[str] = None) -> PlanResult:
+         weights: Optional[str] = None, label: Optional[str] = None) -> PlanResult:
     """Plans with the policy of `run_dir` (a training run), `weights` (a weights file) or, with
-    neither, the shipped pre-trained policy; policy-guided search for `search_seconds`."""
+    neither, the shipped pre-trained policy; policy-guided search for `search_seconds`. `label`
+    names the graph in the result (default: the bundle's file stem)."""
     learner, config, ckpt = load_any_policy(run_dir, weights)
     if model is not None:
         from tfplace.formats.config import GraphEntry
@@ -193,7 +194,7 @@ def plan(run_dir: Optional[str], *, graph: Optional[str], model: Optional[str], 
         bundle = graph
     from tfplace.ir.loader import load_op_graph
     batch = batch_size or load_op_graph(bundle).reference_batch_size
-    label = os.path.splitext(os.path.basename(bundle))[0]
+    label = label or os.path.splitext(os.path.basename(bundle))[0]
     task = train_lib.build_task(label, bundle, batch, cluster, profile, config, overheads)
     learner.build(task.features.as_observation())
     if ckpt is not None:

@@ -87,15 +87,19 @@ def test_commands_take_a_bare_step_with_no_flags(tmp_path, suffix, capsys):
 
 @pytest.mark.parametrize("suffix", [".pb", ".meta"])
 def test_plan_takes_a_bare_step_with_no_flags(tmp_path, suffix, monkeypatch, capsys):
-    """plan makes a bundle of the step (import_step) at the default batch of a None-batch step."""
+    """plan makes a bundle of the step (import_step) at the default batch of a None-batch step, and
+    calls the graph by the step's name, as the strategy does (not the cached bundle's stem)."""
     from tfplace.cli import plan
     from tfplace.formats.strategy import load_strategy
     monkeypatch.setenv("TFPLACE_CACHE_DIR", str(tmp_path / "cache"))
     path = _write(_step(), tmp_path, suffix)
+    name = os.path.basename(path)[:-len(suffix)]
     out = tmp_path / "s.json"
     assert common.call(plan, ["--graph", path, "--cluster", CLUSTER, "--samples", "0", "--out", str(out)]) == 0, \
         capsys.readouterr().err
-    assert load_strategy(str(out)).global_batch_size == 32
+    strategy = load_strategy(str(out))
+    assert strategy.global_batch_size == 32 and strategy.graph == name
+    assert capsys.readouterr().out.startswith(f"{name}: best "), "the result line names the step"
 
 
 @pytest.mark.parametrize("loss", ["nope", "nope:0"])

@@ -130,7 +130,7 @@ def main(argv) -> int:
     result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
                           cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
                           samples=FLAGS.samples, seed=FLAGS.seed, out=None, resolve_bundle=bundle_for_entry,
-                          overheads=overheads_path, weights=FLAGS.policy)
+                          overheads=overheads_path, weights=FLAGS.policy, label=_step_label(FLAGS.graph))
     print(planner.format_result(result), flush=True)
     if result.best.oom and result.best_fitting is None:  # nothing written: a strategy that does not fit is no plan
         print(f"error: {out_of_memory_problem(result)}; {FLAGS.out} was not written. Fix: use a cluster with more "
@@ -173,6 +173,13 @@ def starts_servers() -> bool:
     """Whether the parsed flags ask for real runs or measurements (--confirm_real K > 0,
     --overheads measure), which start local servers."""
     return bool(FLAGS.confirm_real) or FLAGS.overheads == MEASURE
+
+
+def _step_label(graph):
+    """A bare step's name, as its strategy's "graph" field has it (the bundle imported from it is
+    cached under that name plus a hash); None for anything else."""
+    from tfplace.graph_defs.user_step import is_step_file, step_name
+    return step_name(graph) if graph is not None and is_step_file(graph) else None
 
 
 def run() -> None:
