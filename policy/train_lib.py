@@ -481,12 +481,16 @@ def train(config: TrainConfig, log: Log, progress: bool = True,
     return Trainer(config, log, progress, resolve_bundle).run()
 
 
-def file_logger(output_dir: str) -> Log:
+def file_logger(output_dir: str, results: bool = False) -> Log:
+    """A Log that appends each message, time-stamped, to output_dir/train.log and writes it to
+    stderr (progress and notes) or, with `results`, to stdout (the run's results)."""
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, "train.log")
 
     def log(message: str) -> None:
-        sys.stderr.write(("\n" if message.startswith("\n") else "") + message.strip("\n") + "\n")
+        stream = sys.stdout if results else sys.stderr  # looked up per message: a redirect in force then
+        stream.write(("\n" if message.startswith("\n") else "") + message.strip("\n") + "\n")
+        stream.flush()
         with open(path, "a", encoding="utf-8") as f:
             f.write(time.strftime("%Y-%m-%d %H:%M:%S ") + message.strip("\n") + "\n")
     return log

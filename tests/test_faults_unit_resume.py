@@ -65,12 +65,13 @@ def _cluster(folder, memory_bytes=None, devices=4, name="cluster.json"):
 
 
 def _train(config, out):
-    """(exit status, stderr) of `python -m tfplace.train --config config --output_dir out`, in-process."""
+    """(exit status, what it printed: stdout then stderr) of `python -m tfplace.train --config config
+    --output_dir out`, in-process."""
     from tfplace.cli import common, train
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
+    err, out_text = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out_text):
         status = common.call(train, ["--config", config, "--output_dir", out, "--noprogress"])
-    return status, err.getvalue()
+    return status, out_text.getvalue() + err.getvalue()
 
 
 def _state(out, name="state.json"):
@@ -390,3 +391,20 @@ def test_an_infeasible_best_fails_the_run_unless_accepted(case, base, oom_run, t
         for name, dev in summary["oom_devices"].items():
             assert dev["peak_memory_bytes"] > dev["memory_bytes"] == 2000
             assert f"{name} needs {dev['peak_memory_bytes']} of 2000 bytes" in stderr
+
+
+def test_the_results_go_to_stdout_and_the_notes_to_stderr_both_to_the_log(base, tmp_path):
+    """`train ... 2>/dev/null` still shows the results (a line per task, where the outputs are);
+    `train ... >/dev/null` still shows progress, notes and errors; train.log keeps both."""
+    from tfplace.cli import common, train
+    out = _copy_run(base, tmp_path)
+    err, printed = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(printed):
+        assert common.call(train, ["--config", _config(tmp_path), "--output_dir", out, "--noprogress"]) == 0
+    results = [f"{LABEL}: best ", "speed-up x", f"outputs in {out}"]
+    notes = [f"resumed from step {STEPS} "]
+    for text, stream, other in [(t, printed, err) for t in results] + [(t, err, printed) for t in notes]:
+        assert text in stream.getvalue() and text not in other.getvalue(), (text, printed.getvalue(), err.getvalue())
+    with open(os.path.join(out, "train.log")) as f:
+        logged = f.read()
+    assert all(text in logged for text in results + notes)

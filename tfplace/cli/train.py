@@ -4,6 +4,8 @@ Thin binary over tfplace.policy.train_lib (flags live only here). Re-running wit
 output_dir resumes from its last usable checkpoint (the budget and checkpoint period may change;
 anything else that changes the problem is refused). The run holds output_dir's lock
 (tfplace.cli.common.OutputLock) throughout, so a second run on the same folder stops at once.
+Progress and notes go to stderr, the results (a line per task, where the outputs are) to stdout;
+both to output_dir/train.log.
 
 Exit status: 0 done; 1 the run failed: no strategy found for some task fits in memory (unless the
 config sets "accept_infeasible": true; the summary says INFEASIBLE either way); 2 bad input,
@@ -69,11 +71,12 @@ def _train(config) -> int:
             log(f"stopped at once by a second {signal.Signals(stop.signum).name}; the checkpoint of step "
                 f"{stop.step} stands")
         return stop.exit_status
+    say = train_lib.file_logger(config.output_dir, results=True)  # the results: stdout
     for label, t in summary["tasks"].items():
-        log(_summary_line(label, t))
-    log("each graph's folder holds best_strategy.json, best_graph.pb (the step rewritten for it; best_time.log's "
+        say(_summary_line(label, t))
+    say("each graph's folder holds best_strategy.json, best_graph.pb (the step rewritten for it; best_time.log's "
         "rewritten_graph says why when the rewrite refused it), best_trace.json, best_time.log and training.png")
-    log(f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s; outputs in {config.output_dir}")
+    say(f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s; outputs in {config.output_dir}")
     failed = train_lib.infeasible_tasks(summary)
     if failed and not config.accept_infeasible:
         log(f"error: the run failed: no strategy found for {', '.join(failed)} fits in device memory. Fix: use a "
