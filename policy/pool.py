@@ -119,8 +119,10 @@ class StrategyPool:
     def best_fitting(self) -> Optional[PoolEntry]:
         """The fastest strategy (by simulated time) that fits in device memory, kept entries and
         baselines alike; None when none fits. The best by effective time can run out of memory:
-        the penalty makes a fast strategy slightly over memory rank above a slower one that fits."""
-        return min((e for e in self.entries + self.baselines if not e.oom), key=lambda e: e.time_s, default=None)
+        the penalty makes a fast strategy slightly over memory rank above a slower one that fits.
+        Ties as in the pool's order (a fitting strategy's effective time is its time): the pool's
+        best when it fits."""
+        return min((e for e in self.entries + self.baselines if not e.oom), key=_rank, default=None)
 
     def best_with_action(self) -> Optional[PoolEntry]:
         return next((e for e in self.entries if e.action is not None), None)

@@ -40,6 +40,23 @@ def test_a_tie_keeps_the_strategy_found_first(later_s, becomes_best):
     assert pool.best.source == ("local search step 103" if becomes_best else "local search step 98")
 
 
+@pytest.mark.parametrize("over_s, fitting_s, expected", [
+    (0.5, [2.0, 3.0], "fits 2.0"),                           # a fast strategy over memory ranks first (x1.01)
+    (None, [2.0, 3.0], "fits 2.0"),                          # nothing over memory: the pool's best
+    (0.5, [], None),                                         # nothing fits
+    (None, [0.05537073449722206, 0.055370734497222025], "fits 0.05537073449722206"),  # a rounding tie:
+])                                                           # the pool's best, found first, as the pool ranks
+def test_best_fitting_is_the_fastest_entry_that_fits_tied_as_the_pool_ranks(over_s, fitting_s, expected):
+    pool = StrategyPool(8)
+    if over_s is not None:
+        pool.add(PoolEntry("over", _s(1), over_s, over_s * 1.01, True, 1))
+    for i, t in enumerate(fitting_s):
+        pool.add(PoolEntry(f"fits {t}", _s(2 + i), t, t, False, 2 + i))
+    assert (pool.best_fitting and pool.best_fitting.source) == expected
+    if expected and over_s is None:
+        assert pool.best_fitting is pool.best
+
+
 _BASE = Strategy(8, 4, None, {"g0": decision({"a": 4, "b": 4}), "g1": decision({"a": [4, 4]}, "ps", "b", 1)},
                  graph="m", bucket_bytes=1 << 20)
 

@@ -114,6 +114,13 @@ class TaskRun:
         when none fits, the pool's best by penalised time (the summary then says INFEASIBLE)."""
         return self.pool.best_fitting or self.pool.best
 
+    @property
+    def passed_over(self) -> Optional[PoolEntry]:
+        """The pool's best by penalised time when it runs out of memory and a strategy that fits
+        is reported instead; else None."""
+        first = self.pool.best
+        return first if first.oom and self.best is not first else None
+
     def speedup(self) -> float:
         return self.pool.best_baseline().effective_time_s / self.best.effective_time_s
 
@@ -387,11 +394,10 @@ class Trainer:
         for r in self.runs:
             bb, best = r.pool.best_baseline(), r.best
             report = r.best_report or r.task.simulate(best.strategy)
-            first = r.pool.best
             out["tasks"][r.label] = {"best_time_s": best.time_s, "best_source": best.source,
                                      "feasible": not best.oom,
-                                     "passed_over": None if first is best else
-                                     {"source": first.source, "time_s": first.time_s},
+                                     "passed_over": r.passed_over and {"source": r.passed_over.source,
+                                                                       "time_s": r.passed_over.time_s},
                                      "oom_devices": {d: {"peak_memory_bytes": p, "memory_bytes": c}
                                                      for d, (p, c) in report.over_memory.items()},
                                      "best_baseline": bb.source, "best_baseline_time_s": bb.time_s,

@@ -237,12 +237,12 @@ def test_a_run_reports_and_writes_the_fastest_strategy_that_fits_not_a_faster_on
     pool = train_lib.seed_pool(task, 8)
     run = train_lib.TaskRun(task, PlacementEnvironment(task), pool)
     fitting = min((e for e in pool.entries + pool.baselines if not e.oom), key=lambda e: e.time_s)
-    assert run.best is pool.best is fitting  # nothing over memory yet: one best
+    assert run.best is pool.best is fitting and run.passed_over is None  # nothing over memory yet: one best
     fast = fitting.time_s * 0.9
     over = dataclasses.replace(fitting, source="fast_but_over", oom=True, time_s=fast, effective_time_s=fast * 1.01,
                                strategy=dataclasses.replace(fitting.strategy, bucket_bytes=12345))
     assert pool.add(over) and pool.best is over
-    assert run.best is fitting and pool.best_fitting is fitting
+    assert run.best is fitting and pool.best_fitting is fitting and run.passed_over is over
     assert run.speedup() == pytest.approx(pool.best_baseline().effective_time_s / fitting.effective_time_s)
     train_lib.write_outputs(run, str(tmp_path))
     written = load_strategy(str(tmp_path / "best_strategy.json"))
