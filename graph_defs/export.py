@@ -202,6 +202,15 @@ def ensure_bundle(model, *, out_dir=ZOO_DIR, **opts):
     return export_model(model, out_dir=out_dir, **opts)
 
 
+#: A step role the import could not infer or find -> how a config's graph entry names it.
+_ENTRY_ROLE_FIXES = {
+    "train_op": 'name it with "train_ops": ["NAME"] (several to run them together)',
+    "loss": 'name the scalar loss with "loss": "NAME", or give "loss_reduction": "mean" or "sum" to go without one',
+    "loss_reduction": 'give "loss_reduction": "mean" or "sum"',
+    "inputs": 'list the batched input placeholders with "inputs": ["NAME:BATCH_AXIS", ...]',
+}
+
+
 def bundle_for_entry(entry):
     """Bundle path for a config graph entry (`tfplace.formats.config.GraphEntry`): its `graph` path as
     given (a bare training step .pb/.pbtxt/.meta imported into a cached bundle at the entry's batch,
@@ -211,8 +220,14 @@ def bundle_for_entry(entry):
         from .user_step import import_step, is_step_file
         if not is_step_file(entry.graph):
             return entry.graph
-        return import_step(entry.graph, batch_size=entry.batch_size, train_ops=entry.train_ops, loss=entry.loss,
-                           loss_reduction=entry.loss_reduction, inputs=entry.inputs)
+        try:
+            return import_step(entry.graph, batch_size=entry.batch_size, train_ops=entry.train_ops, loss=entry.loss,
+                               loss_reduction=entry.loss_reduction, inputs=entry.inputs)
+        except InputError as err:  # the fix names the entry's key, not the command line's flag
+            fix = _ENTRY_ROLE_FIXES.get("inputs" if err.field.endswith(".attr.shape") else err.field)
+            if fix is None:
+                raise
+            raise InputError(err.source, err.field, err.problem, f"{fix} in the config's graph entry") from None
     opts = {k: getattr(entry, k) for k in ("image_size", "seq_len", "num_layers") if getattr(entry, k) is not None}
     opts.update(batch_size=entry.batch_size, optimizer=entry.optimizer or "sgd")
     try:

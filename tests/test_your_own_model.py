@@ -220,7 +220,7 @@ def test_a_config_entry_names_the_roles_of_an_ambiguous_step(tmp_path, monkeypat
     bare = load_train_config(_train_config(tmp_path, {"graph": path, "batch_size": 8})).graphs[0]
     with pytest.raises(InputError) as err:
         bundle_for_entry(bare)
-    assert "--train_op" in err.value.fix
+    assert '"train_ops": ["NAME"]' in err.value.fix and "--train_op" not in err.value.fix  # the config's key
     named = load_train_config(_train_config(tmp_path, {"graph": path, "batch_size": 8, "train_ops": ["step0"]})).graphs[0]
     assert named.train_ops == ("step0",)
     graph = load_op_graph(bundle_for_entry(named))
@@ -229,6 +229,27 @@ def test_a_config_entry_names_the_roles_of_an_ambiguous_step(tmp_path, monkeypat
     with pytest.raises(InputError) as err:
         load_train_config(_train_config(tmp_path, {"model": "tiny_mlp", "batch_size": 8, "loss": "loss"}))
     assert err.value.field.endswith("loss")
+
+
+@pytest.mark.parametrize("kind, field, key", [("two_train_ops", "train_op", '"train_ops"'),
+                                               ("two_losses", "loss", '"loss"')])
+def test_activate_refuses_an_ambiguous_step_before_any_server_or_folder(tmp_path, monkeypatch, capsys, kind, field,
+                                                                         key):
+    """A role the import cannot infer is bad input of the config (exit 2, the entry's key in the
+    fix), found before a server starts or the output folder is made, as train finds it."""
+    from tfplace.cli import activate
+    from tfplace.runtime import local_cluster
+    monkeypatch.setenv("TFPLACE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(local_cluster.LocalCluster, "start", lambda self: pytest.fail("a server was started"))
+    path = _write(_step(kind), tmp_path, ".pb")
+    config = tmp_path / "a.json"
+    config.write_text(json.dumps({"cluster": os.path.join(ROOT, "clusters", "local_cpu.json"), "baselines": ["single"],
+                                  "graphs": [{"graph": path, "batch_size": 6}], "output_dir": str(tmp_path / "out")}))
+    assert common.call(activate, [str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: {field}: ") and err.count("\n") == 1, err
+    assert "Fix: name" in err and key in err and "config's graph entry" in err and "--" not in err.split("Fix:")[1]
+    assert not (tmp_path / "out").exists()
 
 
 # ---- the page: a Keras model outside the zoo -------------------------------------------------

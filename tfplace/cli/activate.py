@@ -50,6 +50,7 @@ from typing import Any, Callable, Dict, List, Optional
 from tfplace.cli import common
 from tfplace.formats.cluster import Cluster, load_cluster
 from tfplace.formats.config import MEASURE, ActivateConfig, GraphEntry, load_activate_config
+from tfplace.formats.errors import InputError
 from tfplace.formats.strategy import load_strategy, validate_strategy
 from tfplace.runtime import machine_speed
 
@@ -84,21 +85,30 @@ def _graph_path(entry: GraphEntry) -> str:
 
 def _jobs(config: ActivateConfig) -> List[Dict[str, Any]]:
     """One dict per run: name, graph bundle path (or the error that stopped its export), strategy
-    (or baseline name)."""
+    (or baseline name). Bad input (InputError: a strategy file, a step whose roles are ambiguous, a
+    bundle built for another batch than its entry's) is raised, before any server; an export that
+    fails otherwise is that entry's error, reported as the entries run."""
+    from tfplace.graph_defs.user_step import is_step_file
     jobs, graphs = [], []
     for e in config.strategies:
         job = {"name": e.name, "kind": "strategy", "error": None}
+        s = load_strategy(e.strategy)
         try:
-            s = load_strategy(e.strategy)
             job.update(strategy=s, graph=_graph_path(GraphEntry(s.global_batch_size, model=e.model,
                                                                 graph=e.graph or None)))
             graphs.append((job["graph"], s.global_batch_size))
+        except InputError:
+            raise
         except Exception as err:  # reported per entry
             job["error"] = err
         jobs.append(job)
-    for g in config.graphs:
+    for i, g in enumerate(config.graphs):
+        if g.graph is not None and not is_step_file(g.graph):
+            _check_bundle_batch(g.graph, g.batch_size, config.source, f"graphs[{i}].batch_size")
         try:
             graphs.append((_graph_path(g), g.batch_size))
+        except InputError:
+            raise
         except Exception as err:
             jobs.append({"name": g.label, "kind": "graph", "error": err})
     for base in config.baselines:
@@ -109,13 +119,28 @@ def _jobs(config: ActivateConfig) -> List[Dict[str, Any]]:
     return jobs
 
 
+def _check_bundle_batch(path: str, batch: int, source: str, field: str) -> None:
+    """Raises InputError naming `field` of `source` when the bundle at `path` is built for another
+    global batch than `batch`: a real step feeds the graph its own batch."""
+    from tfplace.graph_defs.bundle import read_meta
+    try:
+        built = read_meta(path).get("global_batch_size")
+    except ValueError:
+        return  # a bundle that does not read is that entry's error, as a failed export is
+    if built is not None and built != batch:
+        raise InputError(source, field, f"is {batch}, but the bundle {path} is built for a global batch of {built}",
+                         f"give {built}, or a graph exported at batch {batch}")
+
+
 def check_groups(jobs: List[Dict[str, Any]], cluster: Cluster) -> None:
     """Raises InputError naming the strategy file's field when a strategy entry's groups are not
     its graph's at its max_groups (tfplace.formats.strategy.validate_strategy): loads each such
     graph and groups it, as the entry's run would, and keeps the grouping for its rounds
-    (`job["grouping"]`). An entry whose graph failed to export or does not load gets that error
-    (`job["error"]`), reported as the entries run."""
+    (`job["grouping"]`); also when the graph is built for another global batch than the
+    strategy's (tfplace.rewrite.graph_rewrite.check_batch). An entry whose graph failed to export
+    or does not load gets that error (`job["error"]`), reported as the entries run."""
     from tfplace.ir.grouping import make_grouping
+    from tfplace.rewrite.graph_rewrite import check_batch
     from tfplace.ir.loader import load_op_graph
     graphs: Dict[str, Any] = {}
     groupings: Dict[Any, Any] = {}
@@ -136,6 +161,7 @@ def check_groups(jobs: List[Dict[str, Any]], cluster: Cluster) -> None:
         if key not in groupings:
             groupings[key] = make_grouping(graph, strategy.max_groups)
         validate_strategy(strategy, groupings[key].group_names, cluster.device_names)
+        check_batch(graph, strategy)  # a bundle built for another batch cannot run this strategy
         job["grouping"] = groupings[key]  # the one its rounds rewrite with: grouped once, as checked
 
 
@@ -176,7 +202,6 @@ def check_measurable(cluster: Cluster, cluster_path: str, source: str, field: st
     its runtime overheads measured here (tfplace.cli.overheads.check_local_cluster: loopback CPU
     tasks, one device each, at least two); the fix says to `leave_out` the request or give a file."""
     from tfplace.cli.overheads import check_local_cluster
-    from tfplace.formats.errors import InputError
     try:
         check_local_cluster(cluster, cluster_path)
     except InputError as err:
@@ -308,17 +333,17 @@ def run(config_path: str, out=None) -> List[Dict[str, Any]]:
     LocalCluster.for_cluster(cluster)
     if measure_overheads:
         check_measurable(cluster, config.cluster, config.source, "overheads", 'leave "overheads" out')
+    jobs = _jobs(config)  # exports; its bad input, and check_groups', before the output folder or any server
+    check_groups(jobs, cluster)
+    if config.trace:
+        common.check_outputs_in(config.output_dir, [f"{j['name']}.timeline.json" for j in jobs], config_path,
+                                "output_dir")
     os.makedirs(config.output_dir, exist_ok=True)
     results_path = os.path.join(config.output_dir, "results.json")
     watch = machine_speed.SpeedWatch(machine_speed.cores_of(cluster))
     if note:
         print(note, file=out, flush=True)
     with common.OutputLock(config.output_dir, config_path, "output_dir"):  # one run per folder
-        jobs = _jobs(config)
-        check_groups(jobs, cluster)  # before any server: a group the graph lacks is an input error
-        if config.trace:
-            common.check_outputs_in(config.output_dir, [f"{j['name']}.timeline.json" for j in jobs], config_path,
-                                    "output_dir")
         watch.calibrate()
         _start_results(results_path, config_path, config, watch)
         if measure_overheads:

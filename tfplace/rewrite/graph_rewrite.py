@@ -135,6 +135,7 @@ def rewrite_step(graph, strategy: Strategy, cluster: Cluster, *, grouping=None, 
     if graph.graph_def is None:
         raise InputError(graph.source or "graph", "graph_def", "the OpGraph carries no GraphDef",
                          "load it with tfplace.ir.loader.load_op_graph")
+    check_batch(graph, strategy)
     from tfplace.ir.grouping import make_grouping
     if grouping is None and (placed is None or len(placed.op_names) != graph.num_ops):
         grouping = make_grouping(graph, strategy.max_groups)
@@ -158,6 +159,19 @@ def rewrite_step(graph, strategy: Strategy, cluster: Cluster, *, grouping=None, 
     if key_base is None:
         key_base = 1 + zlib.crc32(repr((graph.names, strategy.to_json())).encode()) % (2 ** 29)
     return _Emitter(graph, placed, cluster, key_base, init_op, cpu_all_reduce).run()
+
+
+def check_batch(graph: OpGraph, strategy: Strategy) -> None:
+    """Raises InputError naming the strategy's global_batch_size when it is not the batch the
+    graph is built for: the rewritten step feeds the graph's own inputs, whole, and splits them
+    (a simulation may scale a graph to another batch; a real step cannot)."""
+    if strategy.global_batch_size != graph.reference_batch_size:
+        b, ref = strategy.global_batch_size, graph.reference_batch_size
+        raise InputError(strategy.source or "strategy", "global_batch_size",
+                         f"is {b}, but the graph{' ' + graph.source if graph.source else ''} is built for a "
+                         f"global batch of {ref}",
+                         f"use a strategy made for batch {ref} (e.g. python -m tfplace.plan --graph with that graph), "
+                         f"or a graph exported at batch {b}")
 
 
 class _Emitter:
@@ -385,7 +399,7 @@ class _Emitter:
         `name/read` (which waits for the updates), packed, sent as one tensor, split on the mirror's
         device with the variables' static shapes and assigned; the NoOp `name` there waits for every
         assignment."""
-        p, g = self.p, self.g
+        p = self.p
         d, s = int(p.task_device[t]), int(p.task_src_device[t])
         name = f"tfplace/sendback_{t}"
         members = [self.variable_of[h] for h in p.send_back_ops(t)]
