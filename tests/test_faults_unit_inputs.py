@@ -35,6 +35,9 @@ ALARM_S = 60
 GOOD_STRATEGY = {"global_batch_size": 6, "max_groups": 4, "default": {"shares": {"cpu0": 2, "cpu1": 2, "cpu2": 2}}}
 ACTIVATE = {"format": "tfplace.activate_config", "cluster": CLUSTER, "baselines": ["single"],
             "graphs": [{"model": "tiny_mlp", "batch_size": 12}]}
+with open(CLUSTER) as _f:  # local_cpu.json with cpu2 moved into cpu1's task
+    TWO_CPUS_ONE_TASK = json.load(_f)
+TWO_CPUS_ONE_TASK["devices"][2]["task"] = 1
 TRAIN = {"format": "tfplace.train_config", "graphs": [{"model": "tiny_mlp", "batch_size": 16}], "clusters": [CLUSTER]}
 
 
@@ -272,6 +275,20 @@ CASES = {
     "activate_batch_size_0": ("value", activate, ["{tmp}/a.txt"],
                               {"a.txt": _with(ACTIVATE, graphs=[{"model": "tiny_mlp", "batch_size": 0}])},
                               ["a.txt", "graphs[0].batch_size"]),
+    "activate_strategy_for_another_batch": ("value", activate, ["{tmp}/a.txt"],
+                                            {"s.json": GOOD_STRATEGY, "a.txt": _with(ACTIVATE, strategies=[
+                                                {"name": "mine", "strategy": "{tmp}/s.json", "graph": TINY}])},
+                                            ["s.json: global_batch_size: is 6", "built for a global batch of 16"]),
+    "activate_bundle_at_another_batch": ("value", activate, ["{tmp}/a.txt"],
+                                         {"a.txt": _with(ACTIVATE, graphs=[{"graph": TINY, "batch_size": 8}])},
+                                         ["a.txt: graphs[0].batch_size: is 8", "built for a global batch of 16"]),
+    "activate_gpu_kind_on_this_machine": ("value", activate, ["{tmp}/a.txt"],
+                                          {"a.txt": _with(ACTIVATE, cluster=os.path.join(
+                                              REPO, "examples", "formats", "cluster_links.json"))},
+                                          ["cluster_links.json: devices[0].kind", "GPU kind", "0 GPUs"]),
+    "activate_two_cpus_in_one_task": ("value", activate, ["{tmp}/a.txt"],
+                                      {"c.json": TWO_CPUS_ONE_TASK, "a.txt": _with(ACTIVATE, cluster="{tmp}/c.json")},
+                                      ["c.json: devices[2].task", "second CPU device of task 1"]),
     "train_config_batch_size_over_int32": ("value", train, ["--config", "{tmp}/c.json", "--output_dir", "{tmp}/out"],
                                            {"c.json": _with(TRAIN, graphs=[{"model": "tiny_mlp", "batch_size": 10 ** 12}])},
                                            ["c.json", "graphs[0].batch_size"]),
@@ -340,6 +357,7 @@ def test_bad_input_exits_2_with_one_line_naming_it_and_the_fix(case, tmp_path, c
     assert "Fix:" in errors[0], errors[0]
     for text in expected:
         assert text in errors[0], (text, errors[0])
+    assert not os.path.exists(os.path.join(tmp, "runs")), "an output folder was made for input refused"
 
 
 def test_every_category_has_cases():

@@ -126,6 +126,33 @@ def require_loopback(cluster, source: str = "") -> None:
                              "(e.g. clusters/local_cpu.json)")
 
 
+def require_devices_here(cluster, source: str = "", gpus_here: Optional[int] = None) -> None:
+    """Raises InputError naming the cluster file and `devices[i]` when a device of `cluster` is
+    not one a local TF task has: each task (one server process on this machine) has one CPU,
+    CPU:0, and sees this machine's GPUs (`gpus_here`, default: those TensorFlow finds; none on a
+    CPU-only build). A GPU-kind device where there is none, or a second CPU device in one task,
+    would fail only once the servers run a step."""
+    from tfplace.formats.cluster import is_cpu_kind
+    source = source or cluster.source or cluster.name
+    for i, d in enumerate(cluster.devices):
+        ordinal = int(d.tf_device.rsplit(":", 1)[1])
+        if is_cpu_kind(d.kind):
+            if ordinal:
+                first = next(e.name for e in cluster.devices if e.task == d.task and is_cpu_kind(e.kind))
+                raise InputError(source, f"devices[{i}].task", f"{d.name} is a second CPU device of task {d.task} "
+                                 f"(after {first}); a local TF task has one CPU",
+                                 "give each CPU device its own task (its own host, or \"task\": k)")
+            continue
+        if gpus_here is None:
+            import tensorflow as tf
+            gpus_here = len(tf.config.list_physical_devices("GPU"))
+        if ordinal >= gpus_here:
+            raise InputError(source, f"devices[{i}].kind", f"{d.kind!r} is a GPU kind, run as GPU:{ordinal} of task "
+                             f"{d.task}, but this machine has {gpus_here} GPU{'s' if gpus_here != 1 else ''} for TF",
+                             "run it on a machine with those GPUs, or emulate the cluster with CPU kinds "
+                             "(e.g. clusters/local_cpu_hetero.json)")
+
+
 class _StepResult:
     """What one submitted call returned or raised; `done` is set when it has."""
 
@@ -238,8 +265,9 @@ class LocalCluster:
         """A LocalCluster of `cluster`'s tasks (a tfplace.formats.cluster.Cluster whose hosts are
         all loopback), each pinned and limited as its device's `emulation` says. kwargs: the other
         constructor arguments (threads, env, ...). Raises InputError naming the cluster file and
-        the field, before anything starts, for a non-loopback host, a core this machine lacks or a
-        CPU quota that cannot be set here."""
+        the field, before anything starts, for a non-loopback host, a device a local task does not
+        have (require_devices_here), a core this machine lacks or a CPU quota that cannot be set
+        here."""
         from tfplace.emulation import links
         from tfplace.emulation.tasks import check_applicable
         for key in ("num_tasks", "cpus_per_task", "cpu_fraction_per_task", "host_links"):
@@ -247,6 +275,7 @@ class LocalCluster:
                 raise InputError("LocalCluster.for_cluster", key, "is set by the cluster file",
                                  "declare it as the devices' emulation in the cluster file")
         require_loopback(cluster)
+        require_devices_here(cluster)
         source = cluster.source or cluster.name
         check_applicable([d.emulation for d in cluster.devices], source)
         layout = links.checked_layout(cluster, per="task")
@@ -450,8 +479,24 @@ class LocalCluster:
         has died or a collective is stuck (stock `close()` waits on the dead master).
         """
         self.check()
+        if config is not None:
+            self._check_grappler_plugin(config)
         return _session_class()(self.target, graph=graph,
                                 config=self.session_config() if config is None else config)
+
+    def _check_grappler_plugin(self, config) -> None:
+        """Raises InputError when `config` runs the tfplace Grappler plugin but task 0, the master
+        that runs Grappler, was started without the library: TensorFlow would skip the unknown
+        optimizer and run the original graph on one device, with no error."""
+        from tfplace.runtime.worker import LIBRARIES_ENV
+        from tfplace.rewrite.grappler import OPTIMIZER_NAME
+        if not any(c.name == OPTIMIZER_NAME for c in config.graph_options.rewrite_options.custom_optimizers):
+            return
+        env = dict(os.environ, **(self.envs[0] or {}))
+        if not env.get(LIBRARIES_ENV):
+            raise InputError("LocalCluster.session", "config", "runs the tfplace Grappler plugin, but task 0 (which "
+                             "runs Grappler for the session) was started without it, so the step would run unplaced",
+                             f"start the LocalCluster with env_per_task=[grappler.worker_env()] * {self.num_tasks}")
 
     @property
     def running(self) -> bool:
