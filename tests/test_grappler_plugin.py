@@ -187,3 +187,38 @@ def test_plugin_session_trains_like_the_hook(local_cluster):
         assert not np.array_equal(after[name], before[name]) or "bias" in name, f"{name} did not train"
         assert _rel(after[name], hook_after[name]) <= 1e-6, f"{name}: plugin and hook runs differ"
     assert np.allclose(losses, hook_losses, rtol=1e-6, atol=0)
+
+
+def test_a_plugin_config_needs_the_plugin_loaded_here(monkeypatch):
+    """Without the library, TensorFlow skips the unknown optimizer and runs the graph unplaced with
+    no error: session_config refuses before that can happen."""
+    from tfplace.formats.errors import InputError
+    from tfplace.rewrite import grappler
+    monkeypatch.setattr(grappler, "_loaded", [])
+    with pytest.raises(InputError, match=r"not loaded in this process") as err:
+        grappler.session_config(STRATEGY, CLUSTER, train_op="train_op")
+    assert "load_plugin()" in err.value.fix
+    monkeypatch.setattr(grappler, "_loaded", ["/some/libtfplace_grappler.so"])
+    assert grappler.session_config(STRATEGY, CLUSTER, train_op="train_op").graph_options.rewrite_options.optimizers
+
+
+@pytest.mark.parametrize("env_per_task, refused", [
+    (None, True),                                    # the docs' script without worker_env(): unplaced
+    ([{"TFPLACE_WORKER_LIBRARIES": "/x.so"}, None], False),   # task 0 runs Grappler: it has the library
+    ([None, {"TFPLACE_WORKER_LIBRARIES": "/x.so"}], True),
+])
+def test_a_local_cluster_session_refuses_a_plugin_config_its_master_cannot_run(monkeypatch, env_per_task, refused):
+    from tfplace.formats.errors import InputError
+    from tfplace.rewrite import grappler
+    from tfplace.runtime.local_cluster import LocalCluster
+    monkeypatch.delenv("TFPLACE_WORKER_LIBRARIES", raising=False)
+    monkeypatch.setattr(grappler, "_loaded", ["/x.so"])
+    lc = LocalCluster(num_tasks=2, env_per_task=env_per_task)
+    config = grappler.session_config(STRATEGY, CLUSTER, train_op="train_op")
+    if refused:
+        with pytest.raises(InputError, match="task 0") as err:
+            lc._check_grappler_plugin(config)
+        assert "env_per_task=[grappler.worker_env()] * 2" in err.value.fix
+    else:
+        lc._check_grappler_plugin(config)
+    lc._check_grappler_plugin(lc.session_config())  # no plugin in the config: nothing to check

@@ -36,7 +36,7 @@ import sysconfig
 import tempfile
 from typing import Dict, List, Optional
 
-from tfplace.formats.errors import TfplaceError
+from tfplace.formats.errors import InputError, TfplaceError
 from tfplace.runtime.worker import LIBRARIES_ENV
 
 OPTIMIZER_NAME = "tfplace"  # REGISTER_GRAPH_OPTIMIZER_AS in grappler_plugin.cc
@@ -131,10 +131,15 @@ def _name(x) -> str:
 def session_config(strategy_path, cluster_path, base_config=None, *, train_op, init_op="init", loss=None,
                    loss_reduction: Optional[str] = None):
     """A copy of `base_config` (a ConfigProto) whose Grappler runs only the "tfplace" optimizer, with
-    the parameters grappler_entry reads. `train_op`, `init_op`, `loss`: ops, tensors or names."""
+    the parameters grappler_entry reads. `train_op`, `init_op`, `loss`: ops, tensors or names.
+    Raises InputError unless load_plugin() has loaded the plugin into this process."""
     import tensorflow as tf
     from tensorflow.core.protobuf import rewriter_config_pb2
     from tfplace.rewrite.grappler_entry import PluginParams
+    if not _loaded:  # TensorFlow would skip the unknown optimizer and run the graph unplaced, silently
+        raise InputError("grappler.session_config", "plugin", "the tfplace Grappler plugin is not loaded in this "
+                         "process", "call tfplace.rewrite.grappler.load_plugin() first (and start a LocalCluster's "
+                         "tasks with env_per_task=[grappler.worker_env()] * n)")
     params = PluginParams(strategy=os.path.abspath(strategy_path), cluster=os.path.abspath(cluster_path),
                           train_op=_name(train_op), init_op=_name(init_op), loss=_name(loss),
                           loss_reduction=loss_reduction or "")
