@@ -230,7 +230,9 @@ def run_horovod(bundle: str, batch_per_rank: Sequence[int], steps: int = 10, war
               "steps": int(steps), "warmup_steps": int(warmup_steps), "seed": int(seed), "out_dir": work,
               "threads_per_rank": [list(t) for t in threads_per_rank] if threads_per_rank else None,
               "emulation_per_rank": [None if e is None else e.to_json() for e in emulations],
-              "dump_variables": bool(dump_variables), "sample_weighted": bool(sample_weighted)}
+              "dump_variables": bool(dump_variables), "sample_weighted": bool(sample_weighted),
+              # the ranks end, and remove a folder of ours, when this process is killed outright
+              "parent_pid": os.getpid(), "orphan_cleanup_dir": work if own_dir and not dump_variables else ""}
     cfg_path = os.path.join(work, "horovod_config.json")
     with open(cfg_path, "w", encoding="utf-8") as f:
         json.dump(config, f)

@@ -29,6 +29,9 @@ Emulation: the runner starts rank r pinned and in its CPU quota (config["emulati
 a cluster file's device emulation). Before TensorFlow starts, the rank reads its affinity and
 its cgroup's quota back from the kernel and exits with a message when they are not the config's.
 
+Launcher: the rank ends (exit status 1) once the process that started it (config["parent_pid"])
+is gone, removing config["orphan_cleanup_dir"] (the runner's temporary folder) first.
+
 Output (in config["out_dir"]): rank_<r>.json with step_times_s (wall time of each timed
 sess.run of the train op), losses, the batch sizes, thread limits and the limits the kernel
 applies to the rank (cpus, cgroup, quota_us, period_us); with dump_variables, rank 0 also
@@ -40,7 +43,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import threading
 import time
 from typing import Dict, List, Sequence
 
@@ -243,12 +248,31 @@ def run_rank(config: dict) -> None:
         json.dump(result, f)
 
 
+def exit_with_launcher(parent_pid: int, orphan_dir: str = "") -> threading.Thread:
+    """Starts a daemon thread that ends this rank (exit status 1) once its launcher (`parent_pid`)
+    is gone, removing `orphan_dir` (the launcher's temporary folder) first: a SIGKILLed launcher
+    cannot stop its ranks or remove its folder, and the ranks would train on to the end."""
+    from tfplace.runtime.worker import PARENT_POLL_S, parent_alive
+
+    def watch() -> None:
+        while parent_alive(parent_pid):
+            time.sleep(PARENT_POLL_S)
+        if orphan_dir:
+            shutil.rmtree(orphan_dir, ignore_errors=True)
+        os._exit(1)
+    thread = threading.Thread(target=watch, name="launcher-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: Sequence[str] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="JSON written by horovod_runner")
     args = parser.parse_args(argv)
     with open(args.config, encoding="utf-8") as f:
-        run_rank(json.load(f))
+        config = json.load(f)
+    exit_with_launcher(int(config.get("parent_pid", 0)), config.get("orphan_cleanup_dir", ""))
+    run_rank(config)
     return 0
 
 

@@ -7,7 +7,7 @@ Table-driven by category:
     is retried on new ports.
   * process: SIGTERM / SIGINT to `activate.py` (or to `plan --confirm_real`) while TF servers or
     Horovod ranks run leaves no process and no temporary folder, exits 143 / 130, and keeps the
-    results written so far; a worker that dies in one entry is replaced for the next; a second
+    results written so far; after a SIGKILL the Horovod ranks end and remove their folder; a worker that dies in one entry is replaced for the next; a second
     run on the same output folder stops with exit 2 naming the run that holds it.
 The unit-level faults (bad files, paths, values, resume) are in test_faults_unit_*.py.
 """
@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -254,6 +253,29 @@ def test_process_a_stopped_activate_leaves_nothing_behind(tmp_path, sig, status,
 
 
 @pytest.mark.multiprocess
+def test_process_a_killed_activate_leaves_no_rank_behind(tmp_path):
+    """SIGKILL to activate.py while Horovod ranks run: it cannot stop them, so each rank watches
+    it and ends, removing the run's temporary folder, instead of training on to the end."""
+    proc, tmp = _start_activate(tmp_path, _activate_config(tmp_path, ["horovod_even"], steps=100000))
+    family = []
+    try:
+        ranks = _wait_for(lambda: [p for p in _descendants(proc.pid) if "horovod_worker" in _cmdline(p)], 240,
+                          "the Horovod ranks")
+        time.sleep(1.0)
+        family.extend(_descendants(proc.pid))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+        _wait_for(lambda: not [p for p in family if _alive(p)], 15, "every rank to end")
+        _wait_for(lambda: os.listdir(tmp) == [], 15, f"the temporary folders to go: {os.listdir(tmp)}")
+        assert len(ranks) == 3
+    finally:
+        _sweep(proc)
+        for p in family:  # a rank that outlived the check: not left to train on
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("servers_of", [
     ["--confirm_real", "1", "--confirm_steps", "100000"],  # the real check's
     ["--overheads", "measure"],                            # the overheads measurement's, before planning
@@ -325,3 +347,34 @@ def test_process_a_second_run_on_the_same_output_folder_stops(tmp_path):
         holder.wait(30)
     with common.OutputLock(str(tmp_path / "out"), "x"):  # released when its holder ended
         pass
+
+
+SCRIPT_UNDER_SIGTERM = """
+import atexit, sys, time
+from tfplace.runtime.signals import stop_on_sigterm
+atexit.register(lambda: print("exit handler ran", flush=True))
+stop_on_sigterm(replace=False)  # as a LocalCluster installs it when it starts
+try:
+    print("ready", flush=True)
+    time.sleep(60)
+finally:
+    print("finally ran", flush=True)
+"""
+
+
+def test_process_a_script_stopped_by_sigterm_cleans_up_and_exits_143(tmp_path):
+    """A user's script with a LocalCluster (which makes SIGTERM raise, so that `with` blocks stop
+    the servers): SIGTERM runs its `finally` blocks and exit handlers, then ends it with status
+    143 and one line, not a traceback and status 1."""
+    proc = subprocess.Popen([PYTHON, "-c", SCRIPT_UNDER_SIGTERM], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, (out, err)
+    assert out.split() == ["finally", "ran", "exit", "handler", "ran"], out
+    assert err.strip() == "stopped by SIGTERM", err

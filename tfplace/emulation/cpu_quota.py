@@ -31,10 +31,11 @@ controller's `cpu.cfs_quota_us`). Where neither is writable (no root, no delegat
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from tfplace.formats.errors import InputError
 
@@ -73,6 +74,35 @@ def _v1_parent() -> Optional[str]:
     return None
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_LEAF = re.compile(r"tfplace-.+-(\d+)-\d+")  # CpuQuota's cgroup names: tfplace-<name>-<pid>-<n>
+
+
+def remove_stale_cgroups(parent: str) -> List[str]:
+    """Removes the empty cgroups under `parent` that a CpuQuota of a process now gone left behind
+    (its launcher was killed before `close`); returns their names. A cgroup with members stays."""
+    removed = []
+    for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else ():
+        match = _LEAF.fullmatch(name)
+        if match and not pid_alive(int(match.group(1))):
+            try:
+                os.rmdir(os.path.join(parent, name))
+                removed.append(name)
+            except OSError:  # members still run in it, or another process removed it first
+                pass
+    return removed
+
+
 def available() -> bool:
     """Whether this process may create CPU-limited cgroups here."""
     return _v2_parent() is not None or _v1_parent() is not None
@@ -105,7 +135,9 @@ class CpuQuota:
             raise InputError("CpuQuota", "cgroups", f"no writable cgroup with the cpu controller under {CGROUP_ROOT}",
                              _FIX)
         self.version = 2 if v2 is not None else 1
-        self.path = os.path.join(v2 if v2 is not None else v1, leaf)
+        parent = v2 if v2 is not None else v1
+        remove_stale_cgroups(parent)
+        self.path = os.path.join(parent, leaf)
         try:
             os.mkdir(self.path)
             if self.version == 2:

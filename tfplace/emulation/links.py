@@ -172,7 +172,7 @@ def _run(cmd: Sequence[str]) -> None:
 
 def remove_stale_namespaces() -> List[str]:
     """Removes the namespaces of runs whose process is gone (killed before `close`); returns their names."""
-    from tfplace.emulation.tasks import pid_alive  # here: runtime.netns imports this module before numpy
+    from tfplace.emulation.cpu_quota import pid_alive  # here: runtime.netns imports this module before numpy
     removed = []
     for name in sorted(os.listdir(NETNS_DIR)) if os.path.isdir(NETNS_DIR) else ():
         parts = name[len(NETNS_PREFIX):].split("-")

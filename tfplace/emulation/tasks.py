@@ -33,17 +33,6 @@ QUOTA_FIX = ("run as root on a machine with cgroups (cgroup v2 cpu.max or v1 cpu
              "file and emulate with pinned cores only")
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` exists (one we may not signal counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def machine_cores() -> List[int]:
     """The machine's cores (os.cpu_count), whatever cores the calling process is pinned to: a
     benchmark's client pinned to core 1 still starts a task on core 0."""

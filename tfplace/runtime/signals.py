@@ -5,21 +5,48 @@ Horovod ranks a run started (each in its own process group) and its temporary fo
 behind. `stop_on_sigterm()` makes SIGTERM raise `Terminated` (a KeyboardInterrupt) in the main
 thread instead: every context manager on the way out stops its processes and removes its folders,
 and training checkpoints as on Ctrl-C. The command lines install it at start-up; a LocalCluster
-installs it when it starts, if the process still has the default handler.
+installs it when it starts, if the process still has the default handler. A Terminated that
+reaches the top of a script ends it with one line and status 143 (sys.excepthook), as SIGTERM
+would have.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
 import signal
+import sys
 import threading
+
+TERMINATED_EXIT = 128 + signal.SIGTERM  # 143, as a shell reports a process SIGTERM ended
 
 
 class Terminated(KeyboardInterrupt):
     """Raised in the main thread by SIGTERM once `stop_on_sigterm()` is installed."""
 
+    def __str__(self) -> str:
+        return "stopped by SIGTERM"
+
 
 def _raise_terminated(signum, frame):
     raise Terminated()
+
+
+def _exit_terminated(exc_type, exc, tb) -> None:
+    """sys.excepthook while the handler is installed: a Terminated that reaches the top of a script
+    (every `with` and `finally` on the way has stopped its servers) ends the process as SIGTERM
+    would, status 143 after the exit handlers, with one line instead of a traceback."""
+    if not issubclass(exc_type, Terminated):
+        sys.__excepthook__(exc_type, exc, tb)
+        return
+    sys.stderr.write("stopped by SIGTERM\n")
+    atexit._run_exitfuncs()  # what a normal exit would run (a LocalCluster's close among them)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(TERMINATED_EXIT)
 
 
 def stop_on_sigterm(replace: bool = True) -> bool:
@@ -34,4 +61,6 @@ def stop_on_sigterm(replace: bool = True) -> bool:
     if not replace and current is not signal.SIG_DFL:
         return False
     signal.signal(signal.SIGTERM, _raise_terminated)
+    if sys.excepthook is sys.__excepthook__:  # a script's own hook is kept
+        sys.excepthook = _exit_terminated
     return True

@@ -77,12 +77,13 @@ def _port_in_use(port: int) -> bool:
     return False
 
 
-def _parent_alive(pid: int) -> bool:
+def parent_alive(pid: int) -> bool:
+    """Whether the launcher `pid` (this process's parent; <= 0: none to watch) still runs."""
     if pid <= 0:
         return True
     if os.getppid() != pid:  # re-parented: the launcher died
         return False
-    from tfplace.emulation.tasks import pid_alive
+    from tfplace.emulation.cpu_quota import pid_alive
     return pid_alive(pid)
 
 
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
             f.write(f"{READY_PREFIX} {address} {server.target}\n")
         os.replace(tmp, args.ready_file)
     # server.join() never returns; poll instead so the task dies with its launcher.
-    while _parent_alive(args.parent_pid):
+    while parent_alive(args.parent_pid):
         time.sleep(PARENT_POLL_S)
     if args.orphan_cleanup_dir:
         remove_log_dir(args.orphan_cleanup_dir)
