@@ -196,3 +196,30 @@ def test_plan_command_writes_the_fastest_that_fits_when_the_best_by_penalised_ti
     text = capsys.readouterr().out
     assert "(fast_but_over," in text and f"the fastest strategy that fits is planned instead, {fits[1].source}" in text
     assert load_strategy(str(out)).to_json() == dataclasses.replace(fits[1].strategy, source=str(out)).to_json()
+
+
+@pytest.mark.parametrize("model, batch", [("tiny_mlp", 16), ("tiny_transformer", 16)])
+def test_plan_of_a_zoo_model_takes_the_zoo_batch_as_compare_does(tmp_path, model, batch):
+    """No --batch_size: the model's default batch (the zoo's), so that compare --strategy-files
+    takes the plan beside its own rows without a batch mismatch."""
+    from tfplace.cli import common
+    from tfplace.cli import plan as plan_cli
+    from tfplace.graph_defs.export import resolve_options
+    assert resolve_options(model)[2]["batch_size"] == batch
+    out = tmp_path / "s.json"
+    assert common.call(plan_cli, ["--model", model, "--cluster", os.path.join(REPO, "clusters/two_kind_4gpu.json"),
+                                  "--samples", "0", "--out", str(out)]) == 0
+    assert load_strategy(str(out)).global_batch_size == batch
+
+
+def test_plan_writes_its_strategy_when_its_output_pipe_is_closed(tmp_path):
+    """`plan ... | head -1`: the reader goes away before the table is printed; the plan is kept."""
+    import subprocess
+    import sys
+    out = tmp_path / "s.json"
+    proc = subprocess.Popen([sys.executable, "-m", "tfplace.plan", "--model", "tiny_mlp", "--cluster",
+                             os.path.join(REPO, "clusters/two_kind_4gpu.json"), "--samples", "0", "--out", str(out)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc.stdout.close()  # nobody reads: the first print breaks the pipe
+    proc.wait(timeout=300)
+    assert out.exists() and load_strategy(str(out)).global_batch_size == 16

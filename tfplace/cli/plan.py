@@ -48,7 +48,7 @@ def define_flags() -> None:
     flags.DEFINE_string("graph", None, "graph bundle .json or a training step .pb/.pbtxt/.meta (or use --model)")
     common.define_step_flags()
     flags.DEFINE_string("model", None, "zoo model name (exported on demand)")
-    common.batch_size_flag("batch_size", None, "global batch size (default: the bundle's)")
+    common.batch_size_flag("batch_size", None, "global batch size (default: the bundle's, or the zoo model's)")
     flags.DEFINE_string("cluster", None, "cluster .json", required=True)
     flags.DEFINE_string("profile", None, "profile .json (default: derived by the device model)")
     flags.DEFINE_float("search_seconds", 0.0, "seconds of sampling + local search after the zero-shot plan",
@@ -127,30 +127,34 @@ def main(argv) -> int:
         common.print_overheads_notes(cluster, FLAGS.cluster, common.load_overheads_arg(FLAGS.overheads),
                                      FLAGS.overheads, fix=f"give --overheads {MEASURE} to measure them first",
                                      machine_fix=f"give --overheads {MEASURE} to measure them on this machine")
-    result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
+    batch_size = FLAGS.batch_size
+    if FLAGS.model and batch_size is None:  # the zoo's default, as compare, simulate and export take it
+        from tfplace.graph_defs.export import resolve_options
+        batch_size = resolve_options(FLAGS.model)[2]["batch_size"]
+    result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=batch_size,
                           cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
                           samples=FLAGS.samples, seed=FLAGS.seed, out=None, resolve_bundle=bundle_for_entry,
                           overheads=overheads_path, weights=FLAGS.policy, label=_step_label(FLAGS.graph))
+    from tfplace.formats.strategy import save_strategy
+    fits = result.best_fitting if result.best.oom else result.best
+    if fits is not None and not FLAGS.confirm_real:  # written first: a closed pipe on stdout must not lose it
+        save_strategy(fits.strategy, FLAGS.out)
     print(planner.format_result(result), flush=True)
-    if result.best.oom and result.best_fitting is None:  # nothing written: a strategy that does not fit is no plan
+    if fits is None:  # nothing written: a strategy that does not fit is no plan
         print(f"error: {out_of_memory_problem(result)}; {FLAGS.out} was not written. Fix: use a cluster with more "
               f"device memory or a smaller batch size", file=sys.stderr)
         return common.FAILED_EXIT
-    if result.best.oom:
-        fit = result.best_fitting
+    if fits is not result.best:
         print(f"the best by penalised time ({result.best.source}, {result.best.time_s * 1e3:.3f} ms) runs out of "
-              f"memory: the fastest strategy that fits is planned instead, {fit.source} ({fit.time_s * 1e3:.3f} ms)",
+              f"memory: the fastest strategy that fits is planned instead, {fits.source} ({fits.time_s * 1e3:.3f} ms)",
               flush=True)
-        result = dataclasses.replace(result, best=fit)
-    from tfplace.formats.strategy import save_strategy
-    strategy = result.best.strategy
+        result = dataclasses.replace(result, best=fits)
     if FLAGS.confirm_real:
         from tfplace.cli import real_check
         check = real_check.confirm(result.task, result, result.bundle, FLAGS.cluster, overheads_path,
                                    FLAGS.confirm_real, FLAGS.confirm_steps, FLAGS.confirm_steps, FLAGS.confirm_rounds)
         print(real_check.format_check(check))
-        strategy = check.strategy
-    save_strategy(strategy, FLAGS.out)
+        save_strategy(check.strategy, FLAGS.out)
     print(f"strategy written to {FLAGS.out}")
     return 0
 
