@@ -204,11 +204,11 @@ def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, obje
     """Runs (or resumes) pre-training; writes config.out; returns its provenance. `resolve_bundle`:
     as for build_task (the policy does not depend on the model zoo)."""
     from tfplace.policy.train_lib import seed_everything
+    split = distribution.load_split(config.split_path)  # a bad split leaves no work folder that records it
+    drawn = draw_tasks(split, config.num_tasks + config.num_validation_tasks, config.seed)
     os.makedirs(config.work, exist_ok=True)
     check_work_settings(config)
     seed_everything(config.seed)  # before the network is built: its initial weights
-    split = distribution.load_split(config.split_path)
-    drawn = draw_tasks(split, config.num_tasks + config.num_validation_tasks, config.seed)
     specs, validation = drawn[:config.num_tasks], drawn[config.num_tasks:]
     learner = pretrained.new_learner(config.network, RLConfig(learning_rate=config.learning_rate))
     t0 = time.time()

@@ -185,3 +185,18 @@ def test_expert_targets_are_relabelled_for_a_network_that_reads_the_device_rank(
     assert t == task.evaluate(act).effective_time_s
     on = [task.cluster.device_names[int(i)] for i in np.flatnonzero(act["shares"].any(axis=0))]
     assert on == (["v100_0"] if canonical else ["v100_1"])
+
+
+def test_a_bad_split_leaves_no_work_folder_so_the_corrected_command_runs(tmp_path):
+    """The split is read before the work folder records its settings: a wrong --split is refused
+    (InputError) and leaves nothing that would refuse the run without it."""
+    from tfplace.formats.errors import InputError
+    bad = tmp_path / "not_a_split.json"
+    bad.write_text(json.dumps({"format": "tfplace.strategy", "version": 1}))
+    config = pretrain.PretrainConfig(out=str(tmp_path / "policy.json"), num_tasks=3, network=SMALL,
+                                     split_path=str(bad))
+    with pytest.raises(InputError):
+        pretrain.pretrain(config, lambda message: None, resolve_bundle=None)
+    assert not os.path.exists(config.work)
+    os.makedirs(config.work)  # as the corrected run makes it
+    pretrain.check_work_settings(dataclasses.replace(config, split_path=None))  # not refused: nothing recorded
