@@ -232,10 +232,12 @@ def bundle_for_entry(entry):
     opts.update(batch_size=entry.batch_size, optimizer=entry.optimizer or "sgd")
     try:
         resolve_options(entry.model, **opts)  # before any export: a bad name is one clear error
+        return ensure_bundle(entry.model, **opts)  # its sizes may still overflow TensorFlow's int32 shapes
+    except bundle.SizeOverflowError as err:
+        raise InputError(entry.error_source, "batch_size", err.problem, "use a smaller batch size") from None
     except ValueError as err:
-        raise InputError(f"graph entry {entry.label}", option_field(str(err), opts), str(err),
+        raise InputError(entry.error_source, option_field(str(err), opts), str(err),
                          "use a zoo model name and options that apply to it") from None
-    return ensure_bundle(entry.model, **opts)
 
 
 def option_field(message, given=()):

@@ -58,6 +58,7 @@ import tensorflow as tf
 from tfplace.formats.cluster import load_cluster
 from tfplace.formats.config import GraphEntry, TrainConfig, save_train_config
 from tfplace.formats.errors import InputError
+from tfplace.formats.files import STEP_SUFFIXES
 from tfplace.ir.loader import load_op_graph
 from tfplace.ir.grouping import make_grouping
 from tfplace.formats.jsonio import write_json
@@ -132,16 +133,29 @@ BundleResolver = Callable[[GraphEntry], str]
 def graph_bundle(entry: GraphEntry, resolve_bundle: Optional[BundleResolver] = None) -> str:
     """Path of the bundle .json of one config graph entry.
 
-    A zoo `model` entry needs `resolve_bundle` (the binaries pass
-    `tfplace.graph_defs.export.bundle_for_entry`, which exports on demand): the policy itself
-    does not depend on the model zoo.
+    A zoo `model` entry, and a bare step (its roles as the entry names them), need `resolve_bundle`
+    (the binaries pass `tfplace.graph_defs.export.bundle_for_entry`, which exports on demand):
+    the policy itself does not depend on the model zoo. Without it a bare step is read with
+    every role inferred.
     """
-    if entry.graph is not None:
+    if entry.graph is not None and (resolve_bundle is None or not entry.graph.endswith(STEP_SUFFIXES)):
         return entry.graph
     if resolve_bundle is None:
         raise InputError("config", "graphs", f"zoo model {entry.model!r} given without a way to export it",
                          "pass resolve_bundle=tfplace.graph_defs.export.bundle_for_entry or give a bundle path")
     return resolve_bundle(entry)
+
+
+def config_bundles(config: TrainConfig, resolve_bundle: Optional[BundleResolver] = None) -> List[str]:
+    """graph_bundle of each of the config's graph entries; an export's error about an entry's
+    option is named as the config's field (graphs[i].batch_size)."""
+    out = []
+    for i, entry in enumerate(config.graphs):
+        try:
+            out.append(graph_bundle(entry, resolve_bundle))
+        except InputError as err:
+            raise entry.in_config(err, config.source or "train config", f"graphs[{i}]") from None
+    return out
 
 
 def build_task(label: str, bundle: str, batch_size: int, cluster_path: str, profile_path: Optional[str],
@@ -197,7 +211,7 @@ def task_labels(config: TrainConfig) -> List[str]:
 def build_runs(config: TrainConfig, log: Log, resolve_bundle: Optional[BundleResolver] = None,
                bundles: Optional[Sequence[str]] = None) -> List[TaskRun]:
     """One TaskRun per (graph, cluster); `bundles`: the graphs' bundle paths when already resolved."""
-    bundles = bundles or [graph_bundle(entry, resolve_bundle) for entry in config.graphs]
+    bundles = bundles or config_bundles(config, resolve_bundle)
     runs = []
     for i, (entry, bundle) in enumerate(zip(config.graphs, bundles)):
         for j, cluster_path in enumerate(config.clusters):
@@ -248,7 +262,7 @@ class Trainer:
         self.out = config.output_dir
         os.makedirs(self.out, exist_ok=True)
         seed_everything(config.seed)  # before anything random (the network's weights) is built
-        bundles = [graph_bundle(entry, resolve_bundle) for entry in config.graphs]
+        bundles = config_bundles(config, resolve_bundle)
         self.fingerprint = train_state.run_fingerprint(config, bundles)
         # state files are read before the tasks are built: a changed config stops before any work
         saved, rejected = train_state.read_states(self.out, task_labels(config), self.fingerprint,
@@ -434,7 +448,9 @@ def write_outputs(run: TaskRun, folder: str) -> None:
         "baselines": run.pool.baseline_times(), "best_baseline": bb.source,
         "speedup_over_best_baseline": run.speedup(),
         "speedups": {e.source: e.effective_time_s / best.effective_time_s for e in run.pool.baselines},
-        "rewritten_graph": graph_note, "strategy": best.strategy.to_json()})
+        "rewritten_graph": graph_note, "strategy": best.strategy.to_json(),
+        # the straggler draws every time here was simulated with (python -m tfplace.simulate --seed)
+        "simulator_seed": run.task.sim_options.seed})
     plot(run, os.path.join(folder, "training.png"))
 
 

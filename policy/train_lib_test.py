@@ -248,7 +248,8 @@ def test_a_run_reports_and_writes_the_fastest_strategy_that_fits_not_a_faster_on
     written = load_strategy(str(tmp_path / "best_strategy.json"))
     assert written.to_json() == dataclasses.replace(fitting.strategy, source=written.source).to_json()
     with open(tmp_path / "best_time.log") as f:
-        assert json.load(f)["source"] == fitting.source
+        logged = json.load(f)
+    assert logged["source"] == fitting.source and logged["simulator_seed"] == task.sim_options.seed
     assert not run.best_report.oom
 
 

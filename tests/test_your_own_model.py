@@ -231,6 +231,39 @@ def test_a_config_entry_names_the_roles_of_an_ambiguous_step(tmp_path, monkeypat
     assert err.value.field.endswith("loss")
 
 
+def test_train_runs_a_bare_step_with_the_roles_its_config_entry_names(tmp_path, monkeypatch):
+    """train's config entry names the roles of an ambiguous step ("train_ops"); the run takes them
+    (it once read the .pb with every role inferred, and stopped on the ambiguity they resolve)."""
+    from tfplace.formats.config import load_train_config
+    from tfplace.graph_defs.export import bundle_for_entry
+    from tfplace.policy import train_lib
+    monkeypatch.setenv("TFPLACE_CACHE_DIR", str(tmp_path / "cache"))
+    path = _write(_step("two_train_ops"), tmp_path, ".pb")
+    config = load_train_config(_train_config(tmp_path, {"graph": path, "batch_size": 8, "train_ops": ["step1"]}))
+    [bundle] = train_lib.config_bundles(config, bundle_for_entry)
+    graph = load_op_graph(bundle)
+    assert graph.names[graph.sink] == "step1" and graph.reference_batch_size == 8
+    bare = load_train_config(_train_config(tmp_path, {"graph": path, "batch_size": 8}))
+    with pytest.raises(InputError) as err:
+        train_lib.config_bundles(bare, bundle_for_entry)
+    assert err.value.field == "train_op" and '"train_ops"' in err.value.fix
+
+
+def test_activate_names_a_bare_steps_rows_by_the_step_and_its_batch(tmp_path, monkeypatch):
+    """Not by the hashed stem of the cached bundle it is imported into: the same step at two
+    batches gives two rows a reader tells apart."""
+    from tfplace.cli import activate
+    from tfplace.formats.config import load_activate_config
+    monkeypatch.setenv("TFPLACE_CACHE_DIR", str(tmp_path / "cache"))
+    path = _write(_step(), tmp_path, ".pb")
+    config = tmp_path / "a.json"
+    config.write_text(json.dumps({"cluster": os.path.join(ROOT, "clusters", "local_cpu.json"), "baselines": ["single"],
+                                  "graphs": [{"graph": path, "batch_size": 6}, {"graph": path, "batch_size": 12}]}))
+    jobs = activate._jobs(load_activate_config(str(config)))
+    assert [j["name"] for j in jobs] == ["single.step_b6", "single.step_b12"]
+    assert all(os.path.dirname(j["graph"]) == str(tmp_path / "cache") for j in jobs)  # run from the cached bundles
+
+
 @pytest.mark.parametrize("kind, field, key", [("two_train_ops", "train_op", '"train_ops"'),
                                                ("two_losses", "loss", '"loss"')])
 def test_activate_refuses_an_ambiguous_step_before_any_server_or_folder(tmp_path, monkeypatch, capsys, kind, field,

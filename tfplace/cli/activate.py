@@ -93,10 +93,10 @@ def _jobs(config: ActivateConfig) -> List[Dict[str, Any]]:
     for e in config.strategies:
         job = {"name": e.name, "kind": "strategy", "error": None}
         s = load_strategy(e.strategy)
+        entry = GraphEntry(s.global_batch_size, model=e.model, graph=e.graph or None)
         try:
-            job.update(strategy=s, graph=_graph_path(GraphEntry(s.global_batch_size, model=e.model,
-                                                                graph=e.graph or None)))
-            graphs.append((job["graph"], s.global_batch_size))
+            job.update(strategy=s, graph=_graph_path(entry))
+            graphs.append((job["graph"], s.global_batch_size, _row_name(entry, job["graph"])))
         except InputError:
             raise
         except Exception as err:  # reported per entry
@@ -106,17 +106,27 @@ def _jobs(config: ActivateConfig) -> List[Dict[str, Any]]:
         if g.graph is not None and not is_step_file(g.graph):
             _check_bundle_batch(g.graph, g.batch_size, config.source, f"graphs[{i}].batch_size")
         try:
-            graphs.append((_graph_path(g), g.batch_size))
-        except InputError:
-            raise
+            path = _graph_path(g)
+            graphs.append((path, g.batch_size, _row_name(g, path)))
+        except InputError as err:
+            raise g.in_config(err, config.source or "activate config", f"graphs[{i}]") from None
         except Exception as err:
             jobs.append({"name": g.label, "kind": "graph", "error": err})
     for base in config.baselines:
-        for path, batch in dict.fromkeys(graphs):
-            stem = os.path.splitext(os.path.basename(path))[0]
-            jobs.append({"name": f"{base}.{stem}", "kind": "baseline", "baseline": base, "graph": path,
+        for path, batch, name in dict.fromkeys(graphs):
+            jobs.append({"name": f"{base}.{name}", "kind": "baseline", "baseline": base, "graph": path,
                          "batch": batch, "error": None})
     return jobs
+
+
+def _row_name(entry: GraphEntry, bundle: str) -> str:
+    """What the rows of a graph call it: its bundle's file stem (a zoo model's names its sizes),
+    or, for a bare step imported into a cached bundle, the entry's label (the step's name and
+    batch), not the cache's hashed stem."""
+    from tfplace.graph_defs.user_step import is_step_file
+    if entry.graph is not None and is_step_file(entry.graph):
+        return entry.label
+    return os.path.splitext(os.path.basename(bundle))[0]
 
 
 def _check_bundle_batch(path: str, batch: int, source: str, field: str) -> None:

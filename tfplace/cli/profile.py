@@ -96,6 +96,9 @@ def define_flags() -> None:
     flags.register_multi_flags_validator(["derive", "roofline"], lambda v: not (v["derive"] and v["roofline"]),
                                          message="--roofline cannot be combined with --derive. Fix: use "
                                          "--roofline alone (nothing measured) or measure and --derive")
+    flags.register_multi_flags_validator(["derive", "kind", "device"], _derives_another_kind,
+                                         message="--derive names the kind that is measured, whose measured costs "
+                                         "the derived ones would replace. Fix: leave that kind out of --derive")
     flags.register_multi_flags_validator(["derive", "kind", "device"], _derived_from_known_kind,
                                          message="--derive scales the measured kind, which the device model "
                                          "must know. Fix: give --kind one of its kinds (e.g. V100) or leave "
@@ -108,13 +111,23 @@ def _check_device(device: str) -> None:
     parse_device(device, "argument --device")
 
 
+def _measured_kind(values) -> str:
+    """The kind the command measures: --kind, else CPU on a CPU device ("" when --kind is needed)."""
+    return values["kind"] or ("CPU" if str(values["device"]).upper().startswith("CPU") else "")
+
+
+def _derives_another_kind(values) -> bool:
+    """False when --derive lists the measured kind itself."""
+    return _measured_kind(values) not in _kinds(values["derive"] or "")
+
+
 def _derived_from_known_kind(values) -> bool:
     """True unless --derive is given and the measured kind (--kind, else CPU on a CPU) is
     unknown to the device model: derive_profile would refuse it after the measurement."""
     from tfplace.profiling.device_model import device_spec
     if not _kinds(values["derive"] or ""):
         return True
-    kind = values["kind"] or ("CPU" if str(values["device"]).upper().startswith("CPU") else "")
+    kind = _measured_kind(values)
     if not kind:
         return True  # ProfileOptions.validated asks for --kind, before anything is measured
     try:

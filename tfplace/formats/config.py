@@ -74,6 +74,19 @@ class GraphEntry:
                 parts.append(f"{tag}{value}")
         return "_".join(parts + ([self.optimizer] if self.optimizer else []))
 
+    @property
+    def error_source(self) -> str:
+        """What an error about this entry's options names when no config file is at hand (the
+        export: tfplace.graph_defs.export.bundle_for_entry); `in_config` renames it."""
+        return f"graph entry {self.label}"
+
+    def in_config(self, err: InputError, source: str, field: str) -> InputError:
+        """`err` named as the config's own field (e.g. graphs[2].batch_size of `source`) when it
+        is about this entry's options; otherwise `err` itself."""
+        if err.source != self.error_source:
+            return err
+        return InputError(source, f"{field}.{err.field}", err.problem, err.fix)
+
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
