@@ -193,21 +193,6 @@ def read_bundle(meta_path):
     return graph_def, meta
 
 
-#: How TensorFlow's importer words a shape value past int32 (a batch so large that a size the
-#: step computes, e.g. batch x features in a reshape, overflows).
-INT32_OVERFLOW = "out of int32 range"
-
-
-class SizeOverflowError(ValueError):
-    """A batch size at which a size the training step computes overflows TensorFlow's int32 shape
-    values. `problem` says so in words (for an InputError about the batch size)."""
-
-    def __init__(self, batch_size: int):
-        self.batch_size = batch_size
-        self.problem = f"is {batch_size}: a size the training step computes overflows TensorFlow's int32 shape values"
-        super().__init__(f"batch_size {self.problem}; use a smaller batch size")
-
-
 def with_batch_size(graph_def, inputs, batch_size, add_shapes=True):
     """Returns a copy of graph_def with every input placeholder set to `batch_size`.
 
@@ -235,12 +220,7 @@ def with_batch_size(graph_def, inputs, batch_size, add_shapes=True):
     if not add_shapes:
         return gd
     with tf.Graph().as_default() as graph:
-        try:
-            tf.compat.v1.import_graph_def(gd, name="")
-        except ValueError as err:
-            if INT32_OVERFLOW not in str(err):
-                raise
-            raise SizeOverflowError(batch_size) from None
+        tf.compat.v1.import_graph_def(gd, name="")
         shaped = graph.as_graph_def(add_shapes=True)
     # TF writes no attr for ops without outputs (NoOp, AssignVariableOp, ResourceApply*); an
     # empty list there lets readers rely on every node having `_output_shapes`.

@@ -142,6 +142,21 @@ def quiet_tf_warnings():
         logger.setLevel(level)
 
 
+#: How TensorFlow's importer words a shape value past int32 (a batch so large that a size the
+#: step computes, e.g. batch x features in a reshape, overflows).
+INT32_OVERFLOW = "out of int32 range"
+
+
+class SizeOverflowError(ValueError):
+    """A batch size at which a size the training step computes overflows TensorFlow's int32 shape
+    values. `problem` says so in words (for an InputError about the batch size)."""
+
+    def __init__(self, batch_size: int):
+        self.batch_size = batch_size
+        self.problem = f"is {batch_size}: a size the training step computes overflows TensorFlow's int32 shape values"
+        super().__init__(f"batch_size {self.problem}; use a smaller batch size")
+
+
 def export_model(name, batch_size=None, *, image_size=None, seq_len=None, num_layers=None,
                  num_classes=None, variant=None, optimizer="sgd", learning_rate=DEFAULT_LR,
                  seed=0, out_dir=ZOO_DIR):
@@ -162,7 +177,12 @@ def export_model(name, batch_size=None, *, image_size=None, seq_len=None, num_la
     build_fn = models.family_module(spec).build
     with quiet_tf_warnings():
         graph_def, info = _train.build_train_graph(build_fn, cfg, optimizer, opts["learning_rate"], seed)
-    graph_def = bundle.with_batch_size(graph_def, info["inputs"], opts["batch_size"])
+    try:
+        graph_def = bundle.with_batch_size(graph_def, info["inputs"], opts["batch_size"])
+    except ValueError as err:
+        if INT32_OVERFLOW not in str(err):
+            raise
+        raise SizeOverflowError(opts["batch_size"]) from None
     meta = {
         "format": bundle.FORMAT_NAME, "version": bundle.FORMAT_VERSION, "model": name,
         "global_batch_size": opts["batch_size"], "image_size": opts["image_size"],
@@ -233,7 +253,7 @@ def bundle_for_entry(entry):
     try:
         resolve_options(entry.model, **opts)  # before any export: a bad name is one clear error
         return ensure_bundle(entry.model, **opts)  # its sizes may still overflow TensorFlow's int32 shapes
-    except bundle.SizeOverflowError as err:
+    except SizeOverflowError as err:
         raise InputError(entry.error_source, "batch_size", err.problem, "use a smaller batch size") from None
     except ValueError as err:
         raise InputError(entry.error_source, option_field(str(err), opts), str(err),

@@ -65,7 +65,7 @@ def import_at(nodes, order, inputs, batch, src, doubled=False):
         match = _NODE_NAME_IN_TF_ERROR.search(text)
         op = next((g for g in match.groups() if g), "?") if match else "?"
         first = text.splitlines()[0][:200] if text else type(e).__name__
-        if "out of int32 range" in text:  # the batch's fault, not the graph's (graph_defs.bundle.INT32_OVERFLOW)
+        if "out of int32 range" in text:  # the batch's fault, not the graph's (graph_defs.export.INT32_OVERFLOW)
             real = batch // 2 if doubled else batch
             raise InputError(src, "batch_size", f"is {real}: a size the step computes overflows TensorFlow's int32 "
                              "shape values" + (f" at twice the batch ({batch}), where shapes are inferred"
