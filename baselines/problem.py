@@ -112,7 +112,7 @@ class Problem:
 
     @property
     def graph_name(self) -> str:
-        return str(self.graph.meta.get("model", self.graph.source))
+        return self.graph.name
 
     def placed(self, strategy: Strategy) -> PlacedGraph:
         """What the simulator runs for `strategy`: the lowering's PlacedGraph of the strategy as

@@ -80,7 +80,7 @@ class PlacementTask:
     def decode(self, action: Dict[str, np.ndarray]) -> Strategy:
         """The action's strategy, batch-statistics replicas raised to the minimum batch (Lowerer.legalize)."""
         return self.lowerer.legalize(A.decode(action, self.grouping.group_names, self.cluster.device_names,
-                                              self.speeds, self.batch_size, self.max_groups, self.label))
+                                              self.speeds, self.batch_size, self.max_groups, self.graph.name))
 
     def _canonical_inputs(self):
         """(classes of identical devices, each group's seconds on the fastest kind), made once."""

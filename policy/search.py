@@ -401,7 +401,7 @@ def memory_partitions(task, micro_batches: Sequence[int] = (1, 4)) -> List[Tuple
             k = max(1, min(k, b))
             mb = split_samples(b, k)
             groups = {g: GroupDecision(((order[stage[i]], mb),), "allreduce", None, None) for i, g in enumerate(names)}
-            s = Strategy(b, task.max_groups, None, groups, task.label)
+            s = Strategy(b, task.max_groups, None, groups, task.graph.name)
             if strategy_key(s) not in keys:  # orders can coincide (e.g. equal memories)
                 keys.add(strategy_key(s))
                 out.append((f"memory partition ({label}, {k} micro-batches)", s))

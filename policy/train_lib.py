@@ -63,6 +63,7 @@ from tfplace.ir.loader import load_op_graph
 from tfplace.ir.grouping import make_grouping
 from tfplace.formats.jsonio import write_json
 from tfplace.formats.profile import load_profile
+from tfplace.profiling.profiler import profile_graph_note
 from tfplace.profiling.device_model import cluster_profile
 from tfplace.simulator import SimOptions, write_trace
 from tfplace.formats.reports import SimReport
@@ -83,10 +84,11 @@ Log = Callable[[str], None]
 
 class TrainingInterrupted(KeyboardInterrupt):
     """Training stopped by signal `signum` (SIGTERM or SIGINT) at step `step`; `saved`: whether
-    that step was checkpointed (a second signal stops at once, leaving the last checkpoint).
+    that step was checkpointed (a second signal stops at once, leaving the last checkpoint: then
+    `step` is that checkpoint's, None when there is none yet).
     A KeyboardInterrupt, so that code which handles Ctrl-C handles SIGTERM the same way."""
 
-    def __init__(self, signum: int, step: int, saved: bool):
+    def __init__(self, signum: int, step: Optional[int], saved: bool):
         self.signum, self.step, self.saved = signum, step, saved
         super().__init__(f"{signal.Signals(signum).name} at step {step}")
 
@@ -219,6 +221,9 @@ def build_runs(config: TrainConfig, log: Log, resolve_bundle: Optional[BundleRes
             overheads = config.overheads[j] if j < len(config.overheads) else None
             task = build_task(label, bundle, entry.batch_size, cluster_path, config.profiles[i], config, overheads)
             log(f"{label}: {task.graph.num_ops} ops, {task.num_groups} groups, {task.num_devices} devices")
+            note = config.profiles[i] and profile_graph_note(task.profile, bundle, config.profiles[i])
+            if note:
+                log(note)
             runs.append(TaskRun(task, PlacementEnvironment(task), StrategyPool(config.rl.pool_size)))
     return runs
 
@@ -240,7 +245,7 @@ def _stop_after_step(trainer: "Trainer") -> Iterator[None]:
 
     def handler(signum, frame):
         if trainer.stop_signal is not None:
-            raise TrainingInterrupted(signum, trainer.last_saved_step or 0, saved=False)
+            raise TrainingInterrupted(signum, trainer.last_saved_step, saved=False)
         trainer.stop_signal = signum
         with contextlib.suppress(OSError):  # os.write, not the log: the handler may interrupt a write to it
             os.write(2, f"\n{signal.Signals(signum).name}: stopping when the step under way ends, with a "

@@ -354,3 +354,19 @@ def test_kernel_replay_op_table_and_profile():
     prof = kernel_replay.replay_to_profile(result, "H100")
     assert prof.ops["conv_0/Conv2D"]["H100"] == ((4, 8), (2e-6, 3e-6))
     assert prof.missing_ops == ("images",) and prof.conditions["device"] == "NVIDIA H100"
+
+
+@pytest.mark.parametrize("profiled, applied, noted", [
+    ("graph_defs/zoo/tiny_cnn_b16_s16_sgd.json", "x/tiny_cnn_b64_s16_sgd.json", False),   # another batch: the same graph
+    ("graph_defs/zoo/tiny_cnn_b16_s16_sgd.json", "x/tiny_cnn_b16_s64_sgd.json", True),    # another image size
+    ("graph_defs/zoo/tiny_cnn_b16_s16_sgd.json", "x/tiny_cnn_b16_s16_adam.json", True),   # another optimizer
+    ("cache/step_0123456789ab.json", "work/step.pb", False),  # a bare step, imported for the profile
+    ("cache/step_0123456789ab.json", "work/other.pb", True),
+])
+def test_a_profile_of_another_graph_is_noted(profiled, applied, noted):
+    from tfplace.formats.profile import Profile
+    profile = Profile(ops={}, graph=profiler.graph_name(profiled))
+    note = profiler.profile_graph_note(profile, applied, "p.json")
+    assert bool(note) == noted, note
+    if noted:
+        assert note.startswith(f"note: the profile p.json was measured on graph {profile.graph!r}")

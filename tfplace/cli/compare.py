@@ -90,7 +90,8 @@ def _row(name: str, problem, generate) -> Dict[str, Any]:
 
 def file_rows_for(problem, files: Dict[str, Any]) -> Dict[str, Any]:
     """{row name: Strategy} of strategy files ({path: Strategy}) checked against `problem`: the row
-    is named by the file's stem ("file:" before it when a baseline has that name). Raises
+    is named by the file's stem ("file:" before it when a baseline or an earlier file has that
+    name, and "#2", "#3", ... after it for a third file of that stem and on). Raises
     InputError naming the file and field when its batch size or max_groups is not the problem's."""
     from tfplace.baselines import registry
     from tfplace.formats.strategy import validate_strategy
@@ -103,8 +104,11 @@ def file_rows_for(problem, files: Dict[str, Any]) -> Dict[str, Any]:
                 raise InputError(path, field, f"is {have}, the comparison's is {want}",
                                  f"give {flag} {have} to compare at the strategy's")
         validate_strategy(strategy, problem.grouping.group_names, problem.cluster.device_names)
-        name = os.path.splitext(os.path.basename(path))[0]
-        name = f"file:{name}" if name in registry.names() or name in rows else name
+        stem = os.path.splitext(os.path.basename(path))[0]
+        name = f"file:{stem}" if stem in registry.names() or stem in rows else stem
+        k = 2
+        while name in rows or name in registry.names():  # files of one stem from several folders: a row each
+            name, k = f"file:{stem}#{k}", k + 1
         rows[name] = strategy
     return rows
 
@@ -202,15 +206,16 @@ def execute(args) -> int:
         from tfplace.profiling.device_model import roofline_profile
         profile, profile_label = roofline_profile(graph, cluster.kinds), "roofline device model"
     elif args.profile:
+        from tfplace.profiling.profiler import profile_graph_note
         profile = load_profile(args.profile)
         profile_label = args.profile
+        note = profile_graph_note(profile, graph.source, args.profile)
+        if note:
+            print(note, file=sys.stderr)
     else:
-        from tfplace.profiling.device_model import cluster_profile, quota_kinds
+        from tfplace.profiling.device_model import cluster_profile, default_profile_label
         profile = cluster_profile(graph, cluster)
-        bundled = profile.conditions.get("bundled") if isinstance(profile.conditions, dict) else None
-        profile_label = f"device model ({'bundled ' + bundled + ' scaled per kind' if bundled else 'roofline'}"
-        quota = quota_kinds(cluster)
-        profile_label += "".join(f"; {k} = CPU at a {f:g} quota" for k, f in quota.items()) + ")"
+        profile_label = default_profile_label(profile, cluster)
     overheads = common.load_overheads_arg(args.overheads)
     common.print_overheads_notes(cluster, args.cluster, overheads, args.overheads)
     if overheads is not None:

@@ -135,6 +135,11 @@ def main(argv) -> int:
                           cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
                           samples=FLAGS.samples, seed=FLAGS.seed, out=None, resolve_bundle=bundle_for_entry,
                           overheads=overheads_path, weights=FLAGS.policy, label=_step_label(FLAGS.graph))
+    if FLAGS.profile:
+        from tfplace.profiling.profiler import profile_graph_note
+        note = profile_graph_note(result.task.profile, result.bundle, FLAGS.profile)
+        if note:
+            print(note, file=sys.stderr)
     from tfplace.formats.strategy import save_strategy
     fits = result.best_fitting if result.best.oom else result.best
     if fits is not None and not FLAGS.confirm_real:  # written first: a closed pipe on stdout must not lose it

@@ -60,7 +60,7 @@ def execute(args) -> int:
     from tfplace.ir.grouping import make_grouping
     from tfplace.lowering.lower import lower
     from tfplace.formats.profile import load_profile
-    from tfplace.profiling.device_model import cluster_profile
+    from tfplace.profiling.device_model import cluster_profile, default_profile_label
     from tfplace.simulator import SimOptions, simulate, write_trace
     from tfplace.formats.strategy import graph_mismatch_note, load_strategy, validate_strategy
 
@@ -69,15 +69,20 @@ def execute(args) -> int:
     overheads = common.load_overheads_arg(args.overheads)
     common.print_overheads_notes(cluster, args.cluster, overheads, args.overheads)
     graph = common.load_graph_arg(args.graph, "argument --graph", args, strategy.global_batch_size)
-    mismatch = graph_mismatch_note(strategy, graph.meta.get("model", ""))
+    mismatch = graph_mismatch_note(strategy, graph.name)
     if mismatch:
         print(mismatch, file=sys.stderr)
     profile = load_profile(args.profile) if args.profile else cluster_profile(graph, cluster)
+    if args.profile:
+        from tfplace.profiling.profiler import profile_graph_note
+        note = profile_graph_note(profile, graph.source, args.profile)
+        if note:
+            print(note, file=sys.stderr)
     grouping = make_grouping(graph, strategy.max_groups)
     validate_strategy(strategy, grouping.group_names, cluster.device_names)
     placed = with_overheads(lower(graph, grouping, cluster, strategy, profile), cluster, overheads)
     report = simulate(placed, cluster, SimOptions(seed=args.seed, trace=bool(args.trace), engine=args.engine))
-    origin = args.profile or f"device model ({profile.conditions.get('method', 'tfplace.device_model')})"
+    origin = args.profile or default_profile_label(profile, cluster)
     print(f"{graph.meta.get('model', graph.source)} on {cluster.name}, strategy {args.strategy} "
           f"(batch {strategy.global_batch_size}, {grouping.num_groups} groups), profile: {origin}")
     print(report.summary())

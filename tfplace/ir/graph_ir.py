@@ -29,6 +29,7 @@ initializer subgraph stays in `graph_def` (needed by the rewrite) but not in the
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Dict, Mapping, Tuple
 
 import numpy as np
@@ -138,6 +139,12 @@ class OpGraph:
         object.__setattr__(self, "_index", {name: i for i, name in enumerate(self.names)})
 
     # ---- sizes ---------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The graph's name, as strategies made for it record it ("graph"): the bundle's model
+        name (a zoo model's, or a bare step's file name), else the file's stem."""
+        return str(self.meta.get("model") or os.path.splitext(os.path.basename(self.source))[0])
+
     @property
     def num_ops(self) -> int:
         return len(self.names)

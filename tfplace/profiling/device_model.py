@@ -714,6 +714,15 @@ def _known(kind: str) -> bool:
     return ALIASES.get(kind, kind) in DEVICES
 
 
+def default_profile_label(profile, cluster) -> str:
+    """How the commands name a profile that cluster_profile made for `cluster`: the bundled
+    measured profile it scaled per kind, or the roofline model, and the CPU kinds it rates by
+    their quota."""
+    bundled = profile.conditions.get("bundled") if isinstance(profile.conditions, dict) else None
+    label = f"device model ({'bundled ' + bundled + ' scaled per kind' if bundled else 'roofline'}"
+    return label + "".join(f"; {k} = CPU at a {f:g} quota" for k, f in quota_kinds(cluster).items()) + ")"
+
+
 def quota_kinds(cluster) -> Dict[str, float]:
     """CPU kinds the device table lacks whose devices all run under one declared CPU quota
     ("CPU_half" at cpu_fraction 0.5, clusters/local_cpu_hetero.json) -> that fraction: a whole CPU

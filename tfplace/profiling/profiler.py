@@ -156,10 +156,27 @@ def parse_device(device: str, source: str = "argument --device") -> Tuple[str, i
     return m.group(1).upper(), int(m.group(2) or 0)
 
 
+_IMPORT_HASH_RE = re.compile(r"_[0-9a-f]{12}$")  # a bare step's cached bundle: <step>_<hash> (graph_defs.user_step)
+
+
 def graph_name(meta_path: str) -> str:
-    """Profile name of a bundle: its stem without the batch part (per-device batches are keys)."""
+    """Profile name of a bundle: its stem without the batch part (per-device batches are keys),
+    and a bare step's by its own name, without the hash of the cache it is imported into."""
     stem = os.path.splitext(os.path.basename(meta_path))[0]
-    return _BATCH_STEM_RE.sub("", stem, count=1)
+    return _IMPORT_HASH_RE.sub("", _BATCH_STEM_RE.sub("", stem, count=1))
+
+
+def profile_graph_note(profile: Profile, graph_source: str, profile_path: str) -> Optional[str]:
+    """A line to print when `profile` (read from `profile_path`) was measured on another graph than
+    the one at `graph_source` (by graph_name: the model with its sizes and optimizer): its per-op
+    costs may still cover every op (e.g. another image size), so nothing else would say so."""
+    if not profile.graph or not graph_source:
+        return None
+    applied = graph_name(graph_source)
+    if profile.graph == applied:
+        return None
+    return (f"note: the profile {profile_path} was measured on graph {profile.graph!r}; it is applied to "
+            f"{applied!r}, whose op costs may differ (other sizes or optimizer)")
 
 
 def step_op_names(graph_def, roots: Sequence[str]) -> List[str]:
