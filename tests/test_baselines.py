@@ -89,3 +89,20 @@ def test_a_strategy_file_that_does_not_fit_the_comparison_names_the_flag(tmp_pat
                                "--out", str(tmp_path / "cmp"), "--strategy-files", path, "--no-plot"])
     err = capsys.readouterr().err
     assert rc == 2 and f"{path}: {says}" in err, err
+
+
+def test_strategy_files_of_one_stem_get_a_row_each(tmp_path):
+    """Three folders' s.json (e.g. three plans): three rows; none replaces another."""
+    from tfplace.baselines.problem import make_problem
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.formats.strategy import load_strategy
+    from tfplace.ir.loader import load_op_graph
+    from tfplace.profiling.device_model import cluster_profile
+    paths = []
+    for folder in ("a", "b", "c"):
+        (tmp_path / folder).mkdir()
+        paths.append(_strategy_file(tmp_path / folder, "s.json"))
+    graph, cluster = load_op_graph(TINY_MLP), load_cluster(CLUSTER)
+    problem = make_problem(graph, cluster, cluster_profile(graph, cluster), max_groups=12)
+    rows = compare.file_rows_for(problem, {p: load_strategy(p) for p in paths})
+    assert list(rows) == ["s", "file:s", "file:s#2"]

@@ -241,6 +241,8 @@ CASES = {
                             ["--batch-size"]),
     "profile_batch_size_0": ("value", profile, ["--graph", TINY, "--out", "{tmp}/p.json", "--batch-sizes", "8,0"], {},
                              ["--batch-sizes"]),
+    "export_manifest_of_another_folder": ("value", export, ["--tiny", "--manifest", "--out", "{tmp}/zoo"], {},
+                                          ["--manifest", "--out is", "drop --manifest"]),
     "profile_derive_the_measured_kind": ("value", profile, ["--graph", TINY, "--out", "{tmp}/p.json", "--batch-sizes",
                                                             "8", "--derive", "CPU,V100"], {},
                                          ["derive=CPU,V100", "the kind that is measured", "leave that kind out"]),

@@ -408,3 +408,20 @@ def test_the_results_go_to_stdout_and_the_notes_to_stderr_both_to_the_log(base, 
     with open(os.path.join(out, "train.log")) as f:
         logged = f.read()
     assert all(text in logged for text in results + notes)
+
+
+@pytest.mark.parametrize("last_checkpoint, says", [
+    (None, "stopped at once by a second SIGINT; nothing was checkpointed yet: the same command starts over"),
+    (7, "stopped at once by a second SIGINT; the checkpoint of step 7 stands"),
+])
+def test_a_second_signal_says_which_checkpoint_stands(last_checkpoint, says, tmp_path, monkeypatch):
+    """A run stopped at once (a second Ctrl-C) before its first checkpoint has none to point to."""
+    from tfplace.policy import train_lib
+    _cluster(tmp_path)
+    _bundle(tmp_path)
+
+    def stopped(*args, **kwargs):
+        raise train_lib.TrainingInterrupted(signal.SIGINT, last_checkpoint, saved=False)
+    monkeypatch.setattr(train_lib, "train", stopped)
+    status, printed = _train(_config(tmp_path), str(tmp_path / "run"))
+    assert status == 130 and says in printed, printed

@@ -73,6 +73,9 @@ def main(argv):
     else:
         _check_options(args)
     if args.manifest:
+        if os.path.realpath(args.out) != os.path.realpath(ZOO_DIR):
+            raise InputError("argument --manifest", "", f"describes the zoo in {ZOO_DIR}, but --out is {args.out}",
+                             "drop --out to refresh the zoo and its manifest, or drop --manifest")
         common.check_output_file(MANIFEST_PATH, "argument --manifest", "manifest.json")
     try:
         import tensorflow as tf

@@ -68,8 +68,10 @@ def _train(config) -> int:
         summary = train_lib.train(config, log, FLAGS.progress, resolve_bundle=bundle_for_entry)
     except train_lib.TrainingInterrupted as stop:
         if not stop.saved:
-            log(f"stopped at once by a second {signal.Signals(stop.signum).name}; the checkpoint of step "
-                f"{stop.step} stands")
+            name = signal.Signals(stop.signum).name
+            log(f"stopped at once by a second {name}; " +
+                ("nothing was checkpointed yet: the same command starts over" if stop.step is None else
+                 f"the checkpoint of step {stop.step} stands"))
         return stop.exit_status
     say = train_lib.file_logger(config.output_dir, results=True)  # the results: stdout
     for label, t in summary["tasks"].items():
