@@ -265,3 +265,25 @@ def test_the_summary_line_says_when_a_faster_strategy_over_memory_was_passed_ove
                                          "passed_over": passed_over, "best_baseline": "dp", "best_baseline_time_s": 3e-3,
                                          "best_baseline_feasible": True, "speedup_over_best_baseline": 1.5})
     assert all(s in line for s in shows) and not any(s in line for s in hides), line
+
+
+def test_a_bare_steps_fingerprint_is_its_own_file_not_the_cached_import(tmp_path, monkeypatch):
+    """The cached bundle a bare step is imported into records how long the import took: a cache
+    made again (another machine, a cleared cache) must not make a run unresumable."""
+    from tfplace.formats.config import GraphEntry, TrainConfig
+    from tfplace.policy import train_state
+    step = tmp_path / "step.pb"
+    step.write_bytes(b"step bytes")
+    imported = tmp_path / "cache" / "step_0123456789ab.json"
+    imported.parent.mkdir()
+    config = TrainConfig(graphs=(GraphEntry(8, graph=str(step), train_ops=("a",)),), clusters=(), profiles=(None,),
+                         output_dir=str(tmp_path / "run"))
+    parts = []
+    for seconds in (0.1, 0.2):  # the same import, made twice
+        imported.write_text(json.dumps({"model": "step", "export_seconds": seconds}))
+        parts.append(train_state.run_fingerprint(config, [str(imported)])["graphs[0]"])
+    assert parts[0] == parts[1]
+    step.write_bytes(b"other step bytes")
+    assert train_state.run_fingerprint(config, [str(imported)])["graphs[0]"] != parts[0]
+    roles = dataclasses.replace(config, graphs=(dataclasses.replace(config.graphs[0], train_ops=("b",)),))
+    assert train_state.run_fingerprint(roles, [str(imported)])["graphs[0]"] != parts[0]

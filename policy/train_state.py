@@ -43,6 +43,7 @@ import tensorflow as tf
 
 from tfplace.formats.config import RESUMABLE_FIELDS, TrainConfig
 from tfplace.formats.errors import InputError
+from tfplace.formats.files import STEP_SUFFIXES
 from tfplace.formats.jsonio import write_json
 
 from tfplace.policy.pool import StrategyPool
@@ -96,7 +97,10 @@ def run_fingerprint(config: TrainConfig, bundles: Sequence[str]) -> Dict[str, st
     parts: Dict[str, str] = {}
     for i, (entry, bundle) in enumerate(zip(config.graphs, bundles)):
         options = {k: v for k, v in dataclasses.asdict(entry).items() if k != "graph"}
-        parts[f"graphs[{i}]"] = _file_digest(_bundle_files(bundle), json.dumps(options, sort_keys=True).encode())
+        # a bare step: its own file (with the roles among the options), not the cached bundle it is
+        # imported into, whose metadata (the import's duration) differs each time the cache is made
+        files = [entry.graph] if entry.graph and entry.graph.endswith(STEP_SUFFIXES) else _bundle_files(bundle)
+        parts[f"graphs[{i}]"] = _file_digest(files, json.dumps(options, sort_keys=True).encode())
     for j, path in enumerate(config.clusters):
         parts[f"clusters[{j}]"] = _file_digest([path])
     for i, path in enumerate(config.profiles):
