@@ -22,7 +22,7 @@ import os
 import re
 import time
 
-from tfplace.formats.errors import InputError
+from tfplace.formats.errors import INT32_OVERFLOW, InputError, size_overflow_problem
 from tfplace.formats.config import SIZE_LIMIT
 
 from . import bundle
@@ -142,18 +142,13 @@ def quiet_tf_warnings():
         logger.setLevel(level)
 
 
-#: How TensorFlow's importer words a shape value past int32 (a batch so large that a size the
-#: step computes, e.g. batch x features in a reshape, overflows).
-INT32_OVERFLOW = "out of int32 range"
-
-
 class SizeOverflowError(ValueError):
     """A batch size at which a size the training step computes overflows TensorFlow's int32 shape
     values. `problem` says so in words (for an InputError about the batch size)."""
 
     def __init__(self, batch_size: int):
         self.batch_size = batch_size
-        self.problem = f"is {batch_size}: a size the training step computes overflows TensorFlow's int32 shape values"
+        self.problem = size_overflow_problem(batch_size)
         super().__init__(f"batch_size {self.problem}; use a smaller batch size")
 
 
@@ -252,12 +247,13 @@ def bundle_for_entry(entry):
     opts.update(batch_size=entry.batch_size, optimizer=entry.optimizer or "sgd")
     try:
         resolve_options(entry.model, **opts)  # before any export: a bad name is one clear error
-        return ensure_bundle(entry.model, **opts)  # its sizes may still overflow TensorFlow's int32 shapes
-    except SizeOverflowError as err:
-        raise InputError(entry.error_source, "batch_size", err.problem, "use a smaller batch size") from None
     except ValueError as err:
         raise InputError(entry.error_source, option_field(str(err), opts), str(err),
                          "use a zoo model name and options that apply to it") from None
+    try:
+        return ensure_bundle(entry.model, **opts)
+    except SizeOverflowError as err:  # sizes the options take, but TensorFlow's int32 shapes do not
+        raise InputError(entry.error_source, "batch_size", err.problem, "use a smaller batch size") from None
 
 
 def option_field(message, given=()):

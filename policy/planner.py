@@ -189,7 +189,7 @@ def plan(run_dir: Optional[str], *, graph: Optional[str], model: Optional[str], 
     learner, config, ckpt = load_any_policy(run_dir, weights)
     if model is not None:
         from tfplace.formats.config import GraphEntry
-        bundle = train_lib.graph_bundle(GraphEntry(batch_size or 64, model=model), resolve_bundle)
+        bundle = train_lib.graph_bundle(GraphEntry(batch_size, model=model), resolve_bundle)  # None: the zoo's
     else:
         bundle = graph
     from tfplace.ir.loader import load_op_graph

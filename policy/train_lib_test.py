@@ -262,8 +262,9 @@ def test_a_run_reports_and_writes_the_fastest_strategy_that_fits_not_a_faster_on
 def test_the_summary_line_says_when_a_faster_strategy_over_memory_was_passed_over(passed_over, shows, hides):
     from tfplace.cli import train as train_cli
     line = train_cli._summary_line("t", {"best_time_s": 2e-3, "best_source": "local search", "feasible": True,
-                                         "passed_over": passed_over, "best_baseline": "dp", "best_baseline_time_s": 3e-3,
-                                         "best_baseline_feasible": True, "speedup_over_best_baseline": 1.5})
+                                         "passed_over": passed_over, "best_baseline": "dp",
+                                         "best_baseline_time_s": 3e-3, "best_baseline_feasible": True,
+                                         "speedup_over_best_baseline": 1.5})
     assert all(s in line for s in shows) and not any(s in line for s in hides), line
 
 

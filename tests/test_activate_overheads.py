@@ -136,9 +136,11 @@ def _local_cpu_with(change):
 ])
 def test_measuring_the_overheads_of_a_cluster_that_cannot_run_here_is_refused(tmp_path, monkeypatch, capsys, name,
                                                                                change, says):
+    import tensorflow as tf
     from tfplace.cli import activate, common
     from tfplace.runtime import local_cluster
     monkeypatch.setattr(local_cluster.subprocess, "Popen", lambda *a, **k: pytest.fail("a server was started"))
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])  # as here: no GPU
     cluster = tmp_path / f"{name}.json"
     cluster.write_text(json.dumps(_local_cpu_with(change)))
     status = common.call(activate, [_config(tmp_path, cluster=str(cluster), overheads="measure")])

@@ -80,3 +80,26 @@ def test_throttle_under_the_default_period_is_the_quotas(fraction):
     with CpuQuota(1.0, name="look") as q:
         left = [n for n in os.listdir(os.path.dirname(q.path)) if n.startswith("tfplace-throttle-")]
     assert left == []  # the probe's cgroup is gone
+
+
+DEAD_PID = 2 ** 22 + 123  # above Linux's largest pid_max: no such process
+
+
+@pytest.mark.parametrize("name, pid, age_s, member, removed", [
+    ("tfplace-task1-{pid}-77", DEAD_PID, 120, False, True),     # its launcher was killed: removed
+    ("tfplace-task1-{pid}-77", DEAD_PID, 5, False, False),      # just made (a launcher we cannot see)
+    ("tfplace-task1-{pid}-77", os.getpid(), 120, False, False),  # its launcher runs
+    ("tfplace-task1-{pid}-77", DEAD_PID, 120, True, False),     # members run in it still
+    ("other-{pid}-77", DEAD_PID, 120, False, False),            # not a CpuQuota's
+])
+def test_stale_cgroups_of_launchers_now_gone_are_removed(tmp_path, name, pid, age_s, member, removed):
+    """Plain folders stand in for cgroups (rmdir removes either only when empty)."""
+    import time
+    leaf = tmp_path / name.format(pid=pid)
+    leaf.mkdir()
+    if member:
+        (leaf / "cgroup.procs").write_text("1234\n")
+    old = time.time() - age_s
+    os.utime(leaf, (old, old))
+    assert cpu_quota.remove_stale_cgroups(str(tmp_path)) == ([leaf.name] if removed else [])
+    assert leaf.exists() != removed

@@ -7,7 +7,8 @@ Table-driven by category:
     is retried on new ports.
   * process: SIGTERM / SIGINT to `activate.py` (or to `plan --confirm_real`) while TF servers or
     Horovod ranks run leaves no process and no temporary folder, exits 143 / 130, and keeps the
-    results written so far; after a SIGKILL the Horovod ranks end and remove their folder; a worker that dies in one entry is replaced for the next; a second
+    results written so far; after a SIGKILL the Horovod ranks end and remove their folder; a
+    worker that dies in one entry is replaced for the next; a second
     run on the same output folder stops with exit 2 naming the run that holds it.
 The unit-level faults (bad files, paths, values, resume) are in test_faults_unit_*.py.
 """

@@ -411,7 +411,7 @@ def test_the_results_go_to_stdout_and_the_notes_to_stderr_both_to_the_log(base, 
 
 
 @pytest.mark.parametrize("last_checkpoint, says", [
-    (None, "stopped at once by a second SIGINT; nothing was checkpointed yet: the same command starts over"),
+    (None, "stopped at once by a second SIGINT; no checkpoint had been written before it"),
     (7, "stopped at once by a second SIGINT; the checkpoint of step 7 stands"),
 ])
 def test_a_second_signal_says_which_checkpoint_stands(last_checkpoint, says, tmp_path, monkeypatch):

@@ -357,7 +357,7 @@ def test_kernel_replay_op_table_and_profile():
 
 
 @pytest.mark.parametrize("profiled, applied, noted", [
-    ("graph_defs/zoo/tiny_cnn_b16_s16_sgd.json", "x/tiny_cnn_b64_s16_sgd.json", False),   # another batch: the same graph
+    ("graph_defs/zoo/tiny_cnn_b16_s16_sgd.json", "x/tiny_cnn_b64_s16_sgd.json", False),   # another batch: same graph
     ("graph_defs/zoo/tiny_cnn_b16_s16_sgd.json", "x/tiny_cnn_b16_s64_sgd.json", True),    # another image size
     ("graph_defs/zoo/tiny_cnn_b16_s16_sgd.json", "x/tiny_cnn_b16_s16_adam.json", True),   # another optimizer
     ("cache/step_0123456789ab.json", "work/step.pb", False),  # a bare step, imported for the profile

@@ -85,9 +85,10 @@ def _graph_path(entry: GraphEntry) -> str:
 
 def _jobs(config: ActivateConfig) -> List[Dict[str, Any]]:
     """One dict per run: name, graph bundle path (or the error that stopped its export), strategy
-    (or baseline name). Bad input (InputError: a strategy file, a step whose roles are ambiguous, a
-    bundle built for another batch than its entry's) is raised, before any server; an export that
-    fails otherwise is that entry's error, reported as the entries run."""
+    (or baseline name). Bad input is raised, before any server: a strategy file, and of a "graphs"
+    entry a step whose roles are ambiguous, a batch its sizes cannot take or a bundle built for
+    another batch (named as the config's field). A strategy entry's graph that fails to export (its
+    roles are not the config's to name) is that entry's error, reported as the entries run."""
     from tfplace.graph_defs.user_step import is_step_file
     jobs, graphs = [], []
     for e in config.strategies:
@@ -97,14 +98,12 @@ def _jobs(config: ActivateConfig) -> List[Dict[str, Any]]:
         try:
             job.update(strategy=s, graph=_graph_path(entry))
             graphs.append((job["graph"], s.global_batch_size, _row_name(entry, job["graph"])))
-        except InputError:
-            raise
         except Exception as err:  # reported per entry
             job["error"] = err
         jobs.append(job)
     for i, g in enumerate(config.graphs):
         if g.graph is not None and not is_step_file(g.graph):
-            _check_bundle_batch(g.graph, g.batch_size, config.source, f"graphs[{i}].batch_size")
+            check_bundle_batch(g.graph, g.batch_size, config.source or "activate config", f"graphs[{i}].batch_size")
         try:
             path = _graph_path(g)
             graphs.append((path, g.batch_size, _row_name(g, path)))
@@ -129,7 +128,7 @@ def _row_name(entry: GraphEntry, bundle: str) -> str:
     return os.path.splitext(os.path.basename(bundle))[0]
 
 
-def _check_bundle_batch(path: str, batch: int, source: str, field: str) -> None:
+def check_bundle_batch(path: str, batch: int, source: str, field: str) -> None:
     """Raises InputError naming `field` of `source` when the bundle at `path` is built for another
     global batch than `batch`: a real step feeds the graph its own batch."""
     from tfplace.graph_defs.bundle import read_meta

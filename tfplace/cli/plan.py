@@ -127,14 +127,21 @@ def main(argv) -> int:
         common.print_overheads_notes(cluster, FLAGS.cluster, common.load_overheads_arg(FLAGS.overheads),
                                      FLAGS.overheads, fix=f"give --overheads {MEASURE} to measure them first",
                                      machine_fix=f"give --overheads {MEASURE} to measure them on this machine")
-    batch_size = FLAGS.batch_size
-    if FLAGS.model and batch_size is None:  # the zoo's default, as compare, simulate and export take it
-        from tfplace.graph_defs.export import resolve_options
-        batch_size = resolve_options(FLAGS.model)[2]["batch_size"]
-    result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=batch_size,
-                          cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
-                          samples=FLAGS.samples, seed=FLAGS.seed, out=None, resolve_bundle=bundle_for_entry,
-                          overheads=overheads_path, weights=FLAGS.policy, label=_step_label(FLAGS.graph))
+    from tfplace.graph_defs.user_step import is_step_file
+    if FLAGS.confirm_real and graph and FLAGS.batch_size and not is_step_file(FLAGS.graph):
+        from tfplace.cli.activate import check_bundle_batch
+        check_bundle_batch(graph, FLAGS.batch_size, "arguments", "--batch_size")  # a real step runs at the bundle's
+    try:
+        result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
+                              cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
+                              samples=FLAGS.samples, seed=FLAGS.seed, out=None, resolve_bundle=bundle_for_entry,
+                              overheads=overheads_path, weights=FLAGS.policy, label=_step_label(FLAGS.graph))
+    except InputError as err:  # the zoo export's error about --model's options: the flags gave them
+        from tfplace.formats.config import GraphEntry
+        if not FLAGS.model or err.source != GraphEntry(FLAGS.batch_size, model=FLAGS.model).error_source:
+            raise
+        raise InputError("arguments", f"--{err.field}" if err.field == "batch_size" else "--model", err.problem,
+                         err.fix) from None
     if FLAGS.profile:
         from tfplace.profiling.profiler import profile_graph_note
         note = profile_graph_note(result.task.profile, result.bundle, FLAGS.profile)

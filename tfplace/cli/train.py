@@ -54,6 +54,9 @@ def main(argv) -> int:
     for i, (path, overheads) in enumerate(zip(config.clusters, config.overheads or [None] * len(config.clusters))):
         common.print_overheads_notes(load_cluster(path), path, common.load_overheads_arg(overheads), overheads,
                                      give=f'"{{}}" as "overheads"[{i}] in the config')
+    from tfplace.graph_defs.export import bundle_for_entry
+    from tfplace.policy import train_lib
+    train_lib.config_bundles(config, bundle_for_entry)  # exports, cached for the run: bad input before any folder
     os.makedirs(config.output_dir, exist_ok=True)
     with common.OutputLock(config.output_dir, FLAGS.config, "output_dir"):  # one run per folder
         return _train(config)
@@ -70,7 +73,7 @@ def _train(config) -> int:
         if not stop.saved:
             name = signal.Signals(stop.signum).name
             log(f"stopped at once by a second {name}; " +
-                ("nothing was checkpointed yet: the same command starts over" if stop.step is None else
+                ("no checkpoint had been written before it" if stop.step is None else
                  f"the checkpoint of step {stop.step} stands"))
         return stop.exit_status
     say = train_lib.file_logger(config.output_dir, results=True)  # the results: stdout

@@ -88,14 +88,21 @@ def pid_alive(pid: int) -> bool:
 _LEAF = re.compile(r"tfplace-.+-(\d+)-\d+")  # CpuQuota's cgroup names: tfplace-<name>-<pid>-<n>
 
 
+STALE_AFTER_S = 60.0  # younger cgroups are left: a live launcher whose pid this process cannot see
+
+
 def remove_stale_cgroups(parent: str) -> List[str]:
     """Removes the empty cgroups under `parent` that a CpuQuota of a process now gone left behind
-    (its launcher was killed before `close`); returns their names. A cgroup with members stays."""
+    (its launcher was killed before `close`); returns their names. A cgroup with members stays,
+    and so does one made in the last STALE_AFTER_S (a launcher in another PID namespace looks
+    gone from here, and its cgroup is empty until its tasks join)."""
     removed = []
     for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else ():
         match = _LEAF.fullmatch(name)
         if match and not pid_alive(int(match.group(1))):
             try:
+                if time.time() - os.stat(os.path.join(parent, name)).st_mtime < STALE_AFTER_S:
+                    continue
                 os.rmdir(os.path.join(parent, name))
                 removed.append(name)
             except OSError:  # members still run in it, or another process removed it first

@@ -68,7 +68,8 @@ class GraphEntry:
     @property
     def label(self) -> str:
         """Short unique name used for output folders, e.g. "tiny_cnn_b64"."""
-        parts = [self.model or os.path.splitext(os.path.basename(self.graph or "graph"))[0], f"b{self.batch_size}"]
+        parts = [self.model or os.path.splitext(os.path.basename(self.graph or "graph"))[0]]
+        parts += [f"b{self.batch_size}"] if self.batch_size is not None else []  # None: the zoo's default (plan)
         for tag, value in (("s", self.image_size), ("t", self.seq_len), ("n", self.num_layers)):
             if value is not None:
                 parts.append(f"{tag}{value}")

@@ -37,3 +37,14 @@ class InputError(TfplaceError, ValueError):
 
 class UnsupportedGraphError(InputError):
     """A graph uses a construct tfplace cannot place (e.g. while loops in the training step)."""
+
+
+#: How TensorFlow's graph importer says a shape value is past int32: a batch so large that a size
+#: the step computes (e.g. batch x features in a reshape) overflows.
+INT32_OVERFLOW = "out of int32 range"
+
+
+def size_overflow_problem(batch_size: int) -> str:
+    """The problem, in words, of a batch size at which the step's int32 sizes overflow (for an
+    InputError about the batch size)."""
+    return f"is {batch_size}: a size the training step computes overflows TensorFlow's int32 shape values"

@@ -14,7 +14,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from tfplace.formats.errors import InputError
+from tfplace.formats.errors import INT32_OVERFLOW, InputError, size_overflow_problem
 from tfplace.ir.graph_ir import DTYPE_BYTES
 
 _NODE_NAME_IN_TF_ERROR = re.compile(r"\{\{node ([^}]+)\}\}|node '?([\w/.\-]+)'?")
@@ -65,11 +65,10 @@ def import_at(nodes, order, inputs, batch, src, doubled=False):
         match = _NODE_NAME_IN_TF_ERROR.search(text)
         op = next((g for g in match.groups() if g), "?") if match else "?"
         first = text.splitlines()[0][:200] if text else type(e).__name__
-        if "out of int32 range" in text:  # the batch's fault, not the graph's (graph_defs.export.INT32_OVERFLOW)
-            real = batch // 2 if doubled else batch
-            raise InputError(src, "batch_size", f"is {real}: a size the step computes overflows TensorFlow's int32 "
-                             "shape values" + (f" at twice the batch ({batch}), where shapes are inferred"
-                                               if doubled else ""),
+        if INT32_OVERFLOW in text:  # the batch's fault, not the graph's
+            problem = size_overflow_problem(batch // 2 if doubled else batch)
+            raise InputError(src, "batch_size", problem + (f" at twice the batch ({batch}), where shapes are "
+                                                           "inferred" if doubled else ""),
                              "use a smaller batch size") from None
         if doubled:
             raise InputError(src, f"node[{op}]", f"shape inference fails at twice the batch size "

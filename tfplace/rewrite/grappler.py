@@ -12,7 +12,10 @@ The optimizer (grappler_plugin.cc, registered as "tfplace") calls tfplace.rewrit
 which calls tfplace.rewrite.graph_rewrite: the same rewrite as the session hook. It needs:
   * the library loaded (`load_plugin`) in the process that runs Grappler: the client for a local
     session; for a session on a cluster, the master (task 0): start workers with `worker_env()`
-    (tfplace.runtime.worker loads `TFPLACE_WORKER_LIBRARIES`);
+    (tfplace.runtime.worker loads `TFPLACE_WORKER_LIBRARIES`). Without it TensorFlow skips the
+    unknown optimizer and runs the graph unplaced, with no error, so `session_config` refuses
+    unless it is loaded in this process, and `LocalCluster.session` refuses a plugin config when
+    task 0 was started without it;
   * `train_op` named (a NoOp: `tf.group(...)` or `minimize` without global_step), and the script
     fetching the train op (plus, as it likes, the init op, the loss, placeholders' feeds and
     variable values); other step tensors are renamed by the rewrite and fail the run;
