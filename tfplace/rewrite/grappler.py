@@ -40,9 +40,9 @@ import tempfile
 from typing import Dict, List, Optional
 
 from tfplace.formats.errors import InputError, TfplaceError
-from tfplace.runtime.worker import LIBRARIES_ENV
+from tfplace.runtime.worker import LIBRARIES_ENV, PLUGIN_OPTIMIZER
 
-OPTIMIZER_NAME = "tfplace"  # REGISTER_GRAPH_OPTIMIZER_AS in grappler_plugin.cc
+OPTIMIZER_NAME = PLUGIN_OPTIMIZER  # "tfplace": REGISTER_GRAPH_OPTIMIZER_AS in grappler_plugin.cc
 LIBRARY_NAME = "libtfplace_grappler.so"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "grappler_plugin.cc")
 BUILD_TIMEOUT_S = 300.0

@@ -488,9 +488,8 @@ class LocalCluster:
         """Raises InputError when `config` runs the tfplace Grappler plugin but task 0, the master
         that runs Grappler, was started without the library: TensorFlow would skip the unknown
         optimizer and run the original graph on one device, with no error."""
-        from tfplace.runtime.worker import LIBRARIES_ENV
-        from tfplace.rewrite.grappler import OPTIMIZER_NAME
-        if not any(c.name == OPTIMIZER_NAME for c in config.graph_options.rewrite_options.custom_optimizers):
+        from tfplace.runtime.worker import LIBRARIES_ENV, PLUGIN_OPTIMIZER
+        if not any(c.name == PLUGIN_OPTIMIZER for c in config.graph_options.rewrite_options.custom_optimizers):
             return
         env = dict(os.environ, **(self.envs[0] or {}))
         if not env.get(LIBRARIES_ENV):

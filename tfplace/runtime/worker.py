@@ -38,6 +38,7 @@ PARENT_POLL_S = 0.5
 READY_PREFIX = "tfplace-worker-ready"
 PORT_IN_USE_EXIT = 75  # the server could not bind: its port was taken (EX_TEMPFAIL: try again)
 LIBRARIES_ENV = "TFPLACE_WORKER_LIBRARIES"
+PLUGIN_OPTIMIZER = "tfplace"  # the Grappler optimizer those libraries may register (tfplace.rewrite.grappler)
 
 
 def _parse(argv):
