@@ -262,12 +262,12 @@ def _stop_after_step(trainer: "Trainer") -> Iterator[None]:
 # ---- trainer -----------------------------------------------------------------------------------
 class Trainer:
     def __init__(self, config: TrainConfig, log: Log, progress: bool = True,
-                 resolve_bundle: Optional[BundleResolver] = None):
+                 resolve_bundle: Optional[BundleResolver] = None, bundles: Optional[Sequence[str]] = None):
         self.config, self.log, self.show_progress = config, log, progress
         self.out = config.output_dir
         os.makedirs(self.out, exist_ok=True)
         seed_everything(config.seed)  # before anything random (the network's weights) is built
-        bundles = config_bundles(config, resolve_bundle)
+        bundles = list(bundles) if bundles is not None else config_bundles(config, resolve_bundle)
         self.fingerprint = train_state.run_fingerprint(config, bundles)
         # state files are read before the tasks are built: a changed config stops before any work
         saved, rejected = train_state.read_states(self.out, task_labels(config), self.fingerprint,
@@ -502,10 +502,12 @@ def plot(run: TaskRun, path: str) -> None:
     plt.close(fig)
 
 
-def train(config: TrainConfig, log: Log, progress: bool = True,
-          resolve_bundle: Optional[BundleResolver] = None) -> Dict[str, object]:
-    """Trains (or resumes) per `config`; returns the summary (also in output_dir/summary.json)."""
-    return Trainer(config, log, progress, resolve_bundle).run()
+def train(config: TrainConfig, log: Log, progress: bool = True, resolve_bundle: Optional[BundleResolver] = None,
+          bundles: Optional[Sequence[str]] = None) -> Dict[str, object]:
+    """Trains (or resumes) per `config`; returns the summary (also in output_dir/summary.json).
+    `bundles`: the graphs' bundle paths when already resolved (config_bundles), else resolved
+    here with `resolve_bundle`."""
+    return Trainer(config, log, progress, resolve_bundle, bundles).run()
 
 
 def file_logger(output_dir: str, results: bool = False) -> Log:

@@ -56,19 +56,19 @@ def main(argv) -> int:
                                      give=f'"{{}}" as "overheads"[{i}] in the config')
     from tfplace.graph_defs.export import bundle_for_entry
     from tfplace.policy import train_lib
-    train_lib.config_bundles(config, bundle_for_entry)  # exports, cached for the run: bad input before any folder
+    bundles = train_lib.config_bundles(config, bundle_for_entry)  # exports: their bad input before any folder
     os.makedirs(config.output_dir, exist_ok=True)
     with common.OutputLock(config.output_dir, FLAGS.config, "output_dir"):  # one run per folder
-        return _train(config)
+        return _train(config, bundles)
 
 
-def _train(config) -> int:
-    """Trains (or resumes) `config` while its output_dir is locked; returns the exit status."""
-    from tfplace.graph_defs.export import bundle_for_entry
+def _train(config, bundles) -> int:
+    """Trains (or resumes) `config` on its graphs' `bundles` while its output_dir is locked;
+    returns the exit status."""
     from tfplace.policy import train_lib
     log = train_lib.file_logger(config.output_dir)
     try:
-        summary = train_lib.train(config, log, FLAGS.progress, resolve_bundle=bundle_for_entry)
+        summary = train_lib.train(config, log, FLAGS.progress, bundles=bundles)
     except train_lib.TrainingInterrupted as stop:
         if not stop.saved:
             name = signal.Signals(stop.signum).name
