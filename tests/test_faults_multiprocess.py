@@ -260,15 +260,17 @@ def test_process_a_killed_activate_leaves_no_rank_behind(tmp_path):
     proc, tmp = _start_activate(tmp_path, _activate_config(tmp_path, ["horovod_even"], steps=100000))
     family = []
     try:
-        ranks = _wait_for(lambda: [p for p in _descendants(proc.pid) if "horovod_worker" in _cmdline(p)], 240,
-                          "the Horovod ranks")
+        def all_ranks():  # they start one after another: the check waits for the third
+            ranks = [p for p in _descendants(proc.pid) if "horovod_worker" in _cmdline(p)]
+            return ranks if len(ranks) == 3 else None
+        ranks = _wait_for(all_ranks, 240, "the 3 Horovod ranks")
         time.sleep(1.0)
         family.extend(_descendants(proc.pid))
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=60)
         _wait_for(lambda: not [p for p in family if _alive(p)], 15, "every rank to end")
         _wait_for(lambda: os.listdir(tmp) == [], 15, f"the temporary folders to go: {os.listdir(tmp)}")
-        assert len(ranks) == 3
+        assert len(ranks) == 3 and set(ranks) <= set(family)
     finally:
         _sweep(proc)
         for p in family:  # a rank that outlived the check: not left to train on
