@@ -53,8 +53,9 @@ from tfplace.formats.strategy import Strategy, decision
 if TYPE_CHECKING:  # the overhead pass is imported only where a problem has overheads
     from tfplace.overheads.model import RuntimeOverheads
 
-# Planners compare strategies without straggler noise (the noise is a property of the run).
-PLANNING_SIM_OPTIONS = SimOptions(seed=0, stragglers=False)
+# Planners rank strategies by their expected step over the cluster's straggler draws (a plan that
+# gives less work to a device that often runs slow is the better plan).
+PLANNING_SIM_OPTIONS = SimOptions(seed=0, stragglers="expected")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

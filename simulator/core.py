@@ -18,9 +18,17 @@ which only the runtime-overhead pass tfplace.overheads.apply fills), the iterati
 at least the time that CPU takes under each device's CPU fraction and its host's cores
 (`cpu_bound_s` in the report; the makespan of the events when that is longer).
 
-Straggler noise: with `options.stragglers`, each device independently runs slow for the whole
-step with probability `Device.straggle_probability`, multiplying its compute-lane durations by
-`Device.straggle_factor`; the draw uses numpy's default_rng(seed), so a seed fixes the result.
+Straggler noise: each device independently runs slow for the whole step with probability
+`Device.straggle_probability`, multiplying its compute-lane durations by `Device.straggle_factor`.
+`options.stragglers` says how a step is scored:
+  "expected"  the expected step over the straggler draws (the default, what planners rank by):
+              every combination of slow and normal devices, weighted by its probability, when
+              there are at most 2^k <= options.max_straggler_cases of them (k = devices that may
+              straggle and have work in this PlacedGraph: a device left idle costs nothing when
+              it straggles); else the mean over max_straggler_cases draws of numpy's
+              default_rng(seed). Peak memory is the largest over the cases (what must fit).
+  "draw"      one step, the draw of default_rng(seed) (a seed fixes the result);
+  "off"       no device straggles.
 
 Engines: "fast" (numba, compiled on first use), "reference" (plain Python, slow, the spec the
 fast loop is tested against), "auto" (fast if numba imports, else reference).
@@ -40,20 +48,28 @@ from tfplace.lowering.placed_graph import (DEVICE_KINDS, TASK_COLLECTIVE, TASK_C
 from tfplace.formats.reports import SimReport
 
 ENGINES = ("auto", "fast", "reference")
+STRAGGLER_MODES = ("expected", "draw", "off")
 
 
 @dataclasses.dataclass(frozen=True)
 class SimOptions:
-    """seed: straggler noise seed; stragglers: apply the cluster's straggler model; trace: build
-    the Chrome trace into SimReport.trace; engine: one of ENGINES."""
+    """seed: straggler noise seed; stragglers: one of STRAGGLER_MODES (module docstring);
+    max_straggler_cases: most schedules an expected step runs; trace: build the Chrome trace into
+    SimReport.trace (of the straggler case with the fewest slow devices); engine: one of ENGINES."""
     seed: int = 0
-    stragglers: bool = True
+    stragglers: str = "expected"
     trace: bool = False
     engine: str = "auto"
+    max_straggler_cases: int = 16
 
     def __post_init__(self):
         if self.engine not in ENGINES:
             raise InputError("SimOptions", "engine", f"is {self.engine!r}", f"use one of {list(ENGINES)}")
+        if self.stragglers not in STRAGGLER_MODES:
+            raise InputError("SimOptions", "stragglers", f"is {self.stragglers!r}",
+                             f"use one of {list(STRAGGLER_MODES)}")
+        if self.max_straggler_cases < 1:
+            raise InputError("SimOptions", "max_straggler_cases", f"is {self.max_straggler_cases}", "use 1 or more")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +91,49 @@ def straggle_factors(cluster: Cluster, seed: int, enabled: bool = True) -> np.nd
             if draws[i] < d.straggle_probability:
                 out[i] = d.straggle_factor
     return out
+
+
+def straggler_cases(placed: PlacedGraph, cluster: Cluster, options: SimOptions) -> List[Tuple[float, np.ndarray]]:
+    """[(probability, per-device duration factors [D])] whose weighted steps make the step that
+    `options.stragglers` asks for (module docstring); probabilities sum to 1, no two factor
+    vectors are equal, and the first case has the fewest slow devices."""
+    d = cluster.num_devices
+    if options.stragglers == "off":
+        return [(1.0, np.ones(d))]
+    if options.stragglers == "draw":
+        return [(1.0, straggle_factors(cluster, options.seed))]
+    base = np.ones(d)
+    working = np.zeros(d, dtype=bool)
+    lane = np.isin(placed.task_kind, DEVICE_KINDS)
+    working[np.unique(placed.task_device[lane])] = True
+    uncertain = []
+    for i, dev in enumerate(cluster.devices):
+        if dev.straggle_factor == 1.0 or dev.straggle_probability == 0.0 or not working[i]:
+            continue
+        if dev.straggle_probability >= 1.0:
+            base[i] = dev.straggle_factor  # always slow: no uncertainty
+        else:
+            uncertain.append(i)
+    if not uncertain:
+        return [(1.0, base)]
+    p = np.array([cluster.devices[i].straggle_probability for i in uncertain])
+    if 2 ** len(uncertain) <= options.max_straggler_cases:
+        # every combination, with its probability (bit j of `mask`: device uncertain[j] is slow)
+        masks = [np.array([(mask >> j) & 1 for j in range(len(uncertain))], dtype=bool)
+                 for mask in range(2 ** len(uncertain))]
+        weights = [float(np.prod(np.where(m, p, 1.0 - p))) for m in masks]
+    else:
+        rng = np.random.default_rng(options.seed)
+        masks = [rng.random(len(uncertain)) < p for _ in range(options.max_straggler_cases)]
+        masks.sort(key=lambda m: (int(m.sum()), m.tolist()))  # the calm draw, if drawn, first
+        weights = [1.0 / len(masks)] * len(masks)
+    cases: Dict[bytes, Tuple[float, np.ndarray]] = {}
+    for m, w in zip(masks, weights):
+        factor = base.copy()
+        factor[np.array(uncertain)[m]] = [cluster.devices[i].straggle_factor for i in np.array(uncertain)[m]]
+        key = factor.tobytes()
+        cases[key] = (cases[key][0] + w if key in cases else w, factor)
+    return list(cases.values())
 
 
 def _csr_numpy(keys, values, n):
@@ -155,37 +214,48 @@ def simulate(placed: PlacedGraph, cluster: Cluster, options: SimOptions = SimOpt
     if cluster.device_names != placed.device_names:
         raise InputError("cluster", "devices", "differ from the devices the strategy was lowered for",
                          "simulate with the cluster passed to lower()")
-    factor = straggle_factors(cluster, options.seed, options.stragglers)
-    sched = schedule(placed, factor, options.engine, core_slots(cluster))
     d = placed.num_devices
-    dur = sched.finish - sched.start
-    on_dev = np.isin(placed.task_kind, DEVICE_KINDS)
-    dev = np.where(on_dev, placed.task_device, 0)
-    busy = np.bincount(dev[on_dev], weights=dur[on_dev], minlength=d)
-    comp = placed.task_kind == TASK_COMPUTE
-    compute = np.bincount(dev[comp], weights=dur[comp], minlength=d)
-    coll = placed.task_kind == TASK_COLLECTIVE
-    n_part = np.diff(placed.part_ptr)[coll]
-    comm = float(placed.task_bytes[placed.task_kind == TASK_TRANSFER].sum()
-                 + (placed.task_bytes[coll] * 2.0 * (n_part - 1)).sum())
-    capacity = cluster.memory_bytes
-    peak = np.ceil(sched.peak - 1e-6).astype(np.int64)
-    over = [cluster.devices[i].name for i in range(d) if peak[i] > capacity[i]]
     bound = 0.0
     if len(placed.device_cpu_seconds):
         group, cores = core_slots(cluster)  # the CPU devices of each host that gives cpu_cores
         bound = cpu_bound_seconds(placed.device_cpu_seconds, placed.device_cpu_fraction, group,
                                   cores.tolist())
+    on_dev = np.isin(placed.task_kind, DEVICE_KINDS)
+    dev = np.where(on_dev, placed.task_device, 0)
+    comp = placed.task_kind == TASK_COMPUTE
+    slots = core_slots(cluster)
+    cases = straggler_cases(placed, cluster, options)
+    step = makespan = 0.0
+    busy, compute, peak_bytes = np.zeros(d), np.zeros(d), np.zeros(d)
+    first = None
+    for weight, factor in cases:
+        sched = schedule(placed, factor, options.engine, slots)
+        if first is None:
+            first = sched
+        dur = sched.finish - sched.start
+        step += weight * max(sched.makespan, bound)
+        makespan += weight * sched.makespan
+        busy += weight * np.bincount(dev[on_dev], weights=dur[on_dev], minlength=d)
+        compute += weight * np.bincount(dev[comp], weights=dur[comp], minlength=d)
+        peak_bytes = np.maximum(peak_bytes, sched.peak)
+    coll = placed.task_kind == TASK_COLLECTIVE
+    n_part = np.diff(placed.part_ptr)[coll]
+    comm = float(placed.task_bytes[placed.task_kind == TASK_TRANSFER].sum()
+                 + (placed.task_bytes[coll] * 2.0 * (n_part - 1)).sum())
+    capacity = cluster.memory_bytes
+    peak = np.ceil(peak_bytes - 1e-6).astype(np.int64)
+    over = [cluster.devices[i].name for i in range(d) if peak[i] > capacity[i]]
     trace = None
     if options.trace:
         from tfplace.simulator.trace import chrome_trace
-        trace = chrome_trace(placed, sched.start, sched.finish)
+        trace = chrome_trace(placed, first.start, first.finish)
     return SimReport(
-        iteration_time_s=max(sched.makespan, bound), makespan_s=sched.makespan, cpu_bound_s=bound,
+        iteration_time_s=step, makespan_s=makespan, cpu_bound_s=bound,
         device_names=placed.device_names,
         peak_memory_bytes=tuple(int(x) for x in peak), memory_capacity_bytes=tuple(int(x) for x in capacity),
         oom=bool(over), oom_devices=tuple(over), comm_bytes=comm, busy_s=tuple(float(x) for x in busy),
-        compute_s=tuple(float(x) for x in compute), num_tasks=placed.num_tasks, seed=options.seed, trace=trace)
+        compute_s=tuple(float(x) for x in compute), num_tasks=placed.num_tasks, seed=options.seed, trace=trace,
+        straggler_cases=len(cases))
 
 
 def cpu_bound_seconds(demand_s: np.ndarray, fraction: np.ndarray, host_of: Optional[np.ndarray] = None,

@@ -302,3 +302,22 @@ def test_kernel_replay_without_pytorch_is_one_line_naming_the_fix(tmp_path):
     errors = _error_lines(result.stderr)
     assert result.returncode == 2 and len(errors) == 1 and "PyTorch" in errors[0], result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "r.json").exists()
+
+
+def test_simulate_reports_the_expected_step_over_stragglers_unless_asked_for_one_draw(tmp_path):
+    """examples/formats/cluster.json: p100_0 straggles 1.5x in 5% of the steps. The default step is
+    the expected one over both cases; --stragglers off and draw give single steps."""
+    cluster = os.path.join(REPO, "examples", "formats", "cluster.json")
+    (tmp_path / "s.json").write_text(json.dumps({
+        "format": "tfplace.strategy", "version": 1, "graph": "tiny_mlp", "global_batch_size": 16, "max_groups": 64,
+        "default": {"shares": {"v100_0": 6, "v100_1": 6, "p100_0": 4}, "sync": "allreduce"}}))
+    times = {}
+    for mode in ("expected", "off", "draw"):
+        done = _run(["-m", "tfplace.simulate"], ["--graph", TINY, "--cluster", cluster, "--strategy", "{tmp}/s.json",
+                                                 "--stragglers", mode, "--json", f"{{tmp}}/{mode}.json"], tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert ("expected over 2 straggler cases" in done.stdout) == (mode == "expected"), done.stdout
+        times[mode] = json.loads((tmp_path / f"{mode}.json").read_text())["iteration_time_s"]
+    # seed 0 draws p100_0 slow (numpy's default_rng(0).random(3)[2] = 0.04 < 0.05)
+    assert times["off"] < times["expected"] < times["draw"]
+    assert times["expected"] == pytest.approx(0.95 * times["off"] + 0.05 * times["draw"], rel=1e-9)

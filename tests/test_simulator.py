@@ -12,6 +12,8 @@ import pytest
 
 from tfplace import testing
 from tfplace.profiling.device_model import device_spec
+from tfplace.baselines.problem import make_problem
+from tfplace.formats.cluster import Device, Host, build_cluster
 from tfplace.formats.errors import InputError
 from tfplace.lowering.lower import Lowerer, lower
 from tfplace.formats.profile import CommModel, LinearCost, Profile
@@ -227,11 +229,84 @@ def test_stragglers_are_deterministic_for_a_seed():
     g, gr, st = _dp_setup()
     cluster = fk.pair_cluster(straggle=(0.5, 3.0))
     placed = lower(g, gr, cluster, st, fk.dp_profile(g))
-    times = {s: simulate(placed, cluster, SimOptions(seed=s)).iteration_time_s for s in range(8)}
-    assert times == {s: simulate(placed, cluster, SimOptions(seed=s)).iteration_time_s for s in range(8)}
+    draw = lambda s: simulate(placed, cluster, SimOptions(seed=s, stragglers="draw")).iteration_time_s
+    times = {s: draw(s) for s in range(8)}
+    assert times == {s: draw(s) for s in range(8)}
     assert len(set(times.values())) == 2  # the V100 straggles (3x) in some seeds, not in others
-    calm = simulate(placed, cluster, SimOptions(stragglers=False)).iteration_time_s
+    calm = simulate(placed, cluster, SimOptions(stragglers="off")).iteration_time_s
     assert min(times.values()) == calm
+
+
+def _straggler_cluster(n: int, probability: float, factor: float):
+    """n V100s on one host, every one straggling with `probability` by `factor`."""
+    host = Host("h0", intra_bandwidth_bytes_per_s=INTRA_BW, intra_latency_s=LAT)
+    return build_cluster("stragglers", [host], [
+        Device(f"v100_{i}", "V100", "h0", 16 * 10**9, straggle_probability=probability, straggle_factor=factor)
+        for i in range(n)])
+
+
+def test_expected_step_weights_every_straggler_case_by_its_probability():
+    g, gr, st = _dp_setup()
+    cluster = fk.pair_cluster(straggle=(0.25, 3.0))
+    placed = lower(g, gr, cluster, st, fk.dp_profile(g))
+    calm = simulate(placed, cluster, SimOptions(stragglers="off")).iteration_time_s
+    slow = schedule(placed, np.array([3.0, 1.0])).makespan
+    report = simulate(placed, cluster)  # the default: expected
+    assert slow > calm * 1.5
+    assert report.straggler_cases == 2
+    assert report.iteration_time_s == pytest.approx(0.75 * calm + 0.25 * slow, rel=1e-12)
+    assert "expected over 2 straggler cases" in report.summary()
+
+
+def test_a_straggler_without_work_costs_nothing():
+    g, gr, st = _dp_setup(shares={"p100_0": 8})  # everything on the P100; the V100 straggles
+    cluster = fk.pair_cluster(straggle=(0.5, 3.0))
+    placed = lower(g, gr, cluster, st, fk.dp_profile(g))
+    report = simulate(placed, cluster)
+    assert report.straggler_cases == 1
+    assert report.iteration_time_s == simulate(placed, cluster, SimOptions(stragglers="off")).iteration_time_s
+
+
+def test_expected_step_is_exact_up_to_the_case_limit_then_sampled_by_seed():
+    n = 5
+    g = fk.dp_graph(W, batch=10)
+    gr = fk.grouping(g, [["x", "f", "g"], ["w", "r", "apply", "lr", "train_op"]])
+    st = Strategy(10, 2, decision({f"v100_{i}": 2 for i in range(n)}), {})
+    cluster = _straggler_cluster(n, 0.3, 2.0)
+    placed = lower(g, gr, cluster, st, fk.dp_profile(g))
+    # brute force over the 32 combinations
+    expected = 0.0
+    for mask in range(2 ** n):
+        slow = np.array([(mask >> i) & 1 for i in range(n)], dtype=bool)
+        weight = float(np.prod(np.where(slow, 0.3, 0.7)))
+        expected += weight * schedule(placed, np.where(slow, 2.0, 1.0)).makespan
+    exact = simulate(placed, cluster, SimOptions(max_straggler_cases=32))
+    assert exact.straggler_cases == 32 and exact.iteration_time_s == pytest.approx(expected, rel=1e-9)
+    sampled = [simulate(placed, cluster, SimOptions(seed=s, max_straggler_cases=16)) for s in (0, 0, 1)]
+    assert sampled[0].iteration_time_s == sampled[1].iteration_time_s  # a seed fixes the draws
+    assert all(1 <= r.straggler_cases <= 16 for r in sampled)
+    calm = simulate(placed, cluster, SimOptions(stragglers="off")).iteration_time_s
+    all_slow = schedule(placed, np.full(n, 2.0)).makespan
+    assert all(calm < r.iteration_time_s < all_slow for r in sampled)
+
+
+def test_planning_ranks_strategies_by_their_expected_step():
+    """A V100 that straggles 3x in 90% of the steps: the plan that loads the P100 wins; without
+    stragglers the V100-heavy plan does. The planners' problem must see the difference."""
+    g, gr, _ = _dp_setup()
+    heavy_v100 = Strategy(8, 2, decision({"v100_0": 6, "p100_0": 2}, "allreduce"), {})
+    heavy_p100 = Strategy(8, 2, decision({"v100_0": 2, "p100_0": 6}, "allreduce"), {})
+    for straggle, faster in (((0.0, 1.0), heavy_v100), ((0.9, 3.0), heavy_p100)):
+        problem = make_problem(g, fk.pair_cluster(straggle=straggle), fk.dp_profile(g), grouping=gr)
+        times = {id(s): problem.evaluate(s).iteration_time_s for s in (heavy_v100, heavy_p100)}
+        assert min(times, key=times.get) == id(faster), straggle
+
+
+def test_bad_straggler_options_are_refused():
+    for kwargs, field in ((dict(stragglers="sometimes"), "stragglers"), (dict(max_straggler_cases=0),
+                                                                          "max_straggler_cases")):
+        with pytest.raises(InputError, match=field):
+            SimOptions(**kwargs)
 
 
 def test_fitted_allreduce_model_is_used_when_present():
@@ -272,6 +347,19 @@ def test_utilisation_summary():
     # each of 2 ranks sends 2(n-1)/n * W, and the P100's 2 samples of x (2000 bytes) are fed to it
     assert report.comm_bytes == pytest.approx(2 * W + 2000)
     assert "v100_0" in report.summary()
+
+
+@pytest.mark.parametrize("memory, unit, v100_cap", [
+    ((16 * 10**9, 12 * 10**9), "GB", "16.000"),
+    ((200 * 10**6, 150 * 10**6), "MB", "200.000"),   # in GB every column read 0.000 or 0.200
+])
+def test_summary_memory_columns_use_a_unit_that_shows_the_numbers(memory, unit, v100_cap):
+    g, gr, st = _dp_setup()
+    cluster = fk.pair_cluster(memory=memory)
+    lines = simulate(lower(g, gr, cluster, st, fk.dp_profile(g)), cluster).summary().splitlines()
+    assert f"peak {unit}" in lines[1] and f"cap {unit}" in lines[1]
+    v100 = lines[2].split()
+    assert v100[0] == "v100_0" and v100[2] == v100_cap and float(v100[1]) > 0
 
 
 def test_importing_the_simulator_does_not_import_tensorflow():

@@ -42,7 +42,11 @@ def define_flags() -> None:
     flags.DEFINE_alias("sinks", "train_op")
     flags.DEFINE_string("trace", None, "write the Chrome trace to this file")
     flags.DEFINE_string("json", None, "write the report as JSON to this file")
-    flags.DEFINE_integer("seed", 0, "straggler noise seed", lower_bound=0)
+    flags.DEFINE_enum("stragglers", "expected", ["expected", "draw", "off"], "devices that may straggle (cluster "
+                      "file): the expected step over their draws (what plan, compare and train rank by), one "
+                      "draw (--seed), or none")
+    flags.DEFINE_integer("seed", 0, "straggler noise seed (--stragglers draw; expected: of the sampled draws when "
+                         "there are too many combinations to run them all)", lower_bound=0)
     flags.DEFINE_enum("engine", "auto", ["auto", "fast", "reference"], "simulator event loop: fast (numba, compiled on "
                       "first use), reference (plain Python, the spec fast is tested against), auto (fast if numba "
                       "imports, else reference)")
@@ -81,7 +85,8 @@ def execute(args) -> int:
     grouping = make_grouping(graph, strategy.max_groups)
     validate_strategy(strategy, grouping.group_names, cluster.device_names)
     placed = with_overheads(lower(graph, grouping, cluster, strategy, profile), cluster, overheads)
-    report = simulate(placed, cluster, SimOptions(seed=args.seed, trace=bool(args.trace), engine=args.engine))
+    report = simulate(placed, cluster, SimOptions(seed=args.seed, stragglers=args.stragglers, trace=bool(args.trace),
+                                                 engine=args.engine))
     origin = args.profile or default_profile_label(profile, cluster)
     print(f"{graph.meta.get('model', graph.source)} on {cluster.name}, strategy {args.strategy} "
           f"(batch {strategy.global_batch_size}, {grouping.num_groups} groups), profile: {origin}")

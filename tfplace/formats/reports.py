@@ -38,6 +38,9 @@ class SimReport:
       compute_s: per device, seconds of op compute tasks only.
       num_tasks: tasks simulated.
       seed: seed of the straggler noise.
+      straggler_cases: schedules the step averages (simulator.core: 1 unless a device that has
+        work may straggle); iteration_time_s, makespan_s, busy_s and compute_s are their
+        probability-weighted means, peak_memory_bytes their maximum.
       trace: Chrome trace-event object ({"traceEvents": [...]}) when asked for, else None.
       makespan_s: when the last task of the events finishes (None: not given, = iteration_time_s).
       cpu_bound_s: the shortest step the devices' CPU demand allows (tfplace.overheads.cpu_demand; 0: none
@@ -57,6 +60,7 @@ class SimReport:
     trace: Optional[Dict[str, Any]] = dataclasses.field(default=None, repr=False, compare=False)
     makespan_s: Optional[float] = None
     cpu_bound_s: float = 0.0
+    straggler_cases: int = 1
 
     def __post_init__(self):
         n = len(self.device_names)
@@ -86,12 +90,17 @@ class SimReport:
 
     def summary(self) -> str:
         """A small human-readable table (iteration time, memory vs capacity, utilisation)."""
+        oom = "yes " + ", ".join(self.oom_devices) if self.oom else "no"
+        cases = f"   (expected over {self.straggler_cases} straggler cases)" if self.straggler_cases > 1 else ""
+        # GB, or MB when every capacity is under 1 GB (a 0.2 GB device's peaks read 0.000 in GB)
+        scale, unit = (1e9, "GB") if max(self.memory_capacity_bytes, default=0) >= 1e9 else (1e6, "MB")
         lines = [f"iteration time: {self.iteration_time_s * 1e3:.3f} ms   tasks: {self.num_tasks}   "
-                 f"comm: {self.comm_bytes / 1e6:.2f} MB   OOM: {'yes ' + ', '.join(self.oom_devices) if self.oom else 'no'}",
-                 f"{'device':<16}{'peak GB':>10}{'cap GB':>10}{'busy ms':>10}{'compute ms':>12}{'util':>7}"]
+                 f"comm: {self.comm_bytes / 1e6:.2f} MB   OOM: {oom}{cases}",
+                 f"{'device':<16}{'peak ' + unit:>10}{'cap ' + unit:>10}{'busy ms':>10}{'compute ms':>12}{'util':>7}"]
         for i, name in enumerate(self.device_names):
             flag = "  OOM" if name in self.oom_devices else ""
-            lines.append(f"{name:<16}{self.peak_memory_bytes[i] / 1e9:>10.3f}{self.memory_capacity_bytes[i] / 1e9:>10.3f}"
+            lines.append(f"{name:<16}{self.peak_memory_bytes[i] / scale:>10.3f}"
+                         f"{self.memory_capacity_bytes[i] / scale:>10.3f}"
                          f"{self.busy_s[i] * 1e3:>10.3f}{self.compute_s[i] * 1e3:>12.3f}{self.utilisation[i]:>7.0%}{flag}")
         return "\n".join(lines)
 
