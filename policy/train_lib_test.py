@@ -152,6 +152,7 @@ def _fingerprint_case(tmp_path):
     for name in ("tiny_mlp_b16_sgd.json", "tiny_mlp_b16_sgd.pb"):
         shutil.copy(os.path.join(REPO, "graph_defs", "zoo", name), tmp_path / name)
     shutil.copy(os.path.join(REPO, "clusters", "two_kind_4gpu.json"), tmp_path / "cluster.json")
+    shutil.copy(os.path.join(REPO, "clusters", "heterog_testbed.json"), tmp_path / "other_cluster.json")
     cfg = json.loads(open(_config(tmp_path, 2)).read())
     cfg["graphs"][0]["graph"] = str(tmp_path / "tiny_mlp_b16_sgd.json")
     cfg["clusters"] = [str(tmp_path / "cluster.json")]
@@ -163,7 +164,7 @@ def _fingerprint_case(tmp_path):
 # TrainConfig field -> (a change of it, the fingerprint part it must change or None: resumable)
 FIELD_CHANGES = {
     "graphs": (lambda c, d: (dataclasses.replace(c.graphs[0], batch_size=24),), "graphs[0]"),
-    "clusters": (lambda c, d: (str(d / "other.json"),), "clusters[0]"),
+    "clusters": (lambda c, d: (str(d / "other_cluster.json"),), "clusters[0]"),
     "profiles": (lambda c, d: (str(d / "other.json"),), "profiles[0]"),
     "overheads": (lambda c, d: (str(d / "other.json"),), "overheads[0]"),
     "max_groups": (lambda c, d: 8, "max_groups"),
@@ -200,7 +201,8 @@ def test_a_changed_field_changes_its_fingerprint_part_only(field, tmp_path):
 
 @pytest.mark.parametrize("edit,part", [
     ("graph file bytes", "graphs[0]"),   # the GraphDef the bundle names, not only the bundle
-    ("cluster file bytes", "clusters[0]"),
+    ("cluster value", "clusters[0]"),
+    ("cluster comment and layout", None),  # the cluster it describes, not the file's bytes
     ("files moved", None),               # contents, not paths: a moved checkout still resumes
 ])
 def test_the_fingerprint_follows_file_contents_not_paths(edit, part, tmp_path):
@@ -213,9 +215,16 @@ def test_the_fingerprint_follows_file_contents_not_paths(edit, part, tmp_path):
     if edit == "graph file bytes":
         with open(bundle[:-len(".json")] + ".pb", "ab") as f:
             f.write(b"\0")
-    elif edit == "cluster file bytes":
-        with open(config.clusters[0], "a") as f:
-            f.write(" ")
+    elif edit.startswith("cluster"):
+        with open(config.clusters[0]) as f:
+            cluster = json.load(f)
+        if edit == "cluster value":
+            cluster["devices"][0]["memory_bytes"] += 1
+        else:
+            cluster["comment"] = "edited"
+            cluster["devices"][0]["comment"] = "this one too"
+        with open(config.clusters[0], "w") as f:
+            json.dump(cluster, f, indent=4, sort_keys=True)
     else:
         moved = tmp_path / "moved"
         shutil.copytree(tmp_path, moved, ignore=lambda d, names: ["moved"])

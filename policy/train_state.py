@@ -20,10 +20,11 @@ why each failed, and the fix. A sound state of another run (a different fingerpr
 labels, or a version-1 run without a fingerprint) is an InputError at once: it is no damage.
 
 The fingerprint (`run_fingerprint`) holds a sha256 digest per part, in config order: per graph
-entry its options and the contents of its bundle and GraphDef files, per cluster file, per profile
-("derive" without one), per overheads file ("none" without one), then per TrainConfig field outside
-RESUMABLE_FIELDS (max_groups, seed, network, rl, simulator, ...). File contents only: moving the
-files keeps a run resumable, editing them does not. Resuming with another fingerprint names the
+entry its options and the contents of its bundle and GraphDef files, per cluster file the cluster it
+describes (comments and layout aside), per profile ("derive" without one), per overheads file
+("none" without one), then per TrainConfig field outside RESUMABLE_FIELDS (max_groups, seed,
+network, rl, simulator, ...). Contents only: moving the files keeps a run resumable, editing them
+does not (a cluster file's comments excepted). Resuming with another fingerprint names the
 first part that differs.
 """
 
@@ -75,6 +76,14 @@ def _file_digest(paths: Sequence[str], prefix: bytes = b"") -> str:
     return h.hexdigest()
 
 
+def _cluster_digest(path: str) -> str:
+    """sha256 of the cluster the file describes (its canonical JSON, Cluster.to_json): comments,
+    key order, spacing and defaults written out or left out do not change it; any value does."""
+    from tfplace.formats.cluster import load_cluster
+    canonical = json.dumps(load_cluster(path).to_json(), sort_keys=True).encode()
+    return hashlib.sha256(b"cluster\0" + canonical).hexdigest()
+
+
 def _bundle_files(bundle: str) -> List[str]:
     """The bundle file and, for a bundle .json, the GraphDef file it names (graph_file)."""
     files = [bundle]
@@ -91,8 +100,8 @@ def _bundle_files(bundle: str) -> List[str]:
 
 def run_fingerprint(config: TrainConfig, bundles: Sequence[str]) -> Dict[str, str]:
     """What a run's results depend on, part by part, in config order: "graphs[i]" (the entry's
-    options, its bundle and GraphDef files), "clusters[j]", "profiles[i]", "overheads[j]" (file
-    contents; "derive" / "none" without a file), then every other TrainConfig field outside
+    options, its bundle and GraphDef files), "clusters[j]" (the cluster, not the file's layout or
+    comments), "profiles[i]", "overheads[j]" (file contents; "derive" / "none" without a file), then every other TrainConfig field outside
     RESUMABLE_FIELDS (max_groups, seed, network, rl, simulator, ...). Values: sha256 hex digests."""
     parts: Dict[str, str] = {}
     for i, (entry, bundle) in enumerate(zip(config.graphs, bundles)):
@@ -102,7 +111,7 @@ def run_fingerprint(config: TrainConfig, bundles: Sequence[str]) -> Dict[str, st
         files = [entry.graph] if entry.graph and entry.graph.endswith(STEP_SUFFIXES) else _bundle_files(bundle)
         parts[f"graphs[{i}]"] = _file_digest(files, json.dumps(options, sort_keys=True).encode())
     for j, path in enumerate(config.clusters):
-        parts[f"clusters[{j}]"] = _file_digest([path])
+        parts[f"clusters[{j}]"] = _cluster_digest(path)
     for i, path in enumerate(config.profiles):
         parts[f"profiles[{i}]"] = "derive" if path is None else _file_digest([path])
     for j in range(len(config.clusters)):
