@@ -88,7 +88,7 @@ def execute(args) -> int:
     report = simulate(placed, cluster, SimOptions(seed=args.seed, stragglers=args.stragglers, trace=bool(args.trace),
                                                  engine=args.engine))
     origin = args.profile or default_profile_label(profile, cluster)
-    print(f"{graph.meta.get('model', graph.source)} on {cluster.name}, strategy {args.strategy} "
+    print(f"{graph.name} on {cluster.name}, strategy {args.strategy} "
           f"(batch {strategy.global_batch_size}, {grouping.num_groups} groups), profile: {origin}")
     print(report.summary())
     if args.trace:
