@@ -93,6 +93,12 @@ def define_flags() -> None:
     flags.register_multi_flags_validator(["graph", "comm-only"], lambda v: bool(v["graph"]) or v["comm-only"],
                                          message="--graph is required (unless --comm-only). Fix: give the "
                                          "bundle JSON or a zoo model name, e.g. --graph tiny_mlp")
+    flags.register_multi_flags_validator(
+        ["comm-only", "graph", "derive", "roofline"],
+        lambda v: not (v["comm-only"] and (v["graph"] or v["derive"] or v["roofline"])),
+        message="--comm-only measures only the links and keeps --out's op costs, so --graph, --derive and "
+                "--roofline would be ignored. Fix: leave them out, or drop --comm-only and give --comm to "
+                "measure both")
     flags.register_multi_flags_validator(["derive", "roofline"], lambda v: not (v["derive"] and v["roofline"]),
                                          message="--roofline cannot be combined with --derive. Fix: use "
                                          "--roofline alone (nothing measured) or measure and --derive")
