@@ -259,10 +259,12 @@ def test_measured_profile_derives_faster_gpu_profiles(tiny_cnn_profile):
 def test_cli_writes_a_profile_with_derived_kinds(tmp_path, capsys):
     out = tmp_path / "p.json"
     rc = common.call(profiler_cli, ["--graph", _bundle("tiny_mlp"), "--batch-sizes", "2,4", "--repeats", "1",
-                                    "--warmup", "0", "--derive", "V100", "--quiet", "--out", str(out)])
+                                    "--warmup", "0", "--derive", "V100,1080Ti", "--quiet", "--out", str(out)])
     assert rc == 0
     prof = load_profile(out)
-    assert set(prof.kinds) == {"CPU", "V100"} and prof.derived == {"V100": "CPU"}
+    # an alias is written as the device model's kind, the name cluster files use
+    assert set(prof.kinds) == {"CPU", "V100", "GTX1080Ti"}
+    assert prof.derived == {"V100": "CPU", "GTX1080Ti": "CPU"}
     assert "measured" in capsys.readouterr().out
     raw = json.loads(out.read_text())
     assert raw["conditions"]["by_kind"]["CPU"]["repeats"] == 1

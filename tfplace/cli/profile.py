@@ -35,7 +35,15 @@ from tfplace.profiling.profiler import STATISTICS
 
 
 def _kinds(text: str) -> List[str]:
-    return [k.strip() for k in text.split(",") if k.strip()]
+    """The kinds of a comma-separated list, aliases as the device model names them (1080Ti ->
+    GTX1080Ti): a profile's kinds must be the cluster files' kinds."""
+    return [_kind(k) for k in text.split(",") if k.strip()]
+
+
+def _kind(kind: Optional[str]) -> Optional[str]:
+    """`kind` as the device model names it when it is one of its aliases, else as given."""
+    from tfplace.profiling.device_model import ALIASES
+    return ALIASES.get(kind.strip(), kind.strip()) if kind else kind
 
 
 def define_flags() -> None:
@@ -119,7 +127,7 @@ def _check_device(device: str) -> None:
 
 def _measured_kind(values) -> str:
     """The kind the command measures: --kind, else CPU on a CPU device ("" when --kind is needed)."""
-    return values["kind"] or ("CPU" if str(values["device"]).upper().startswith("CPU") else "")
+    return _kind(values["kind"]) or ("CPU" if str(values["device"]).upper().startswith("CPU") else "")
 
 
 def _derives_another_kind(values) -> bool:
@@ -238,7 +246,7 @@ def _run(args) -> int:
         if args.roofline:  # (never with --derive: refused at parse time)
             result = _roofline_only(args, batches)
         else:
-            opts = profiler.ProfileOptions(device=args.device, kind=args.kind, batch_sizes=tuple(batches),
+            opts = profiler.ProfileOptions(device=args.device, kind=_kind(args.kind), batch_sizes=tuple(batches),
                                            repeats=args.repeats, warmup=args.warmup, statistic=args.statistic,
                                            intra_threads=args.threads, inter_threads=args.inter_threads,
                                            grappler=args.grappler, seed=args.seed,
