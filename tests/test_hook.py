@@ -107,6 +107,91 @@ def test_run_steps_trains_and_times_every_step(local_cluster):
         assert _rel(after["run_steps"][name][0], mirrors[0]) <= 1e-6, f"{name}: run_steps did not train like step"
 
 
+def _script_with_fed_scalars():
+    """The MLP script with two common non-batch placeholders: a fed learning rate and a
+    `scale` with a default (as keep_prob or is_training are written); loss = mean CE x scale."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    x = v1.placeholder(tf.float32, [None, 16], name="features")
+    y = v1.placeholder(tf.int32, [None], name="labels")
+    lr = v1.placeholder(tf.float32, [], name="learning_rate")
+    scale = v1.placeholder_with_default(1.0, [], name="scale")
+    h = v1.layers.dense(x, 32, activation=tf.nn.relu, name="dense_0",
+                        kernel_initializer=v1.glorot_uniform_initializer(seed=1))
+    logits = v1.layers.dense(h, 4, name="dense_1", kernel_initializer=v1.glorot_uniform_initializer(seed=2))
+    ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+    loss = tf.identity(ce * scale, name="loss")
+    train_op = tf.group(v1.train.GradientDescentOptimizer(lr).minimize(loss), name="train_op")
+    return x, y, lr, scale, loss, train_op
+
+
+# (learning rate, scale or None: its default 1.0) per step; scale 0 must not train at all
+FED_SCALARS = [(0.5, None), (0.25, 0.0), (0.1, 2.0)]
+
+
+@pytest.mark.multiprocess
+def test_placeholders_that_are_not_the_batch_are_fed_as_the_script_feeds_them(local_cluster):
+    """A fed learning rate and a placeholder_with_default reach every replica: losses and
+    variables equal the plain single-device script's (the rewrite replicated them per replica, so
+    the hook's run asked for 'learning_rate/replica_1' and ignored a fed default)."""
+    import tensorflow as tf
+    from tfplace.rewrite.hook import PlacementHook
+    strategy = os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json")
+    cluster = os.path.join(ROOT, "clusters", "local_cpu.json")
+    feeds = _feeds()
+    runs = {}
+    for how in ("plain", "hooked"):
+        losses = []
+        with tf.Graph().as_default() as g:
+            x, y, lr, scale, loss, train_op = _script_with_fed_scalars()
+            names = [v.op.name for v in tf.compat.v1.trainable_variables()]
+            if how == "plain":
+                sess = tf.compat.v1.Session(graph=g)
+                sess.run(tf.compat.v1.global_variables_initializer())
+                fetch_loss, read = loss, lambda s: dict(zip(names, s.run(tf.compat.v1.trainable_variables())))
+            else:
+                hook = PlacementHook(strategy, cluster, train_op, loss)
+                sess = tf.compat.v1.train.MonitoredTrainingSession(
+                    master=local_cluster.target, config=hook.session_config(local_cluster.session_config()),
+                    hooks=[hook])
+                fetch_loss, read = hook.loss, lambda s: {n: s.run(hook.variables[n]) for n in names}
+            with sess:
+                for (fx, fy), (rate, factor) in zip(feeds, FED_SCALARS):
+                    feed = {x: fx, y: fy, lr: rate, **({} if factor is None else {scale: factor})}
+                    losses.append(sess.run([train_op, fetch_loss], feed_dict=feed)[1])
+                    if factor == 0.0:
+                        assert losses[-1] == 0.0, how
+                runs[how] = (losses, read(sess))
+    assert np.allclose(runs["hooked"][0], runs["plain"][0], rtol=1e-5, atol=0), runs
+    for name, value in runs["plain"][1].items():
+        assert _rel(runs["hooked"][1][name], value) <= 1e-5, f"{name}: hooked and plain runs differ"
+
+
+def test_a_run_without_the_scripts_feeds_refuses_a_placeholder_it_cannot_fill():
+    """activate and plan --confirm_real feed only the batch: a placeholder without a default
+    (the learning rate here) is one InputError naming it before any session; one with a default
+    runs with it."""
+    import tensorflow as tf
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.formats.errors import InputError
+    from tfplace.formats.strategy import load_strategy
+    from tfplace.ir.loader import load_op_graph
+    from tfplace.rewrite.graph_rewrite import rewrite_step
+    from tfplace.runtime.step_runner import StepRunner
+    with tf.Graph().as_default() as g:
+        _script_with_fed_scalars()
+        init = tf.compat.v1.global_variables_initializer()
+    graph = load_op_graph(g.as_graph_def(), sinks=["train_op"], batch_size=BATCH, loss="loss", source="script.pb")
+    strategy = load_strategy(os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json"))
+    step = rewrite_step(graph, strategy, load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json")),
+                        init_op=init.name)
+    assert dict(step.feeds) == {"learning_rate:0": True, "scale:0": False}
+    names = [n.name for n in step.graph_def.node]
+    assert names.count("learning_rate") == 1 and "learning_rate/replica_1" in names  # one fed node, per-replica reads
+    with pytest.raises(InputError, match=r"script.pb: placeholders: 'learning_rate' must be fed.*placeholder_with_default"):
+        StepRunner("grpc://localhost:1", step)
+
+
 @pytest.mark.parametrize("feed_rows, label_rows, says", [
     (16, 16, None),
     (8, 8, "features:0: holds 8 samples on axis 0"),     # would train on rows that are not there

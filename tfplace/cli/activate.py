@@ -407,7 +407,8 @@ def run_rounds(jobs: List[Dict[str, Any]], cluster: Cluster, config: ActivateCon
                     _add_round(row, _run_one(job, cluster, lc, config, overheads, watch), watch)
                 except Exception as err:  # one bad entry must not stop the others
                     row["error"] = f"{type(err).__name__}: {err}"
-                    traceback.print_exc(file=sys.stderr)
+                    if not isinstance(err, InputError):  # a bad input is its message; a failure, its trace
+                        traceback.print_exc(file=sys.stderr)
                 which = f" (round {r + 1} of {config.rounds})" if config.rounds > 1 else ""
                 last = row["rounds"][-1] if row["rounds"] and row["error"] is None else None
                 note = (f"; the machine ran {last['machine_slowdown']:.2f}x slower than its quiet speed"

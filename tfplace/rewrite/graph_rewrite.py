@@ -72,6 +72,8 @@ from tfplace.formats.strategy import Strategy
 
 # Step ops that must not join priority chains: the init op shares them.
 _UNCHAINED_TYPES = frozenset({"VarHandleOp", "Const", "Placeholder", "PlaceholderWithDefault"})
+# Placeholders the script may feed that are not batch inputs: kept once under their own names.
+FED_TYPES = ("Placeholder", "PlaceholderWithDefault")
 _DROP_ATTRS = ("_class", "_output_shapes")
 
 
@@ -94,6 +96,8 @@ class RewrittenStep:
       train_op: op name that runs one step; init_op: op name that initialises every mirror.
       loss: tensor name of the global loss ("" if the graph names no loss).
       inputs: placeholders to feed with the global batch.
+      feeds: the other placeholders, under their own names (a learning rate, keep_prob): tensor
+        name -> True when it must be fed (Placeholder), False when it has a default.
       variables: original variable name -> read tensors of its mirrors (instance order).
       placed: the PlacedGraph that was emitted.
     """
@@ -104,6 +108,8 @@ class RewrittenStep:
     inputs: Tuple[InputSpec, ...]
     variables: Mapping[str, Tuple[str, ...]]
     placed: PlacedGraph
+    feeds: Mapping[str, bool] = dataclasses.field(default_factory=dict)
+    source: str = ""
 
 
 def rewrite(graph, strategy: Strategy, cluster: Cluster, **kwargs):
@@ -291,7 +297,9 @@ class _Emitter:
         out.library.CopyFrom(self.g.graph_def.library)
         out.node.extend(self.nodes.values())
         inputs = tuple(self.input_spec(i) for i in self.g.inputs)
-        return RewrittenStep(out, train_op, init_op, loss, inputs, variables, p)
+        feeds = {n.name + ":0": n.op == "Placeholder" for n in out.node
+                 if n.op in FED_TYPES and n.name in self.orig and n.name not in {s.tensor[:-2] for s in inputs}}
+        return RewrittenStep(out, train_op, init_op, loss, inputs, variables, p, feeds, self.g.source or "")
 
     def compute(self, t: int) -> None:
         p, g = self.p, self.g
@@ -332,11 +340,27 @@ class _Emitter:
         node.name, node.device = name, self.dev[d]
         del node.input[:]
         node.input.extend(data)
+        if node.op in FED_TYPES:
+            self._fed_placeholder(t, op, node)
+            return
         if node.op == "VarHandleOp":
             node.attr["shared_name"].s = name.encode()
         self._check_pinned(t, node, bufs)
         self.add(*rn.reseed_replica(node, t - int(p.op_task_ptr[op]), self.host[d]))
         self.add(node)
+
+    def _fed_placeholder(self, t: int, op: int, node) -> None:
+        """A placeholder that is not a batch input (a learning rate, keep_prob, is_training): the
+        script feeds it by its own name, so it is one node under that name, instance 0's (on its
+        device, with its default value's instance 0 when it has one); every instance, 0 too, is an
+        Identity of it on its own device, which the instance's readers read."""
+        g = self.g
+        original = g.names[op]
+        if t == int(self.p.op_task_ptr[op]):
+            node.name = original
+            self.add(node)
+        dtype = g.tensor_dtype[int(np.nonzero(g.tensor_op == op)[0][0])]
+        self.add(rn.identity(self.inst(t), node.device, original + ":0", dtype))
 
     def _check_pinned(self, t: int, node, bufs) -> None:
         """A resource input must be a handle instance on the op's own device."""

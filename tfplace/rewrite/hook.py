@@ -7,7 +7,8 @@
 
 `begin()` (called before the session exists) rewrites the default graph's training step with
 tfplace.rewrite.graph_rewrite, imports the result under the scope `tfplace_step/` with the script's
-placeholders mapped onto the rewritten graph's inputs (so the script's feeds feed it), and
+placeholders mapped onto the rewritten graph's (so the script's feeds feed it: the batch, and
+placeholders such as a learning rate or keep_prob, which every replica reads), and
 re-points the script's train op (`train_op=`, by default the op the script runs as
 tfplace.ir.step_roles finds it for a bare step): it must be a NoOp (`tf.group(...)`); its control inputs are
 replaced by the rewritten step's train op (and the global step's copy, below), so the original
@@ -84,7 +85,9 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         for v in graph.variables:  # the step's only: the rewrite cannot import reference variables
             _handle(g, v.name)
         self.step = rewrite_step(graph, self.strategy, self.cluster, init_op=init.name)
-        input_map = {spec.tensor: g.get_tensor_by_name(spec.tensor) for spec in self.step.inputs}
+        # the script's placeholders (the batch and the others: a fed learning rate, keep_prob)
+        fed = [spec.tensor for spec in self.step.inputs] + list(self.step.feeds)
+        input_map = {name: g.get_tensor_by_name(name) for name in fed}
         tf.graph_util.import_graph_def(self.step.graph_def, input_map=input_map, name=SCOPE)
         self.loss = g.get_tensor_by_name(f"{SCOPE}/{self.step.loss}") if self.step.loss else None
         self.variables = {k: g.get_tensor_by_name(f"{SCOPE}/{v[0]}") for k, v in self.step.variables.items()}

@@ -36,6 +36,19 @@ def random_feed(inputs, batch_size: int, seed: int) -> Dict[str, np.ndarray]:
     return feed
 
 
+def check_unfed(step) -> None:
+    """Raises InputError when `step` (a RewrittenStep) has a placeholder that is not a batch input
+    and has no default (a keep_prob, a learning rate): a run without the script's feeds (activate,
+    plan --confirm_real) cannot know its value."""
+    from tfplace.formats.errors import InputError
+    required = [name for name, must in getattr(step, "feeds", {}).items() if must]
+    if required:
+        raise InputError(getattr(step, "source", "") or "training step", "placeholders", f"{', '.join(repr(r[:-2]) for r in required)} must be fed and "
+                         "hold no batch: a run without your script's feeds cannot know their values",
+                         "give each a default (tf.compat.v1.placeholder_with_default(value, shape)) and export "
+                         "again, or run the strategy from your script with PlacementHook, which takes its feeds")
+
+
 def step_session_config(config=None, cluster=None):
     """The ConfigProto a rewritten step must run under: Grappler's meta optimizer off.
 
@@ -71,6 +84,7 @@ class StepRunner:
     with a ConfigProto)."""
 
     def __init__(self, cluster, step, config=None, timeout_s: Optional[float] = 300.0):
+        check_unfed(step)
         self.cluster, self.step_def, self.timeout_s = cluster, step, timeout_s
         self.graph = _import(step.graph_def)
         config = step_session_config(config, cluster)
