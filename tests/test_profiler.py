@@ -372,3 +372,22 @@ def test_a_profile_of_another_graph_is_noted(profiled, applied, noted):
     assert bool(note) == noted, note
     if noted:
         assert note.startswith(f"note: the profile p.json was measured on graph {profile.graph!r}")
+
+
+def test_a_placeholder_the_batch_feed_cannot_fill_is_refused_before_measuring():
+    """The profiler feeds the batch only: a required keep_prob is one InputError naming it and
+    the fix (was TensorFlow's 'You must feed a value for placeholder tensor' traceback)."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as g:
+        x = v1.placeholder(tf.float32, [None, 4], name="x")
+        keep = v1.placeholder(tf.float32, [], name="keep_prob")
+        w = v1.get_variable("w", [4, 2], use_resource=True)
+        loss = tf.reduce_mean(tf.nn.dropout(tf.matmul(x, w), rate=1.0 - keep), name="loss")
+        v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+        v1.global_variables_initializer()  # the op "init"
+    meta = {"sink": "train", "init_op": "init", "loss": "loss",
+            "inputs": [{"name": "x", "dtype": "float32", "shape": [-1, 4], "batch_axis": 0}]}
+    with pytest.raises(InputError, match=r"step.pb: placeholders: 'keep_prob' must be fed.*placeholder_with_default"):
+        profiler.profile_graph(g.as_graph_def(), meta, profiler.ProfileOptions(batch_sizes=(2,), repeats=1, warmup=0),
+                               source="step.pb")

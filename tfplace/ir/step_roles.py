@@ -35,6 +35,16 @@ from tfplace.formats.errors import InputError
 from tfplace.ir.roles import VARIABLE_WRITER
 from tfplace.ir.shapes import shape_attr_dims
 
+
+def unfed_placeholders_error(source: str, names: Sequence[str]) -> InputError:
+    """The error of a run that feeds only the batch (activate, profile, plan --confirm_real) on a
+    step with placeholders `names` that are not batch inputs and have no default."""
+    return InputError(source or "training step", "placeholders",
+                      f"{', '.join(repr(n) for n in names)} must be fed and hold no batch: a run without your "
+                      "script's feeds cannot know their values",
+                      "give each a default (tf.compat.v1.placeholder_with_default(value, shape)) and export again, "
+                      "or run the strategy from your script with PlacementHook, which takes its feeds")
+
 INIT_OP = "tfplace_init"
 TRAIN_OP = "tfplace_train_op"
 _PLACEHOLDERS = ("Placeholder", "PlaceholderV2")

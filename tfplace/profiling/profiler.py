@@ -442,6 +442,10 @@ def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, n
     step_ops = step_op_names(graph_def, fetches)
     op_types = {n.name: n.op for n in graph_def.node}
     fed = {i["name"] for i in meta["inputs"]}
+    unfed = [n for n in step_ops if op_types.get(n) == "Placeholder" and n not in fed]
+    if unfed:  # the profiler feeds the batch only
+        from tfplace.ir.step_roles import unfed_placeholders_error
+        raise unfed_placeholders_error(source, unfed)
     gd = _unbatched(graph_def, meta["inputs"])
     graph = tf.Graph()
     with graph.as_default(), tf.device(options.device):

@@ -40,13 +40,10 @@ def check_unfed(step) -> None:
     """Raises InputError when `step` (a RewrittenStep) has a placeholder that is not a batch input
     and has no default (a keep_prob, a learning rate): a run without the script's feeds (activate,
     plan --confirm_real) cannot know its value."""
-    from tfplace.formats.errors import InputError
-    required = [name for name, must in getattr(step, "feeds", {}).items() if must]
+    from tfplace.ir.step_roles import unfed_placeholders_error
+    required = [name[:-len(":0")] for name, must in getattr(step, "feeds", {}).items() if must]
     if required:
-        raise InputError(getattr(step, "source", "") or "training step", "placeholders", f"{', '.join(repr(r[:-2]) for r in required)} must be fed and "
-                         "hold no batch: a run without your script's feeds cannot know their values",
-                         "give each a default (tf.compat.v1.placeholder_with_default(value, shape)) and export "
-                         "again, or run the strategy from your script with PlacementHook, which takes its feeds")
+        raise unfed_placeholders_error(getattr(step, "source", ""), required)
 
 
 def step_session_config(config=None, cluster=None):
