@@ -192,6 +192,40 @@ def test_a_run_without_the_scripts_feeds_refuses_a_placeholder_it_cannot_fill():
         StepRunner("grpc://localhost:1", step)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("loss_op", ["Identity", "Mean", "Sum"])
+def test_an_unchanged_loop_that_fetches_its_own_loss_sees_the_steps_loss(local_cluster, loss_op):
+    """The script's loss tensor reads the rewritten step's global loss (it computed a second
+    forward pass on the script's stale variables: the same number every step); fetching another
+    tensor of the script's step (an accuracy) warns once."""
+    import tensorflow as tf
+    from tfplace.rewrite.hook import PlacementHook
+    v1 = tf.compat.v1
+    strategy = os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json")
+    cluster = os.path.join(ROOT, "clusters", "local_cpu.json")
+    fx, fy = _feeds()[0]
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float32, [None, 16], name="features")
+        y = v1.placeholder(tf.int32, [None], name="labels")
+        logits = v1.layers.dense(x, 4, name="dense_0", kernel_initializer=v1.glorot_uniform_initializer(seed=1))
+        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+        loss = {"Identity": lambda: tf.identity(tf.reduce_mean(ce), name="loss"),
+                "Mean": lambda: tf.reduce_mean(ce, name="loss"),
+                "Sum": lambda: tf.reduce_sum(ce, name="loss")}[loss_op]()
+        assert loss.op.type == loss_op
+        accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), y), tf.float32))
+        rate = 0.5 / (BATCH if loss_op == "Sum" else 1)  # a summed loss's gradient is BATCH times larger
+        train_op = tf.group(v1.train.GradientDescentOptimizer(rate).minimize(loss), name="train_op")
+        hook = PlacementHook(strategy, cluster, train_op, loss)
+        with v1.train.MonitoredTrainingSession(master=local_cluster.target, hooks=[hook],
+                                               config=hook.session_config(local_cluster.session_config())) as sess:
+            seen = [sess.run([train_op, loss, hook.loss], feed_dict={x: fx, y: fy})[1:] for _ in range(3)]
+            with pytest.warns(UserWarning, match="computed from the script's variables"):
+                sess.run([train_op, accuracy], feed_dict={x: fx, y: fy})
+    mine, theirs = np.array(seen).T
+    assert np.array_equal(mine, theirs) and mine[0] > mine[1] > mine[2], seen  # the same batch: it falls
+
+
 @pytest.mark.parametrize("feed_rows, label_rows, says", [
     (16, 16, None),
     (8, 8, "features:0: holds 8 samples on axis 0"),     # would train on rows that are not there

@@ -30,12 +30,16 @@ global step included):
   - the global step is copied back after every step (one scalar), as part of the re-pointed
     train op: StopAtStepHook, CheckpointSaverHook and the script read it every step.
 
-`hook.loss` is the global loss tensor of the rewritten step; `hook.variables` maps variable
-names to their mirror-0 read tensors.
+`hook.loss` is the global loss tensor of the rewritten step, and the script's own loss tensor
+reads it (an Identity, Mean or Sum loss: `_alias_script_loss`), so an unchanged loop that fetches
+its loss sees the step's; other tensors of the script's step (an accuracy) read its variables and
+are warned about once when fetched. `hook.variables` maps variable names to their mirror-0 read
+tensors.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -57,6 +61,7 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         self.variables = {}
         self.copy_op = self.sync_op = self.saver = None
         self._live_session = None  # the session whose replicas hold the trained state
+        self._stale_vars, self._stale, self._warned = set(), {}, set()  # stale variables, op -> reads them, warned
 
     def session_config(self, base=None):
         """The ConfigProto to create the session with: a copy of `base` (e.g. the cluster's) with
@@ -93,8 +98,36 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         self.variables = {k: g.get_tensor_by_name(f"{SCOPE}/{v[0]}") for k, v in self.step.variables.items()}
         self._state_ops(g)
         self._repoint(g, train_op)
+        self._alias_script_loss(g, loss)
+        step_var = tf.compat.v1.train.get_global_step(g)
+        # variables whose script copy holds the last saved values (the global step is kept current)
+        self._stale_vars = set(self.step.variables) - ({step_var.op.name} if step_var is not None else set())
+        self._stale, self._warned = {}, set()
         self.saver = _SyncingSaver(self._sync_before_save, sharded=True, allow_empty=True)  # as the Scaffold's
         tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, self.saver)
+
+    def _alias_script_loss(self, g, loss_name) -> Optional[str]:
+        """Makes the script's loss tensor read the rewritten step's global loss, so that a loop
+        that fetches its own `loss` sees the loss of the step it runs (it would otherwise compute
+        a second forward pass on the script's variables, which hold the last saved values). An
+        Identity takes the global loss; a Mean or Sum (tf.reduce_mean(..., name="loss")) takes it
+        reshaped to its input's rank, whose reduction is then the value itself. Returns the op's
+        name, or None for other ops (fetching them is warned about in before_run)."""
+        if self.loss is None or not loss_name:
+            return None
+        op = g.get_tensor_by_name(loss_name if ":" in loss_name else loss_name + ":0").op
+        if op.outputs[0].shape.rank != 0 or op.outputs[0].dtype != self.loss.dtype:
+            return None
+        if op.type in ("Identity", "StopGradient"):
+            op._update_input(0, self.loss)  # noqa: SLF001 (no public API rewires an op's input)
+            return op.name
+        rank = op.inputs[0].shape.rank if op.type in ("Mean", "Sum") else None
+        if rank is None:
+            return None
+        with g.name_scope("tfplace_loss_alias"):
+            value = tf.reshape(self.loss, [1] * rank)
+        op._update_input(0, value)  # noqa: SLF001
+        return op.name
 
     def _state_ops(self, g) -> None:
         """copy_op: every script variable into all its replicas; sync_op: replica 0 into the script's
@@ -145,7 +178,46 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         so a smaller feed would train on rows that are not there and a larger one would leave
         rows out, silently). Raises InputError (a ValueError) naming the placeholder."""
         check_feed_batches(self.step.inputs, run_context.original_args.feed_dict, self.strategy)
+        self._warn_stale(run_context.original_args.fetches)
         return None
+
+    def _reads_stale(self, op) -> bool:
+        """Whether `op` reads one of the script's trained variables (other than through the
+        rewritten step's scope); cached per op."""
+        todo, seen, found = [op], set(), False
+        while todo and not found:
+            o = todo.pop()
+            if o.name in seen or o.name.startswith(SCOPE + "/"):
+                continue
+            seen.add(o.name)
+            if o.name in self._stale:
+                found = self._stale[o.name]
+                continue
+            found = o.type in ("VarHandleOp", "VariableV2") and o.name in self._stale_vars
+            todo.extend(t.op for t in o.inputs)
+        self._stale[op.name] = found
+        return found
+
+    def _warn_stale(self, fetches) -> None:
+        """Warns once per tensor when the run fetches one computed from the script's trained
+        variables (an accuracy, a loss the hook could not alias): they hold the last saved values,
+        not the trained replicas."""
+        g = tf.compat.v1.get_default_graph()
+        for item in tf.nest.flatten(fetches):
+            op = getattr(item, "op", item)
+            if isinstance(op, str):
+                try:
+                    op = g.as_graph_element(op).op if ":" in op else g.get_operation_by_name(op.lstrip("^"))
+                except (KeyError, ValueError):
+                    continue
+            if not isinstance(op, tf.Operation) or op.type == "NoOp":
+                continue  # the train op (re-pointed) or a group
+            name = op.name
+            if name not in self._warned and self._reads_stale(op):
+                self._warned.add(name)
+                warnings.warn(f"PlacementHook: {name!r} is computed from the script's variables, which hold the values "
+                              "of the last checkpoint save, not the trained replicas; fetch hook.loss, or compute it "
+                              "from hook.variables", stacklevel=2)
 
     def _sync_before_save(self, session) -> None:
         """Until the hook has copied a session's state into the replicas (MonitoredTrainingSession's
