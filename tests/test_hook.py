@@ -188,7 +188,8 @@ def test_a_run_without_the_scripts_feeds_refuses_a_placeholder_it_cannot_fill():
     assert dict(step.feeds) == {"learning_rate:0": True, "scale:0": False}
     names = [n.name for n in step.graph_def.node]
     assert names.count("learning_rate") == 1 and "learning_rate/replica_1" in names  # one fed node, per-replica reads
-    with pytest.raises(InputError, match=r"script.pb: placeholders: 'learning_rate' must be fed.*placeholder_with_default"):
+    with pytest.raises(InputError, match=r"script.pb: placeholders: 'learning_rate' must be fed.*"
+                                         r"placeholder_with_default"):
         StepRunner("grpc://localhost:1", step)
 
 
