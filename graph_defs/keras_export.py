@@ -128,7 +128,9 @@ def export_keras(model_fn, loss, optimizer="sgd", *, batch_size, input_shapes, o
     Returns:
       The path of `<out_dir>/<name>_b<batch>_<optimizer>.json`.
     Raises:
-      InputError for bad arguments; ValueError from the build (e.g. a variable without gradient).
+      InputError for bad arguments; UnsupportedGraphError for a step no command can load (a loop,
+      e.g. a Keras RNN without unroll=True); ValueError from the build (e.g. a variable without
+      gradient).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise InputError("export_keras", "batch_size", f"must be a positive integer, got {batch_size!r}", "pass e.g. 32")
@@ -155,6 +157,8 @@ def export_keras(model_fn, loss, optimizer="sgd", *, batch_size, input_shapes, o
         raise InputError("export_keras", "out_dir", f"{out_dir!r} cannot be made ({err.strerror or err})",
                          "give a folder this process may write") from None
 
+    from tfplace.ir.loader import check_placeable
+
     from . import models
     from .models import _train
     from .export import quiet_tf_warnings
@@ -164,6 +168,7 @@ def export_keras(model_fn, loss, optimizer="sgd", *, batch_size, input_shapes, o
     build = make_build(model_fn, loss, shapes, tuple(label_shape), label_dtype)
     with quiet_tf_warnings():
         graph_def, info = _train.build_train_graph(build, cfg, optimizer, float(learning_rate), seed)
+    check_placeable(graph_def, [_train.SINK, _train.INIT_OP, _train.LOSS], "export_keras")  # as every command will
     graph_def = bundle.with_batch_size(graph_def, info["inputs"], batch_size)
     meta = {
         "format": bundle.FORMAT_NAME, "version": bundle.FORMAT_VERSION, "model": name,

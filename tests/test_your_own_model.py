@@ -472,3 +472,25 @@ def test_export_keras_takes_one_hot_labels_when_told(tmp_path):
     path = export_keras(_small_keras_model, "categorical_crossentropy", batch_size=4, input_shapes=[(8,)],
                         out_dir=str(tmp_path), name="small", label_shape=(3,), label_dtype="float32")
     assert read_bundle(path)[1]["inputs"][-1]["shape"] == [-1, 3]
+
+
+def _lstm_model(unroll):
+    x = tf.keras.Input((9, 6))
+    return tf.keras.Model(x, tf.keras.layers.Dense(3)(tf.keras.layers.LSTM(8, unroll=unroll)(x)))
+
+
+@pytest.mark.parametrize("unroll", [False, True])
+def test_export_keras_refuses_a_loop_as_every_command_would(tmp_path, unroll):
+    from tfplace.formats.errors import UnsupportedGraphError
+    from tfplace.graph_defs import export_keras
+
+    def export():
+        return export_keras(lambda: _lstm_model(unroll), "sparse_categorical_crossentropy", batch_size=4,
+                            input_shapes=[(9, 6)], out_dir=str(tmp_path), name="lstm")
+    if unroll:
+        assert load_op_graph(export()).reference_batch_size == 4
+        return
+    with pytest.raises(UnsupportedGraphError) as info:
+        export()
+    assert info.value.source == "export_keras" and "contains a loop (" in info.value.problem
+    assert "unroll=True for Keras RNNs" in info.value.fix and not list(tmp_path.glob("lstm*"))
