@@ -101,6 +101,25 @@ class _Retype(Exception):
         self.dtypes = dtypes
 
 
+def _check_inputs(model, specs, field):
+    """Refuses `specs` [(name, shape, dtype or None, max_value)] that do not fit the Keras inputs
+    `model.inputs` declares (none for a subclassed or an unbuilt Sequential model: nothing to check)."""
+    declared = getattr(model, "inputs", None) or []
+    if not declared:
+        return
+    want = [tuple(t.shape[1:]) for t in declared]
+    example = [tuple(d if d is not None else 1 for d in s) for s in want]
+    anything = " (None: any length)" if any(d is None for s in want for d in s) else ""
+    if len(declared) != len(specs):
+        raise InputError("export_keras", field, f"gives {len(specs)} input(s), the model takes {len(declared)} of "
+                         f"shapes {want}{anything}", f"give one entry per model input, in its input order, "
+                         f"with the shapes {example}")
+    for i, ((_, shape, _, _), need) in enumerate(zip(specs, want)):
+        if len(shape) != len(need) or any(n is not None and n != d for d, n in zip(shape, need)):
+            raise InputError("export_keras", f"{field}[{i}]", f"is {shape}, the model's input {i} is {need}"
+                             f"{anything}", f"give {example[i]} (without the batch axis)")
+
+
 def _keras_int_dtypes(model, specs):
     """{input index: dtype name} of the inputs `specs` leave undeclared (dtype None) whose
     tf.keras.Input in `model` declares an integer dtype."""
@@ -164,12 +183,22 @@ def make_build(model_fn, loss, input_specs, label_shape=(), label_dtype="int32",
         placeholders = [inputs.add(name, dtype or tf.float32, [None, *shape], max_value=max_value)
                         for name, shape, dtype, max_value in input_specs]
         model = model_fn()
+        _check_inputs(model, input_specs, field)
         retype = _keras_int_dtypes(model, input_specs)
         if retype:
             raise _Retype(retype)
-        outputs = model(placeholders if len(placeholders) > 1 else placeholders[0], training=True)
-        if isinstance(outputs, (list, tuple)):
-            raise ValueError("the model has several outputs; wrap it so that it returns one tensor")
+        try:
+            outputs = model(placeholders if len(placeholders) > 1 else placeholders[0], training=True)
+        except ValueError as err:  # a model without declared inputs (subclassed, Sequential) whose call fails
+            raise InputError("export_keras", field, f"is {[s[1] for s in input_specs]}, which the model refuses "
+                             f"({str(err).splitlines()[0][:200]})", "give the shapes the model takes, one per "
+                             "input, without the batch axis") from None
+        if not isinstance(outputs, tf.Tensor):
+            count = len(outputs) if isinstance(outputs, (list, tuple, dict)) else type(outputs).__name__
+            raise InputError("export_keras", "model_fn", f"builds a model with {count} outputs; the training step "
+                             "takes one loss of one output", "wrap it so that it returns one tensor, e.g. "
+                             "tf.keras.Model(m.inputs, m.outputs[0]), or export a step that sums the losses with "
+                             "export_train_step")
         _bound_ids(input_specs, placeholders, inputs.specs, field)
         max_value = int(outputs.shape[-1]) if tf.as_dtype(label_dtype).is_integer and outputs.shape[-1] else None
         labels = inputs.add(LABELS, label_dtype, [None, *label_shape], max_value=max_value)
@@ -200,9 +229,10 @@ def export_keras(model_fn, loss, optimizer="sgd", *, batch_size, out_dir, name, 
     Returns:
       The path of `<out_dir>/<name>_b<batch>_<optimizer>.json`.
     Raises:
-      InputError for bad arguments (e.g. a float input that feeds an embedding lookup);
-      UnsupportedGraphError for a step no command can load (a loop, e.g. a Keras RNN without
-      unroll=True); ValueError from the build (e.g. a variable without gradient).
+      InputError for bad arguments: inputs that do not fit the model, a float input that feeds an
+      embedding lookup, a model with several outputs; UnsupportedGraphError for a step no command
+      can load (a loop, e.g. a Keras RNN without unroll=True); ValueError from the build (e.g. a
+      variable without gradient).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise InputError("export_keras", "batch_size", f"must be a positive integer, got {batch_size!r}", "pass e.g. 32")

@@ -536,6 +536,41 @@ def test_export_keras_refuses_ids_it_would_feed_out_of_range(tmp_path, inputs, f
     assert not list(tmp_path.glob("embed*"))
 
 
+def _two_input_model():
+    """img [N, 7, 5, 3] and vec [N, 11] -> Dense(3) logits."""
+    img, vec = tf.keras.Input((7, 5, 3)), tf.keras.Input((11,))
+    h = tf.keras.layers.Concatenate()([tf.keras.layers.GlobalAveragePooling2D()(img), vec])
+    return tf.keras.Model([img, vec], tf.keras.layers.Dense(3)(h))
+
+
+def _two_output_model():
+    x = tf.keras.Input((5,))
+    return tf.keras.Model(x, [tf.keras.layers.Dense(3)(x), tf.keras.layers.Dense(2)(x)])
+
+
+def _reshape_model():
+    """A Sequential without declared inputs: only its call can refuse a shape."""
+    return tf.keras.Sequential([tf.keras.layers.Reshape((4, 2)), tf.keras.layers.Dense(3)])
+
+
+@pytest.mark.parametrize("model_fn, shapes, field, says", [
+    (_two_input_model, [(7, 5, 4), (11,)], "input_shapes[0]", "is (7, 5, 4), the model's input 0 is (7, 5, 3)"),
+    (_two_input_model, [(7, 5, 3), (11, 1)], "input_shapes[1]", "give (11,)"),
+    (_two_input_model, [(7, 5, 3)], "input_shapes", "gives 1 input(s), the model takes 2"),
+    (_two_input_model, [(7, 5, 3), (11,), (2,)], "input_shapes", "with the shapes [(7, 5, 3), (11,)]"),
+    (_reshape_model, [(7,)], "input_shapes", "which the model refuses (total size of new array"),
+    (_two_output_model, [(5,)], "model_fn", "with 2 outputs"),
+])
+def test_export_keras_names_inputs_and_outputs_that_do_not_fit_the_model(tmp_path, model_fn, shapes, field, says):
+    from tfplace.graph_defs import export_keras
+
+    with pytest.raises(InputError) as info:
+        export_keras(model_fn, "sparse_categorical_crossentropy", batch_size=4, input_shapes=shapes,
+                     out_dir=str(tmp_path), name="small")
+    assert (info.value.source, info.value.field) == ("export_keras", field) and says in str(info.value), info.value
+    assert not list(tmp_path.glob("small*"))
+
+
 def _lstm_model(unroll):
     x = tf.keras.Input((9, 6))
     return tf.keras.Model(x, tf.keras.layers.Dense(3)(tf.keras.layers.LSTM(8, unroll=unroll)(x)))
