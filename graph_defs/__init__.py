@@ -7,8 +7,8 @@ Public API:
   read_bundle(meta_path) -> (GraphDef, meta dict);  write_bundle(out_dir, stem, graph_def, meta)
   with_batch_size(graph_def, meta['inputs'], batch) -> GraphDef re-shaped to another batch
   model_names(tiny_only=False), MODELS (name -> ModelSpec), ZOO_DIR, MANIFEST_PATH
-  export_keras(model_fn, loss, optimizer, *, batch_size, input_shapes, out_dir, name) -> .json path
-    of your own Keras model's training step (keras_export.py; docs/your_own_model.md)
+  export_keras(model_fn, loss, optimizer, *, batch_size, input_shapes | input_specs, out_dir, name)
+    -> .json path of your own Keras model's training step (keras_export.py; docs/your_own_model.md)
   import_step(path, *, train_ops, loss, loss_reduction, inputs, batch_size) -> .json path of a
     bare training step (.pb/.pbtxt/.meta), roles inferred (user_step.py)
 Importing this package does not import TensorFlow; exporting and read_bundle do.

@@ -14,8 +14,10 @@ The model is one more zoo family: `build()` below wraps it, and the zoo's own pa
 then bundle.with_batch_size and bundle.write_bundle) makes the step. So the bundle has exactly the
 zoo's layout and every command reads it like a zoo bundle.
 
-Inputs: `input_0`, `input_1`, ... float32 [N, *shape] (one per entry of `input_shapes`, in the
-model's input order) and `labels` [N, *label_shape] of `label_dtype`; integer labels get
+Inputs: `input_0`, `input_1`, ... [N, *shape] (one per entry of `input_shapes` or `input_specs`, in
+the model's input order; float32 unless `input_specs` or the model's own `tf.keras.Input` declares
+an integer dtype; integer inputs that feed embedding lookups get `max_value` = the table's rows
+unless declared) and `labels` [N, *label_shape] of `label_dtype`; integer labels get
 `max_value` = the model output's last dimension (class ids the runtime feeds at random).
 Loss: `loss(labels, outputs)` per example (a Keras loss object's unreduced `call`, a name such as
 "sparse_categorical_crossentropy", or a function), averaged over any axes after the batch and
@@ -91,19 +93,113 @@ def _per_example(loss, labels, outputs):
     return tf.reduce_mean(value, axis=list(range(1, value.shape.rank))) if value.shape.rank > 1 else value
 
 
-def make_build(model_fn, loss, input_shapes, label_shape=(), label_dtype="int32"):
-    """A zoo family `build(cfg, inputs) -> Built` that wraps `model_fn()` (see the module docstring)."""
+class _Retype(Exception):
+    """The model's own Input declares integer dtypes the placeholders lack: {input index: dtype}."""
+
+    def __init__(self, dtypes):
+        super().__init__(dtypes)
+        self.dtypes = dtypes
+
+
+def _check_inputs(model, specs, field):
+    """Refuses `specs` [(name, shape, dtype or None, max_value)] that do not fit the Keras inputs
+    `model.inputs` declares (none for a subclassed or an unbuilt Sequential model: nothing to check)."""
+    declared = getattr(model, "inputs", None) or []
+    if not declared:
+        return
+    want = [tuple(t.shape[1:]) for t in declared]
+    example = [tuple(d if d is not None else 1 for d in s) for s in want]
+    anything = " (None: any length)" if any(d is None for s in want for d in s) else ""
+    if len(declared) != len(specs):
+        raise InputError("export_keras", field, f"gives {len(specs)} input(s), the model takes {len(declared)} of "
+                         f"shapes {want}{anything}", f"give one entry per model input, in its input order, "
+                         f"with the shapes {example}")
+    for i, ((_, shape, _, _), need) in enumerate(zip(specs, want)):
+        if len(shape) != len(need) or any(n is not None and n != d for d, n in zip(shape, need)):
+            raise InputError("export_keras", f"{field}[{i}]", f"is {shape}, the model's input {i} is {need}"
+                             f"{anything}", f"give {example[i]} (without the batch axis)")
+
+
+def _keras_int_dtypes(model, specs):
+    """{input index: dtype name} of the inputs `specs` leave undeclared (dtype None) whose
+    tf.keras.Input in `model` declares an integer dtype."""
+    declared = getattr(model, "inputs", None) or []
+    return {i: t.dtype.name for i, (t, spec) in enumerate(zip(declared, specs))
+            if spec[2] is None and t.dtype.is_integer}
+
+
+def _lookup_rows(tensor):
+    """[(table op name, rows)] of the gathers (embedding lookups) that take `tensor`, or a cast of
+    it, as their indices: valid values are in [0, rows)."""
+    import tensorflow as tf
+
+    found, stack = [], [tensor]
+    while stack:
+        t = stack.pop()
+        for op in t.consumers():
+            if op.type in ("Cast", "Identity"):
+                stack.extend(op.outputs)
+            elif op.type in ("ResourceGather", "GatherV2") and op.inputs[1] is t:
+                table = op.inputs[0]
+                shape = (tf.TensorShape(table.op.get_attr("shape")) if op.type == "ResourceGather"
+                         and table.op.type == "VarHandleOp" else table.shape)  # a resource handle has no shape
+                if shape.rank and shape[0] is not None:
+                    found.append((table.op.name, int(shape[0])))
+    return found
+
+
+def _bound_ids(specs, placeholders, recorded, field):
+    """Sets `max_value` of integer inputs that feed embedding lookups to the smallest table's rows
+    (in `recorded`, the Inputs' spec dicts), and refuses float inputs that feed lookups (the
+    runtime would feed them N(0, 1) values, negative ids) and bounds past a table's rows."""
+    for i, ((_, shape, _, max_value), tensor, spec) in enumerate(zip(specs, placeholders, recorded)):
+        rows = _lookup_rows(tensor)
+        if not rows:
+            continue
+        table, bound = min(rows, key=lambda r: r[1])
+        if not tensor.dtype.is_integer:
+            raise InputError("export_keras", f"{field}[{i}]", f"is a {tensor.dtype.name} input, but its values are "
+                             f"the ids of the {bound}-row table {table!r}, and float inputs are fed at random",
+                             f"declare it as ids with input_specs=[..., ({shape}, 'int32', {bound}), ...] (or "
+                             "tf.keras.Input(..., dtype='int32') in the model)")
+        if max_value is not None and max_value > bound:
+            raise InputError("export_keras", f"input_specs[{i}]", f"has max_value {max_value}, past the {bound} rows "
+                             f"of the table {table!r} it indexes", f"give max_value <= {bound}")
+        spec.setdefault("max_value", bound)
+
+
+def make_build(model_fn, loss, input_specs, label_shape=(), label_dtype="int32", field="input_shapes"):
+    """A zoo family `build(cfg, inputs) -> Built` that wraps `model_fn()` (see the module docstring).
+
+    input_specs: [(name, shape without the batch axis, dtype or None, max_value or None)]; dtype
+    None is float32 unless the model's Input declares an integer dtype (then _Retype is raised:
+    build again with it). `field` names the argument the specs came from in errors."""
     import tensorflow as tf
 
     from .models._train import Built, keras_updates
 
     def build(cfg, inputs):
         del cfg
-        placeholders = [inputs.add(f"input_{i}", tf.float32, [None, *shape]) for i, shape in enumerate(input_shapes)]
+        placeholders = [inputs.add(name, dtype or tf.float32, [None, *shape], max_value=max_value)
+                        for name, shape, dtype, max_value in input_specs]
         model = model_fn()
-        outputs = model(placeholders if len(placeholders) > 1 else placeholders[0], training=True)
-        if isinstance(outputs, (list, tuple)):
-            raise ValueError("the model has several outputs; wrap it so that it returns one tensor")
+        _check_inputs(model, input_specs, field)
+        retype = _keras_int_dtypes(model, input_specs)
+        if retype:
+            raise _Retype(retype)
+        try:
+            outputs = model(placeholders if len(placeholders) > 1 else placeholders[0], training=True)
+        except ValueError as err:  # a model without declared inputs (subclassed, Sequential) whose call fails
+            raise InputError("export_keras", field, f"is {[s[1] for s in input_specs]}, which the model refuses "
+                             f"({str(err).splitlines()[0][:200]})", "give the shapes the model takes, one per "
+                             "input, without the batch axis") from None
+        if not isinstance(outputs, tf.Tensor):
+            count = len(outputs) if isinstance(outputs, (list, tuple, dict)) else type(outputs).__name__
+            raise InputError("export_keras", "model_fn", f"builds a model with {count} outputs; the training step "
+                             "takes one loss of one output", "wrap it so that it returns one tensor, e.g. "
+                             "tf.keras.Model(m.inputs, m.outputs[0]), or export a step that sums the losses with "
+                             "export_train_step")
+        _bound_ids(input_specs, placeholders, inputs.specs, field)
         max_value = int(outputs.shape[-1]) if tf.as_dtype(label_dtype).is_integer and outputs.shape[-1] else None
         labels = inputs.add(LABELS, label_dtype, [None, *label_shape], max_value=max_value)
         per_example = _per_example(loss, labels, outputs)
@@ -112,8 +208,8 @@ def make_build(model_fn, loss, input_shapes, label_shape=(), label_dtype="int32"
     return build
 
 
-def export_keras(model_fn, loss, optimizer="sgd", *, batch_size, input_shapes, out_dir, name,
-                 learning_rate=0.01, label_shape=(), label_dtype="int32", seed=0):
+def export_keras(model_fn, loss, optimizer="sgd", *, batch_size, out_dir, name, input_shapes=None,
+                 input_specs=None, learning_rate=0.01, label_shape=(), label_dtype="int32", seed=0):
     """Builds the training step of the Keras model `model_fn()` and writes its bundle.
 
     Args:
@@ -122,22 +218,27 @@ def export_keras(model_fn, loss, optimizer="sgd", *, batch_size, input_shapes, o
       loss: a Keras loss object, a Keras loss name, or `fn(labels, outputs) -> [N, ...]`.
       optimizer: "sgd", "momentum" (0.9) or "adam" (tf.compat.v1.train optimizers).
       batch_size: global batch size the bundle is shaped at (> 0; re-shaped on demand later).
-      input_shapes: one shape per model input, without the batch axis, e.g. [(32, 32, 3)].
+      input_shapes: one shape per model input, without the batch axis, e.g. [(32, 32, 3)]; each
+        input is float32, or the integer dtype the model's `tf.keras.Input` declares.
+      input_specs: instead of input_shapes, one `(shape, dtype)` or `(shape, dtype, max_value)` per
+        model input, as export_train_step takes them, e.g. [((10,), "int32", 50)] for 10 token ids
+        of a 50-row Embedding. An integer input that feeds embedding lookups gets `max_value` = the
+        smallest table's rows unless given; the runtime feeds integers in [0, max_value).
       out_dir: folder of the bundle (created); name: its stem prefix and `model`.
       label_shape, label_dtype: the labels without the batch axis (default: class ids, int32).
     Returns:
       The path of `<out_dir>/<name>_b<batch>_<optimizer>.json`.
     Raises:
-      InputError for bad arguments; ValueError from the build (e.g. a variable without gradient).
+      InputError for bad arguments: inputs that do not fit the model, a float input that feeds an
+      embedding lookup, a model with several outputs; UnsupportedGraphError for a step no command
+      can load (a loop, e.g. a Keras RNN without unroll=True); ValueError from the build (e.g. a
+      variable without gradient).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise InputError("export_keras", "batch_size", f"must be a positive integer, got {batch_size!r}", "pass e.g. 32")
     if optimizer not in bundle.OPTIMIZERS:
         raise InputError("export_keras", "optimizer", f"is {optimizer!r}", f"use one of {list(bundle.OPTIMIZERS)}")
-    shapes = [tuple(int(d) for d in s) for s in input_shapes]
-    if not shapes or any(not s for s in shapes):
-        raise InputError("export_keras", "input_shapes", f"is {input_shapes!r}",
-                         "give one shape per model input without the batch axis, e.g. [(32, 32, 3)]")
+    specs, field = _keras_input_specs(input_shapes, input_specs)
     if not name or os.sep in name:
         raise InputError("export_keras", "name", f"is {name!r}", "give a file stem such as 'densenet121'")
     if not (isinstance(loss, str) or callable(loss)):
@@ -155,15 +256,26 @@ def export_keras(model_fn, loss, optimizer="sgd", *, batch_size, input_shapes, o
         raise InputError("export_keras", "out_dir", f"{out_dir!r} cannot be made ({err.strerror or err})",
                          "give a folder this process may write") from None
 
+    from tfplace.ir.loader import check_placeable
+
     from . import models
     from .models import _train
     from .export import quiet_tf_warnings
 
+    shapes = [s[1] for s in specs]
     image = shapes[0][0] if len(shapes) == 1 and len(shapes[0]) == 3 and shapes[0][0] == shapes[0][1] else None
     cfg = models.ModelConfig(name, image, None, None, None, None)
-    build = make_build(model_fn, loss, shapes, tuple(label_shape), label_dtype)
     with quiet_tf_warnings():
-        graph_def, info = _train.build_train_graph(build, cfg, optimizer, float(learning_rate), seed)
+        try:
+            graph_def, info = _train.build_train_graph(
+                make_build(model_fn, loss, specs, tuple(label_shape), label_dtype, field), cfg, optimizer,
+                float(learning_rate), seed)
+        except _Retype as retype:  # built again with the integer dtypes of the model's own Input
+            specs = [(n, s, retype.dtypes.get(i, dtype), m) for i, (n, s, dtype, m) in enumerate(specs)]
+            graph_def, info = _train.build_train_graph(
+                make_build(model_fn, loss, specs, tuple(label_shape), label_dtype, field), cfg, optimizer,
+                float(learning_rate), seed)
+    check_placeable(graph_def, [_train.SINK, _train.INIT_OP, _train.LOSS], "export_keras")  # as every command will
     graph_def = bundle.with_batch_size(graph_def, info["inputs"], batch_size)
     meta = {
         "format": bundle.FORMAT_NAME, "version": bundle.FORMAT_VERSION, "model": name,
@@ -177,12 +289,32 @@ def export_keras(model_fn, loss, optimizer="sgd", *, batch_size, input_shapes, o
     return bundle.write_bundle(out_dir, f"{name}_b{batch_size}_{optimizer}", graph_def, meta)
 
 
+def _keras_input_specs(input_shapes, input_specs):
+    """([(name, shape, dtype or None, max_value or None)], the argument they came from) of
+    export_keras's input_shapes or input_specs (exactly one of them)."""
+    if (input_shapes is None) == (input_specs is None):
+        raise InputError("export_keras", "input_shapes", "and input_specs are both given" if input_shapes is not None
+                         else "is missing", "give one of them: input_shapes=[(32, 32, 3)], or input_specs="
+                         "[((10,), 'int32', 50)] to declare dtypes and integer ranges")
+    if input_specs is not None:
+        return _input_specs(input_specs, "export_keras"), "input_specs"
+    try:
+        shapes = [tuple(int(d) for d in s) for s in input_shapes]
+    except (TypeError, ValueError):
+        shapes = []
+    if not shapes or any(not s for s in shapes):
+        raise InputError("export_keras", "input_shapes", f"is {input_shapes!r}",
+                         "give one shape per model input without the batch axis, e.g. [(32, 32, 3)]")
+    return [(f"input_{i}", s, None, None) for i, s in enumerate(shapes)], "input_shapes"
+
+
 # ---- a TF2-style tf.function training step ---------------------------------------------------
 _CALLS = ("PartitionedCall", "StatefulPartitionedCall")
 
 
-def _input_specs(input_specs):
-    """[(name, shape, dtype, max_value or None)] from `input_specs`' (shape, dtype[, max_value])."""
+def _input_specs(input_specs, source="export_train_step"):
+    """[(name, shape, dtype, max_value or None)] from `input_specs`' (shape, dtype[, max_value]);
+    `source` (the calling function) names them in errors."""
     import tensorflow as tf
 
     specs = []
@@ -194,11 +326,11 @@ def _input_specs(input_specs):
             if len(rest) > 1:
                 raise ValueError(spec)
         except (TypeError, ValueError):
-            raise InputError("export_train_step", f"input_specs[{i}]", f"is {spec!r}",
-                             "give (shape without the batch axis, dtype[, max_value]) per argument of the step, "
+            raise InputError(source, f"input_specs[{i}]", f"is {spec!r}",
+                             "give (shape without the batch axis, dtype[, max_value]) per input, "
                              "e.g. ((32,), 'float32') and ((), 'int32', 10) for 10 class ids") from None
     if not specs:
-        raise InputError("export_train_step", "input_specs", f"is {input_specs!r}",
+        raise InputError(source, "input_specs", f"is {input_specs!r}",
                          "give one (shape, dtype) per argument of the step, e.g. [((32,), 'float32'), ((), 'int32')]")
     return specs
 

@@ -472,3 +472,122 @@ def test_export_keras_takes_one_hot_labels_when_told(tmp_path):
     path = export_keras(_small_keras_model, "categorical_crossentropy", batch_size=4, input_shapes=[(8,)],
                         out_dir=str(tmp_path), name="small", label_shape=(3,), label_dtype="float32")
     assert read_bundle(path)[1]["inputs"][-1]["shape"] == [-1, 3]
+
+
+def _embedding_model(input_dtype="float32", rows=50):
+    """ids [N, 10] -> Embedding(rows, 8) -> mean over the ids -> Dense(4) logits."""
+    ids = tf.keras.Input((10,), dtype=input_dtype)
+    h = tf.keras.layers.GlobalAveragePooling1D()(tf.keras.layers.Embedding(rows, 8)(ids))
+    return tf.keras.Model(ids, tf.keras.layers.Dense(4)(h))
+
+
+def _run_bundle_once(path, batch=6, seed=0):
+    """The loss of one step of the bundle, its inputs fed as the runtime feeds them (ints in
+    [0, max_value), else 4; floats ~ N(0, 1))."""
+    from tfplace.graph_defs import read_bundle
+
+    graph_def, meta = read_bundle(path)
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for inp in meta["inputs"]:
+        shape = [batch if d == -1 else d for d in inp["shape"]]
+        value = (rng.integers(0, inp.get("max_value", 4), size=shape) if inp["dtype"].startswith("int")
+                 else rng.standard_normal(shape))
+        feed[inp["name"] + ":0"] = value.astype(inp["dtype"])
+    with tf.Graph().as_default() as graph:
+        tf.graph_util.import_graph_def(graph_def, name="")
+        with v1.Session(graph=graph) as sess:
+            sess.run(meta["init_op"])
+            return sess.run([meta["loss"] + ":0", meta["sink"]], feed)[0]
+
+
+@pytest.mark.parametrize("model_dtype, inputs, max_value", [
+    ("float32", {"input_specs": [((10,), "int32", 50)]}, 50),  # declared, with its range
+    ("float32", {"input_specs": [((10,), "int32", 20)]}, 20),  # a narrower range is kept
+    ("float32", {"input_specs": [((10,), "int64")]}, 50),  # declared int, range from the table's rows
+    ("int32", {"input_shapes": [(10,)]}, 50),  # the model's own tf.keras.Input says int32
+])
+def test_export_keras_feeds_embedding_ids_in_range(tmp_path, model_dtype, inputs, max_value):
+    from tfplace.graph_defs import export_keras, read_bundle
+
+    path = export_keras(lambda: _embedding_model(model_dtype), "sparse_categorical_crossentropy", batch_size=6,
+                        out_dir=str(tmp_path), name="embed", **inputs)
+    spec = read_bundle(path)[1]["inputs"][0]
+    declared = inputs.get("input_specs", [((), model_dtype)])[0][1]
+    assert (spec["name"], spec["dtype"], spec["max_value"]) == ("input_0", declared, max_value)
+    assert np.isfinite(_run_bundle_once(path))  # ids out of [0, 50) fail in ResourceGather
+
+
+@pytest.mark.parametrize("inputs, field, says", [
+    ({"input_shapes": [(10,)]}, "input_shapes[0]", "input_specs=[..., ((10,), 'int32', 50), ...]"),  # floats as ids
+    ({"input_specs": [((10,), "float32")]}, "input_specs[0]", "((10,), 'int32', 50)"),
+    ({"input_specs": [((10,), "int32", 60)]}, "input_specs[0]", "max_value 60, past the 50 rows"),
+    ({"input_specs": [((10,), "no_such_dtype")]}, "input_specs[0]", "per input"),
+    ({"input_shapes": [(10,)], "input_specs": [((10,), "int32")]}, "input_shapes", "both given"),
+    ({}, "input_shapes", "is missing"),
+])
+def test_export_keras_refuses_ids_it_would_feed_out_of_range(tmp_path, inputs, field, says):
+    from tfplace.graph_defs import export_keras
+
+    with pytest.raises(InputError) as info:
+        export_keras(_embedding_model, "sparse_categorical_crossentropy", batch_size=6, out_dir=str(tmp_path),
+                     name="embed", **inputs)
+    assert (info.value.source, info.value.field) == ("export_keras", field) and says in str(info.value), info.value
+    assert not list(tmp_path.glob("embed*"))
+
+
+def _two_input_model():
+    """img [N, 7, 5, 3] and vec [N, 11] -> Dense(3) logits."""
+    img, vec = tf.keras.Input((7, 5, 3)), tf.keras.Input((11,))
+    h = tf.keras.layers.Concatenate()([tf.keras.layers.GlobalAveragePooling2D()(img), vec])
+    return tf.keras.Model([img, vec], tf.keras.layers.Dense(3)(h))
+
+
+def _two_output_model():
+    x = tf.keras.Input((5,))
+    return tf.keras.Model(x, [tf.keras.layers.Dense(3)(x), tf.keras.layers.Dense(2)(x)])
+
+
+def _reshape_model():
+    """A Sequential without declared inputs: only its call can refuse a shape."""
+    return tf.keras.Sequential([tf.keras.layers.Reshape((4, 2)), tf.keras.layers.Dense(3)])
+
+
+@pytest.mark.parametrize("model_fn, shapes, field, says", [
+    (_two_input_model, [(7, 5, 4), (11,)], "input_shapes[0]", "is (7, 5, 4), the model's input 0 is (7, 5, 3)"),
+    (_two_input_model, [(7, 5, 3), (11, 1)], "input_shapes[1]", "give (11,)"),
+    (_two_input_model, [(7, 5, 3)], "input_shapes", "gives 1 input(s), the model takes 2"),
+    (_two_input_model, [(7, 5, 3), (11,), (2,)], "input_shapes", "with the shapes [(7, 5, 3), (11,)]"),
+    (_reshape_model, [(7,)], "input_shapes", "which the model refuses (total size of new array"),
+    (_two_output_model, [(5,)], "model_fn", "with 2 outputs"),
+])
+def test_export_keras_names_inputs_and_outputs_that_do_not_fit_the_model(tmp_path, model_fn, shapes, field, says):
+    from tfplace.graph_defs import export_keras
+
+    with pytest.raises(InputError) as info:
+        export_keras(model_fn, "sparse_categorical_crossentropy", batch_size=4, input_shapes=shapes,
+                     out_dir=str(tmp_path), name="small")
+    assert (info.value.source, info.value.field) == ("export_keras", field) and says in str(info.value), info.value
+    assert not list(tmp_path.glob("small*"))
+
+
+def _lstm_model(unroll):
+    x = tf.keras.Input((9, 6))
+    return tf.keras.Model(x, tf.keras.layers.Dense(3)(tf.keras.layers.LSTM(8, unroll=unroll)(x)))
+
+
+@pytest.mark.parametrize("unroll", [False, True])
+def test_export_keras_refuses_a_loop_as_every_command_would(tmp_path, unroll):
+    from tfplace.formats.errors import UnsupportedGraphError
+    from tfplace.graph_defs import export_keras
+
+    def export():
+        return export_keras(lambda: _lstm_model(unroll), "sparse_categorical_crossentropy", batch_size=4,
+                            input_shapes=[(9, 6)], out_dir=str(tmp_path), name="lstm")
+    if unroll:
+        assert load_op_graph(export()).reference_batch_size == 4
+        return
+    with pytest.raises(UnsupportedGraphError) as info:
+        export()
+    assert info.value.source == "export_keras" and "contains a loop (" in info.value.problem
+    assert "unroll=True for Keras RNNs" in info.value.fix and not list(tmp_path.glob("lstm*"))

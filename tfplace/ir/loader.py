@@ -158,6 +158,15 @@ _META_OPTIONAL = {
 }
 
 
+def check_placeable(graph_def, roots: Sequence[str], source: str) -> None:
+    """Raises the error `load_op_graph` would raise for the step that computes the ops `roots`
+    (names) of `graph_def`: UnsupportedGraphError for loops, TF1 control flow, Python ops or a
+    cycle, InputError for a missing root. For an exporter that must not write what no command
+    can load; `source` names it in the message (e.g. "export_keras")."""
+    nodes = _NodeTable(graph_def, source)
+    nodes.step_order([nodes.lookup(name, "roots") for name in roots])
+
+
 def read_graph_source(obj, source):
     """Returns (graph_def, meta dict, source name)."""
     if not isinstance(obj, (str, os.PathLike)):
