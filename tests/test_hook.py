@@ -227,6 +227,33 @@ def test_an_unchanged_loop_that_fetches_its_own_loss_sees_the_steps_loss(local_c
     assert np.array_equal(mine, theirs) and mine[0] > mine[1] > mine[2], seen  # the same batch: it falls
 
 
+def test_a_run_of_a_step_with_reference_variables_is_refused_with_the_fix():
+    """A TF1 script built after disable_v2_behavior() has VariableV2 variables: the rewritten step
+    failed in TensorFlow's importer ("passed float_ref ... incompatible with expected resource")."""
+    import tensorflow as tf
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.formats.errors import InputError
+    from tfplace.formats.strategy import load_strategy
+    from tfplace.ir.loader import load_op_graph
+    from tfplace.rewrite.graph_rewrite import rewrite_step
+    from tfplace.runtime.step_runner import StepRunner
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as g:
+        x = v1.placeholder(tf.float32, [None, 16], name="features")
+        w = v1.Variable(tf.ones([16, 4]), name="w", use_resource=False)
+        loss = tf.reduce_mean(tf.matmul(x, w), name="loss")
+        v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+        init = v1.global_variables_initializer()
+    assert any(n.op == "VariableV2" for n in g.as_graph_def().node)
+    graph = load_op_graph(g.as_graph_def(), sinks=["train"], batch_size=BATCH, loss="loss", source="ref.pb")
+    strategy = load_strategy(os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json"))
+    step = rewrite_step(graph, strategy, load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json")),
+                        init_op=init.name)
+    with pytest.raises(InputError, match=r"ref.pb: variables: 1 reference variables \(VariableV2, e.g. 'w'\).*"
+                                         r"enable_resource_variables"):
+        StepRunner("grpc://localhost:1", step)
+
+
 @pytest.mark.parametrize("feed_rows, label_rows, says", [
     (16, 16, None),
     (8, 8, "features:0: holds 8 samples on axis 0"),     # would train on rows that are not there

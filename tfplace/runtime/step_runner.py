@@ -36,14 +36,23 @@ def random_feed(inputs, batch_size: int, seed: int) -> Dict[str, np.ndarray]:
     return feed
 
 
-def check_unfed(step) -> None:
-    """Raises InputError when `step` (a RewrittenStep) has a placeholder that is not a batch input
-    and has no default (a keep_prob, a learning rate): a run without the script's feeds (activate,
-    plan --confirm_real) cannot know its value."""
+def check_runnable(step) -> None:
+    """Raises InputError when `step` (a RewrittenStep) cannot run without the script that made it:
+    a placeholder that is not a batch input and has no default (a keep_prob, a learning rate: a
+    run without the script's feeds, as activate's or plan --confirm_real's, cannot know its
+    value), or reference variables (VariableV2: the rewrite reads variables as resources)."""
+    from tfplace.formats.errors import InputError
     from tfplace.ir.step_roles import unfed_placeholders_error
+    source = getattr(step, "source", "") or "training step"
     required = [name[:-len(":0")] for name, must in getattr(step, "feeds", {}).items() if must]
     if required:
-        raise unfed_placeholders_error(getattr(step, "source", ""), required)
+        raise unfed_placeholders_error(source, required)
+    refs = sorted({n.name.split("/replica_")[0] for n in step.graph_def.node if n.op in ("VariableV2", "Variable")})
+    if refs:
+        raise InputError(source, "variables", f"{len(refs)} reference variables (VariableV2, e.g. {refs[0]!r}); a "
+                         "rewritten step reads its variables as resources",
+                         "call tf.compat.v1.enable_resource_variables() before building the model "
+                         "(disable_v2_behavior() turns them off) and export again")
 
 
 def step_session_config(config=None, cluster=None):
@@ -81,7 +90,7 @@ class StepRunner:
     with a ConfigProto)."""
 
     def __init__(self, cluster, step, config=None, timeout_s: Optional[float] = 300.0):
-        check_unfed(step)
+        check_runnable(step)
         self.cluster, self.step_def, self.timeout_s = cluster, step, timeout_s
         self.graph = _import(step.graph_def)
         config = step_session_config(config, cluster)
