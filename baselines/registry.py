@@ -10,6 +10,7 @@ Strategy generators (each returns a Strategy that goes through the lowering and 
   dp_ratio_lp                  HAP's ratio LP re-balancing DP-EV's device set (ratio_lp)
   dp_subset_even / _proportional   DP all-reduce over the best subset of the fastest devices
                                (data_parallel.dp_best_subset): what a user tries by hand
+  dp_mp_hybrid                 DP with the heaviest layers each whole on one device (hybrid)
   model_parallel_round_robin, model_parallel_contiguous   HeteroG's MP seeds (model_parallel)
   heft, m_etf, m_sct           memory-aware list-scheduling placers (list_scheduling)
   pipeline                     DAPPLE-style planner (prints its estimated speed-up over DP)
@@ -30,7 +31,7 @@ from tfplace.formats.errors import InputError
 from tfplace.formats.strategy import Strategy
 from tfplace.profiling import device_model
 
-from tfplace.baselines import data_parallel, list_scheduling, model_parallel, pipeline, ratio_lp
+from tfplace.baselines import data_parallel, hybrid, list_scheduling, model_parallel, pipeline, ratio_lp
 from tfplace.baselines.horovod_runner import HorovodResult, even_batches, proportional_batches, run_horovod
 from tfplace.baselines.problem import Problem, make_problem
 
@@ -45,6 +46,7 @@ GENERATORS: Dict[str, Generator] = {
     "dp_ratio_lp": lambda p: ratio_lp.rebalance(p, data_parallel.dp_even(p, "allreduce")).strategy,
     "dp_subset_even": lambda p: data_parallel.dp_best_subset(p, "allreduce", proportional=False),
     "dp_subset_proportional": lambda p: data_parallel.dp_best_subset(p, "allreduce", proportional=True),
+    "dp_mp_hybrid": hybrid.dp_mp_hybrid,
     "model_parallel_round_robin": model_parallel.round_robin,
     "model_parallel_contiguous": model_parallel.contiguous,
     "heft": list_scheduling.heft,

@@ -32,8 +32,8 @@ RL_ALGORITHMS = ("reinforce",)  # REINFORCE only: tfplace.policy.agent says why 
 ALLREDUCE_ALGORITHMS = ("ring", "tree")
 OPTIMIZERS = ("sgd", "momentum", "adam")  # as in graph_defs.bundle.OPTIMIZERS
 BASELINES = ("single", "dp_even_allreduce", "dp_even_ps", "dp_proportional_allreduce",
-             "dp_proportional_ps", "dp_subset_even", "dp_subset_proportional", "horovod_even",
-             "horovod_proportional")
+             "dp_proportional_ps", "dp_subset_even", "dp_subset_proportional", "dp_mp_hybrid",
+             "horovod_even", "horovod_proportional")
 DERIVE = "derive"
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")  # entry names become file names
 
