@@ -266,6 +266,26 @@ def _graph_without_inputs():
     return graph.as_graph_def()
 
 
+def _graph_reading_tf_data():
+    """A step that reads its batch from a tf.data iterator: no placeholder at all."""
+    with tf.Graph().as_default() as graph:
+        data = tf.data.Dataset.from_tensor_slices(np.ones([8, 4], np.float32)).repeat().batch(4)
+        x = v1.data.make_one_shot_iterator(data).get_next()
+        w = v1.get_variable("w", [4, 2], use_resource=True)
+        loss = tf.identity(tf.reduce_mean(tf.matmul(x, w)), name="loss")
+        v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train_op")
+    return graph.as_graph_def()
+
+
+def _graph_without_optimizer():
+    """A forward pass only: inputs, but nothing updates a variable."""
+    with tf.Graph().as_default() as graph:
+        x = v1.placeholder(tf.float32, [None, 4], name="x")
+        w = v1.get_variable("w", [4, 2], use_resource=True)
+        tf.identity(tf.reduce_mean(tf.matmul(x, w)), name="loss")
+    return graph.as_graph_def()
+
+
 def _graph_max_loss():
     with tf.Graph().as_default() as graph:
         x = v1.placeholder(tf.float32, [None, 4], name="x")
@@ -294,7 +314,14 @@ BAD_INPUTS = {
     "garbage_pbtxt": (lambda d: (str(d / "g.pbtxt"), dict(sinks=["t"])), "g.pbtxt", "", InputError),
     "truncated_bundle": (lambda d: (_write_bundle(d, graph_bytes=123), {}), "mlp.json", "graph_bytes", InputError),
     # no sink given and none to infer (no update depends on an input): step_roles names --train_op
-    "missing_sink": (lambda d: (_pb(d, _graph_without_inputs()), dict(batch_size=8)), "step.pb", "train_op", InputError),
+    "missing_sink": (lambda d: (_pb(d, _graph_without_optimizer()), dict(batch_size=8)), "step.pb", "train_op",
+                     InputError),
+    # ... unless nothing is fed at all: that is the cause to name first, with or without a sink
+    "no_inputs_nor_sink": (lambda d: (_pb(d, _graph_without_inputs()), dict(batch_size=8)), "step.pb", "inputs",
+                           InputError),
+    "tf_data_input": (lambda d: (_pb(d, _graph_reading_tf_data()), {}), "step.pb", "inputs", InputError),
+    "tf_data_input_with_sink": (lambda d: (_pb(d, _graph_reading_tf_data()), dict(sinks=["train_op"])), "step.pb",
+                                "inputs", InputError),
     "unknown_sink": (lambda d: (_pb(d, tiny_graph_def("mlp", "sgd")), dict(sinks=["trian_op"], batch_size=8)),
                      "step.pb", "sinks", InputError),
     "unknown_sink_in_bundle": (lambda d: (_write_bundle(d, sink="nope"), {}), "mlp.json", "sink", InputError),
@@ -347,6 +374,13 @@ def test_bad_input_gives_one_clear_error(case, tmp_path):
 def test_while_loop_message_says_what_to_do(tmp_path):
     with pytest.raises(UnsupportedGraphError, match="loop.*unroll"):
         load_op_graph(_graph_with_while_loop(True), sinks=["train_op"], batch_size=4)
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(sinks=["train_op"])])
+def test_a_step_reading_tf_data_is_told_to_feed_placeholders(kwargs):
+    with pytest.raises(InputError, match="no input placeholders .*tf.data iterator.*Fix: feed the batch through "
+                                         "tf.compat.v1.placeholder"):
+        load_op_graph(_graph_reading_tf_data(), **kwargs)
 
 
 def test_batch_baked_in_message_says_none_batch_dimension():

@@ -397,8 +397,8 @@ def _find_inputs(nodes, order, meta, src) -> List[Tuple[int, int]]:
                 if dims:
                     found.append((i, 0))  # a bare GraphDef has its batch on axis 0 by convention
     if not found:
-        raise InputError(src, "inputs", "the training step has no input placeholders",
-                         "feed the batch through tf.compat.v1.placeholder ops (with a None batch dimension)")
+        raise step_roles.no_placeholders_error(src, tf_data=any(n.op.startswith("IteratorGetNext")
+                                                                for n in nodes.nodes))
     return found
 
 
