@@ -183,6 +183,10 @@ def test_control_edges_are_kept():
     (lambda per: tf.reduce_sum(per), "sum"),
     (lambda per: tf.reduce_sum(per) / tf.cast(tf.size(per), tf.float32), "mean"),  # Keras SUM_OVER_BATCH_SIZE
     (lambda per: 0.5 * tf.reduce_sum(per), "sum"),
+    # divisors that depend on the batch's size only
+    (lambda per: tf.reduce_sum(per) / tf.cast(tf.shape(per)[0], tf.float32), "mean"),
+    (lambda per: tf.reduce_sum(per) / tf.reduce_sum(tf.ones_like(per)), "mean"),
+    (lambda per: v1.losses.compute_weighted_loss(per), "mean"),  # SUM_BY_NONZERO_WEIGHTS of weight 1.0
 ])
 def test_loss_reduction_detection(reduce, expected):
     with tf.Graph().as_default() as graph:
@@ -295,6 +299,20 @@ def _graph_max_loss():
     return graph.as_graph_def()
 
 
+def _graph_weighted_loss():
+    """sum(ce * w) / sum(w) with per-example weights w from the labels: a weighted mean, whose
+    divisor depends on the batch's values (each replica would divide by its own weights)."""
+    with tf.Graph().as_default() as graph:
+        x = v1.placeholder(tf.float32, [None, 4], name="x")
+        y = v1.placeholder(tf.int32, [None], name="y")
+        logits = tf.matmul(x, v1.get_variable("w", [4, 3], use_resource=True))
+        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+        weights = tf.cast(y, tf.float32) + 1.0
+        loss = tf.identity(tf.reduce_sum(ce * weights) / tf.reduce_sum(weights, name="weight_sum"), name="loss")
+        v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train_op")
+    return graph.as_graph_def()
+
+
 def _pb(folder, graph_def, name="step.pb"):
     path = folder / name
     path.write_bytes(graph_def.SerializeToString())
@@ -342,6 +360,8 @@ BAD_INPUTS = {
     # (a sink without a loss now gets the loss inferred from the gradient seed: tests/test_your_own_model.py)
     "undecidable_reduction": (lambda d: (_pb(d, _graph_max_loss()), dict(sinks=["train_op"], batch_size=8, loss="loss")),
                               "step.pb", "loss_reduction", InputError),
+    "weighted_mean_loss": (lambda d: (_pb(d, _graph_weighted_loss()), dict(batch_size=8)), "step.pb",
+                           "loss_reduction", InputError),
     "bad_loss_name": (lambda d: (_write_bundle(d, loss="los"), {}), "mlp.json", "loss", InputError),
 }
 
@@ -381,6 +401,13 @@ def test_a_step_reading_tf_data_is_told_to_feed_placeholders(kwargs):
     with pytest.raises(InputError, match="no input placeholders .*tf.data iterator.*Fix: feed the batch through "
                                          "tf.compat.v1.placeholder"):
         load_op_graph(_graph_reading_tf_data(), **kwargs)
+
+
+def test_a_weighted_mean_loss_is_refused_unless_its_reduction_is_stated():
+    with pytest.raises(InputError, match="loss_reduction: the loss divides by 'weight_sum', a value computed from "
+                                         "the batch's values.*cannot be recombined exactly.*--loss_reduction"):
+        load_op_graph(_graph_weighted_loss(), batch_size=8)
+    assert load_op_graph(_graph_weighted_loss(), batch_size=8, loss_reduction="mean").loss_reduction == "mean"
 
 
 def test_batch_baked_in_message_says_none_batch_dimension():

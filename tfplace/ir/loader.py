@@ -84,7 +84,8 @@ def load_op_graph(path_or_graph_def: GraphSource, *, sinks: Optional[Sequence[st
       inputs: batched input placeholders, "name" or "name:batch_axis" each (a bare step only;
         default: every placeholder of rank >= 1, batch axis = its one None dimension, else 0).
       loss_reduction: "mean" or "sum"; default: the bundle's, else detected from the op that
-        reduces the loss over the batch (Mean -> mean, Sum -> sum, Sum / batch size -> mean).
+        reduces the loss over the batch (Mean -> mean, Sum -> sum, Sum / batch size -> mean; Sum / a value
+        of the batch's values, a weighted mean, is refused: tfplace.ir.roles.detect_reduction).
       source: name for error messages when a proto is passed (default "GraphDef").
     Raises:
       InputError (UnsupportedGraphError for control flow / cycles).
