@@ -5,6 +5,7 @@ TF1 ref variables, control edges, and one clear InputError per kind of bad input
 import glob
 import json
 import os
+import re
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -262,6 +263,18 @@ def _graph_baked_batch():
     return graph.as_graph_def()
 
 
+def _graph_fixed_batch():
+    """Placeholders of a fixed batch (16): TensorFlow folds it into the gradients' constants."""
+    with tf.Graph().as_default() as graph:
+        x = v1.placeholder(tf.float32, [16, 12], name="x")
+        y = v1.placeholder(tf.int32, [16], name="y")
+        logits = tf.matmul(x, v1.get_variable("w", [12, 4], use_resource=True))
+        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+        loss = tf.reduce_mean(ce, name="loss")
+        v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train_op")
+    return graph.as_graph_def()
+
+
 def _graph_without_inputs():
     with tf.Graph().as_default() as graph:
         w = v1.get_variable("w", [4, 2], use_resource=True)
@@ -355,6 +368,7 @@ BAD_INPUTS = {
                   "step.pb", "inputs", InputError),
     "batch_baked_in": (lambda d: (_pb(d, _graph_baked_batch()), dict(sinks=["train_op"], batch_size=8)),
                        "step.pb", "baked_reshape", InputError),
+    "batch_fixed_by_placeholders": (lambda d: (_pb(d, _graph_fixed_batch()), {}), "step.pb", "node[", InputError),
     "bad_batch_size": (lambda d: (_pb(d, tiny_graph_def("mlp", "sgd")), dict(sinks=["train_op"], batch_size=0)),
                        "step.pb", "batch_size", InputError),
     # (a sink without a loss now gets the loss inferred from the gradient seed: tests/test_your_own_model.py)
@@ -408,6 +422,20 @@ def test_a_weighted_mean_loss_is_refused_unless_its_reduction_is_stated():
                                          "the batch's values.*cannot be recombined exactly.*--loss_reduction"):
         load_op_graph(_graph_weighted_loss(), batch_size=8)
     assert load_op_graph(_graph_weighted_loss(), batch_size=8, loss_reduction="mean").loss_reduction == "mean"
+
+
+def test_a_fixed_batch_is_named_with_the_op_and_the_placeholders_to_change():
+    """TensorFlow's error prints the failing NodeDef; the message names the op and its type
+    instead, whole, and says which placeholders to export with a None batch dimension."""
+    with pytest.raises(InputError) as info:
+        load_op_graph(_graph_fixed_batch())
+    message = str(info.value)
+    assert "shape inference fails at twice the batch size (32): Dimensions must be equal" in message
+    assert re.search(r"in Mul op '[\w/]+_grad/mul' \(input shapes \[16,1\], \[32,4\]\)", message), message
+    assert "{{node" not in message and "DT_FLOAT" not in message
+    assert "the placeholders fix the batch ('x' [16, 12], 'y' [16])" in message
+    assert "Fix: export the step with a None batch dimension in its placeholders (e.g. shape [None, 12] for 'x')" \
+        in message
 
 
 def test_batch_baked_in_message_says_none_batch_dimension():
