@@ -186,6 +186,10 @@ CASES = {
     "folder_as_strategy_in_activate_config": ("path", _loader(_load_activate_config_strict), ["{tmp}/a.txt"],
                                               {"a.txt": _with(ACTIVATE, strategies=_entries("s1")), "s.json": DIR},
                                               ["a.txt", "strategies[0].strategy", "folder"]),
+    # one bad entry stops the whole run before any entry runs (examples/formats/README.md says so)
+    "activate_missing_strategy_file": ("path", activate, ["{tmp}/a.txt"],
+                                       {"a.txt": _with(ACTIVATE, strategies=_entries("s1"))},
+                                       ["a.txt", "strategies[0].strategy", "s.json"]),
     "folder_as_cluster": ("path", plan, ["--checkpoint", "{tmp}/" + RUN_DIR, "--model", "tiny_mlp", "--cluster", "{tmp}",
                                          "--out", "{tmp}/s.json"], {}, ["--cluster", "folder"]),
     "folder_as_graph": ("path", grappler_check, ["--graph", "{tmp}/sub"], {"sub": DIR}, ["--graph", "folder"]),
