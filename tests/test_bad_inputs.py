@@ -97,6 +97,18 @@ CASES = {
     "bad_link_matrix_shape": ("cluster.json",
                               edit(CLUSTER, lambda d: d.update(links={"bandwidth_bytes_per_s": [[0, 1, 1], [1, 0, 1]]})),
                               load_cluster, "links.bandwidth_bytes_per_s", {}, None),
+    # figures in the wrong unit (GB written as 16, Gbit/s as 10): under the file's 1 MB and 1 MB/s bounds
+    "memory_bytes_in_gb": ("cluster.json", edit(CLUSTER, lambda d: d["devices"][0].update(memory_bytes=16)),
+                           load_cluster, "devices[0].memory_bytes", {}, None),
+    "nic_bandwidth_in_gbit": ("cluster.json",
+                              edit(CLUSTER, lambda d: d["hosts"][0].update(nic_bandwidth_bytes_per_s=10)),
+                              load_cluster, "hosts[0].nic_bandwidth_bytes_per_s", {}, None),
+    "intra_bandwidth_in_gbyte": ("cluster.json",
+                                 edit(CLUSTER, lambda d: d["hosts"][1].update(intra_bandwidth_bytes_per_s=12)),
+                                 load_cluster, "hosts[1].intra_bandwidth_bytes_per_s", {}, None),
+    "link_matrix_in_gbit": ("cluster.json",
+                            edit(CLUSTER, lambda d: d.update(links={"bandwidth_bytes_per_s": [[0, 1e9], [25, 0]]})),
+                            load_cluster, "links.bandwidth_bytes_per_s[1][0]", {}, None),
     "task_on_two_hosts": ("cluster.json", edit(CLUSTER, lambda d: [x.update(task=0) for x in d["devices"]]),
                           load_cluster, "devices[1].task", {}, None),
     # ---- strategy ----
@@ -193,3 +205,15 @@ def test_unknown_key_suggests_the_closest_known_key(tmp_path):
     _write(path, edit(TRAIN, lambda d: d.update(rl={"learning_rat": 0.1})))
     with pytest.raises(InputError, match="did you mean 'learning_rate'"):
         load_train_config(str(path))
+
+
+def test_the_unit_bounds_are_the_cluster_files_only(tmp_path):
+    """A file's 16 (GB meant) is refused; code may build a cluster of tiny figures on purpose."""
+    from tfplace.formats.cluster import Device, Host, build_cluster
+    tiny = build_cluster("tiny", [Host("h0", nic_bandwidth_bytes_per_s=10, intra_bandwidth_bytes_per_s=10)],
+                         [Device("a", "CPU", "h0", memory_bytes=16)])
+    assert tiny.memory_bytes.tolist() == [16]
+    path = tmp_path / "cluster.json"
+    _write(path, tiny.to_json())
+    with pytest.raises(InputError, match=r"cluster.json: devices\[0\].memory_bytes: is 16 bytes, under 1 MB"):
+        load_cluster(str(path))

@@ -35,9 +35,17 @@ ALARM_S = 60
 GOOD_STRATEGY = {"global_batch_size": 6, "max_groups": 4, "default": {"shares": {"cpu0": 2, "cpu1": 2, "cpu2": 2}}}
 ACTIVATE = {"format": "tfplace.activate_config", "cluster": CLUSTER, "baselines": ["single"],
             "graphs": [{"model": "tiny_mlp", "batch_size": 12}]}
-with open(CLUSTER) as _f:  # local_cpu.json with cpu2 moved into cpu1's task
-    TWO_CPUS_ONE_TASK = json.load(_f)
-TWO_CPUS_ONE_TASK["devices"][2]["task"] = 1
+
+
+def _local_cpu(change):
+    """local_cpu.json changed in place by `change`."""
+    with open(CLUSTER) as f:
+        cluster = json.load(f)
+    change(cluster)
+    return cluster
+
+
+TWO_CPUS_ONE_TASK = _local_cpu(lambda c: c["devices"][2].update(task=1))  # cpu2 moved into cpu1's task
 TRAIN = {"format": "tfplace.train_config", "graphs": [{"model": "tiny_mlp", "batch_size": 16}], "clusters": [CLUSTER]}
 
 
@@ -178,6 +186,10 @@ CASES = {
     "folder_as_strategy_in_activate_config": ("path", _loader(_load_activate_config_strict), ["{tmp}/a.txt"],
                                               {"a.txt": _with(ACTIVATE, strategies=_entries("s1")), "s.json": DIR},
                                               ["a.txt", "strategies[0].strategy", "folder"]),
+    # one bad entry stops the whole run before any entry runs (examples/formats/README.md says so)
+    "activate_missing_strategy_file": ("path", activate, ["{tmp}/a.txt"],
+                                       {"a.txt": _with(ACTIVATE, strategies=_entries("s1"))},
+                                       ["a.txt", "strategies[0].strategy", "s.json"]),
     "folder_as_cluster": ("path", plan, ["--checkpoint", "{tmp}/" + RUN_DIR, "--model", "tiny_mlp", "--cluster", "{tmp}",
                                          "--out", "{tmp}/s.json"], {}, ["--cluster", "folder"]),
     "folder_as_graph": ("path", grappler_check, ["--graph", "{tmp}/sub"], {"sub": DIR}, ["--graph", "folder"]),
@@ -278,6 +290,12 @@ CASES = {
                            ["--passes"]),
     "overheads_negative_cpu": ("value", overheads, ["--cluster", CLUSTER, "--out", "{tmp}/o.json",
                                                     "--cpus-per-task", "0;-1"], {}, ["--cpus-per-task"]),
+    "simulate_memory_in_gb": ("value", simulate, ["--graph", TINY, "--cluster", "{tmp}/c.json", "--strategy", STRATEGY],
+                              {"c.json": _local_cpu(lambda c: c["devices"][0].update(memory_bytes=16))},
+                              ["c.json: devices[0].memory_bytes", "in bytes", "16000000000 for 16 GB"]),
+    "simulate_nic_in_gbit": ("value", simulate, ["--graph", TINY, "--cluster", "{tmp}/c.json", "--strategy", STRATEGY],
+                             {"c.json": _local_cpu(lambda c: c["hosts"][0].update(nic_bandwidth_bytes_per_s=10))},
+                             ["c.json: hosts[0].nic_bandwidth_bytes_per_s", "10 Gbit/s is 1250000000"]),
     "activate_steps_0": ("value", activate, ["{tmp}/a.txt"], {"a.txt": _with(ACTIVATE, steps=0)}, ["a.txt", "steps"]),
     "activate_negative_warmup": ("value", activate, ["{tmp}/a.txt"], {"a.txt": _with(ACTIVATE, warmup_steps=-1)},
                                  ["a.txt", "warmup_steps"]),

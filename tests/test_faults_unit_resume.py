@@ -98,7 +98,18 @@ def base(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def oom_run(tmp_path_factory):
+def tiny_memory_files():
+    """Lets this module's cluster files give 2 kB devices. A cluster file refuses memory under 1 MB
+    (taken for GB written as bytes), but the tiny MLP needs far less than 1 MB: only devices this
+    small make every strategy run out of memory."""
+    from tfplace.formats import cluster
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cluster, "MIN_FILE_MEMORY_BYTES", 1000)
+        yield
+
+
+@pytest.fixture(scope="module")
+def oom_run(tmp_path_factory, tiny_memory_files):
     """A fresh run where every strategy runs out of memory (2 kB per device): (folder, run, status, stderr)."""
     folder = tmp_path_factory.mktemp("oom")
     _cluster(folder, memory_bytes=2000)
@@ -370,7 +381,7 @@ VALUES = {
 
 
 @pytest.mark.parametrize("case", sorted(VALUES))
-def test_an_infeasible_best_fails_the_run_unless_accepted(case, base, oom_run, tmp_path):
+def test_an_infeasible_best_fails_the_run_unless_accepted(case, base, oom_run, tiny_memory_files, tmp_path):
     run, changes, expected_status, shows, hides = VALUES[case]
     if run == "oom" and changes is None:  # the fresh run itself
         _, out, status, stderr = oom_run

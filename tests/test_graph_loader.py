@@ -5,6 +5,7 @@ TF1 ref variables, control edges, and one clear InputError per kind of bad input
 import glob
 import json
 import os
+import re
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -183,6 +184,10 @@ def test_control_edges_are_kept():
     (lambda per: tf.reduce_sum(per), "sum"),
     (lambda per: tf.reduce_sum(per) / tf.cast(tf.size(per), tf.float32), "mean"),  # Keras SUM_OVER_BATCH_SIZE
     (lambda per: 0.5 * tf.reduce_sum(per), "sum"),
+    # divisors that depend on the batch's size only
+    (lambda per: tf.reduce_sum(per) / tf.cast(tf.shape(per)[0], tf.float32), "mean"),
+    (lambda per: tf.reduce_sum(per) / tf.reduce_sum(tf.ones_like(per)), "mean"),
+    (lambda per: v1.losses.compute_weighted_loss(per), "mean"),  # SUM_BY_NONZERO_WEIGHTS of weight 1.0
 ])
 def test_loss_reduction_detection(reduce, expected):
     with tf.Graph().as_default() as graph:
@@ -258,6 +263,18 @@ def _graph_baked_batch():
     return graph.as_graph_def()
 
 
+def _graph_fixed_batch():
+    """Placeholders of a fixed batch (16): TensorFlow folds it into the gradients' constants."""
+    with tf.Graph().as_default() as graph:
+        x = v1.placeholder(tf.float32, [16, 12], name="x")
+        y = v1.placeholder(tf.int32, [16], name="y")
+        logits = tf.matmul(x, v1.get_variable("w", [12, 4], use_resource=True))
+        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+        loss = tf.reduce_mean(ce, name="loss")
+        v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train_op")
+    return graph.as_graph_def()
+
+
 def _graph_without_inputs():
     with tf.Graph().as_default() as graph:
         w = v1.get_variable("w", [4, 2], use_resource=True)
@@ -266,11 +283,45 @@ def _graph_without_inputs():
     return graph.as_graph_def()
 
 
+def _graph_reading_tf_data():
+    """A step that reads its batch from a tf.data iterator: no placeholder at all."""
+    with tf.Graph().as_default() as graph:
+        data = tf.data.Dataset.from_tensor_slices(np.ones([8, 4], np.float32)).repeat().batch(4)
+        x = v1.data.make_one_shot_iterator(data).get_next()
+        w = v1.get_variable("w", [4, 2], use_resource=True)
+        loss = tf.identity(tf.reduce_mean(tf.matmul(x, w)), name="loss")
+        v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train_op")
+    return graph.as_graph_def()
+
+
+def _graph_without_optimizer():
+    """A forward pass only: inputs, but nothing updates a variable."""
+    with tf.Graph().as_default() as graph:
+        x = v1.placeholder(tf.float32, [None, 4], name="x")
+        w = v1.get_variable("w", [4, 2], use_resource=True)
+        tf.identity(tf.reduce_mean(tf.matmul(x, w)), name="loss")
+    return graph.as_graph_def()
+
+
 def _graph_max_loss():
     with tf.Graph().as_default() as graph:
         x = v1.placeholder(tf.float32, [None, 4], name="x")
         w = v1.get_variable("w", [4, 1], use_resource=True)
         loss = tf.identity(tf.reduce_max(tf.matmul(x, w)), name="loss")
+        v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train_op")
+    return graph.as_graph_def()
+
+
+def _graph_weighted_loss():
+    """sum(ce * w) / sum(w) with per-example weights w from the labels: a weighted mean, whose
+    divisor depends on the batch's values (each replica would divide by its own weights)."""
+    with tf.Graph().as_default() as graph:
+        x = v1.placeholder(tf.float32, [None, 4], name="x")
+        y = v1.placeholder(tf.int32, [None], name="y")
+        logits = tf.matmul(x, v1.get_variable("w", [4, 3], use_resource=True))
+        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+        weights = tf.cast(y, tf.float32) + 1.0
+        loss = tf.identity(tf.reduce_sum(ce * weights) / tf.reduce_sum(weights, name="weight_sum"), name="loss")
         v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train_op")
     return graph.as_graph_def()
 
@@ -294,7 +345,14 @@ BAD_INPUTS = {
     "garbage_pbtxt": (lambda d: (str(d / "g.pbtxt"), dict(sinks=["t"])), "g.pbtxt", "", InputError),
     "truncated_bundle": (lambda d: (_write_bundle(d, graph_bytes=123), {}), "mlp.json", "graph_bytes", InputError),
     # no sink given and none to infer (no update depends on an input): step_roles names --train_op
-    "missing_sink": (lambda d: (_pb(d, _graph_without_inputs()), dict(batch_size=8)), "step.pb", "train_op", InputError),
+    "missing_sink": (lambda d: (_pb(d, _graph_without_optimizer()), dict(batch_size=8)), "step.pb", "train_op",
+                     InputError),
+    # ... unless nothing is fed at all: that is the cause to name first, with or without a sink
+    "no_inputs_nor_sink": (lambda d: (_pb(d, _graph_without_inputs()), dict(batch_size=8)), "step.pb", "inputs",
+                           InputError),
+    "tf_data_input": (lambda d: (_pb(d, _graph_reading_tf_data()), {}), "step.pb", "inputs", InputError),
+    "tf_data_input_with_sink": (lambda d: (_pb(d, _graph_reading_tf_data()), dict(sinks=["train_op"])), "step.pb",
+                                "inputs", InputError),
     "unknown_sink": (lambda d: (_pb(d, tiny_graph_def("mlp", "sgd")), dict(sinks=["trian_op"], batch_size=8)),
                      "step.pb", "sinks", InputError),
     "unknown_sink_in_bundle": (lambda d: (_write_bundle(d, sink="nope"), {}), "mlp.json", "sink", InputError),
@@ -310,11 +368,14 @@ BAD_INPUTS = {
                   "step.pb", "inputs", InputError),
     "batch_baked_in": (lambda d: (_pb(d, _graph_baked_batch()), dict(sinks=["train_op"], batch_size=8)),
                        "step.pb", "baked_reshape", InputError),
+    "batch_fixed_by_placeholders": (lambda d: (_pb(d, _graph_fixed_batch()), {}), "step.pb", "node[", InputError),
     "bad_batch_size": (lambda d: (_pb(d, tiny_graph_def("mlp", "sgd")), dict(sinks=["train_op"], batch_size=0)),
                        "step.pb", "batch_size", InputError),
     # (a sink without a loss now gets the loss inferred from the gradient seed: tests/test_your_own_model.py)
     "undecidable_reduction": (lambda d: (_pb(d, _graph_max_loss()), dict(sinks=["train_op"], batch_size=8, loss="loss")),
                               "step.pb", "loss_reduction", InputError),
+    "weighted_mean_loss": (lambda d: (_pb(d, _graph_weighted_loss()), dict(batch_size=8)), "step.pb",
+                           "loss_reduction", InputError),
     "bad_loss_name": (lambda d: (_write_bundle(d, loss="los"), {}), "mlp.json", "loss", InputError),
 }
 
@@ -347,6 +408,34 @@ def test_bad_input_gives_one_clear_error(case, tmp_path):
 def test_while_loop_message_says_what_to_do(tmp_path):
     with pytest.raises(UnsupportedGraphError, match="loop.*unroll"):
         load_op_graph(_graph_with_while_loop(True), sinks=["train_op"], batch_size=4)
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(sinks=["train_op"])])
+def test_a_step_reading_tf_data_is_told_to_feed_placeholders(kwargs):
+    with pytest.raises(InputError, match="no input placeholders .*tf.data iterator.*Fix: feed the batch through "
+                                         "tf.compat.v1.placeholder"):
+        load_op_graph(_graph_reading_tf_data(), **kwargs)
+
+
+def test_a_weighted_mean_loss_is_refused_unless_its_reduction_is_stated():
+    with pytest.raises(InputError, match="loss_reduction: the loss divides by 'weight_sum', a value computed from "
+                                         "the batch's values.*cannot be recombined exactly.*--loss_reduction"):
+        load_op_graph(_graph_weighted_loss(), batch_size=8)
+    assert load_op_graph(_graph_weighted_loss(), batch_size=8, loss_reduction="mean").loss_reduction == "mean"
+
+
+def test_a_fixed_batch_is_named_with_the_op_and_the_placeholders_to_change():
+    """TensorFlow's error prints the failing NodeDef; the message names the op and its type
+    instead, whole, and says which placeholders to export with a None batch dimension."""
+    with pytest.raises(InputError) as info:
+        load_op_graph(_graph_fixed_batch())
+    message = str(info.value)
+    assert "shape inference fails at twice the batch size (32): Dimensions must be equal" in message
+    assert re.search(r"in Mul op '[\w/]+_grad/mul' \(input shapes \[16,1\], \[32,4\]\)", message), message
+    assert "{{node" not in message and "DT_FLOAT" not in message
+    assert "the placeholders fix the batch ('x' [16, 12], 'y' [16])" in message
+    assert "Fix: export the step with a None batch dimension in its placeholders (e.g. shape [None, 12] for 'x')" \
+        in message
 
 
 def test_batch_baked_in_message_says_none_batch_dimension():

@@ -70,6 +70,8 @@ def test_the_shaped_cluster_declares_every_host_and_round_trips():
 @pytest.mark.parametrize("emulations, address, field, words", [
     ([{"bandwidth_bytes_per_s": 1e8, "rate": 1}] * 2, "127.0.0.1", "hosts[0].emulation.rate", "unknown key"),
     ([{"bandwidth_bytes_per_s": 0}] * 2, "127.0.0.1", "hosts[0].emulation.bandwidth_bytes_per_s", "> 0"),
+    ([{"bandwidth_bytes_per_s": 100}] * 2, "127.0.0.1", "hosts[0].emulation.bandwidth_bytes_per_s",
+     "in bytes per second"),  # 100 Mbit/s meant: under the file's 1 MB/s bound
     ([{"bandwidth_bytes_per_s": "fast"}] * 2, "127.0.0.1", "hosts[0].emulation.bandwidth_bytes_per_s", "number"),
     ([{"latency_s": -1e-3}] * 2, "127.0.0.1", "hosts[0].emulation.latency_s", "[0, 10]"),
     ([{}] * 2, "127.0.0.1", "hosts[0].emulation", "neither"),

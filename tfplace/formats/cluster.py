@@ -14,7 +14,8 @@ clusters and their datasheet figures in clusters/README.md):
                   "emulation": {"cpus": [1], "cpu_fraction": 0.5}}],                  # optional
      "links": {"bandwidth_bytes_per_s": [[...]], "latency_s": [[...]]}}   # optional matrices
 
-Units: bytes, bytes per second, seconds. Host fields left out take the `Host` defaults.
+Units: bytes, bytes per second, seconds. Host fields left out take the `Host` defaults. A file
+must give memory >= 1 MB and bandwidths >= 1 MB/s (smaller figures are taken for a wrong unit).
 
 Topology (when no explicit matrix is given):
   * two devices on one host talk over a dedicated link per ordered pair (intra bandwidth);
@@ -538,8 +539,40 @@ def _matrix(links: FieldReader, key: str, default: Any) -> Optional[np.ndarray]:
     return np.array(rows, dtype=float)
 
 
+# Least plausible figures in a cluster FILE. Below them a value is almost surely in the wrong unit
+# (16 meant as 16 GB, 10 as 10 Gbit/s) and would simulate as nonsense (an OOM at 0 GB, a step of
+# days) instead of failing. Only the file reader checks them: code and tests build tiny clusters
+# on purpose with `build_cluster`.
+MIN_FILE_MEMORY_BYTES = 10 ** 6  # 1 MB: no device that trains a model has less
+MIN_FILE_BANDWIDTH_BYTES_PER_S = 10 ** 6  # 1 MB/s (8 Mbit/s): slower than any link a cluster trains over
+_MEMORY_FIX = "memory_bytes is in bytes: e.g. 16000000000 for 16 GB"
+_BANDWIDTH_FIX = "bandwidths are in bytes per second: 10 Gbit/s is 1250000000"
+
+
+def _check_file_units(src: str, cluster: Cluster) -> None:
+    """Refuses memory under 1 MB and bandwidths under 1 MB/s (see MIN_FILE_MEMORY_BYTES)."""
+    for i, d in enumerate(cluster.devices):
+        if d.memory_bytes < MIN_FILE_MEMORY_BYTES:
+            raise InputError(src, f"devices[{i}].memory_bytes", f"is {d.memory_bytes} bytes, under 1 MB: "
+                             "too little for a device, so probably not in bytes", _MEMORY_FIX)
+    rates = [(f"hosts[{i}].{key}", getattr(h, key)) for i, h in enumerate(cluster.hosts)
+             for key in ("nic_bandwidth_bytes_per_s", "intra_bandwidth_bytes_per_s")]
+    rates += [(f"hosts[{i}].emulation.bandwidth_bytes_per_s", h.emulation.bandwidth_bytes_per_s)
+              for i, h in enumerate(cluster.hosts)
+              if h.emulation is not None and h.emulation.bandwidth_bytes_per_s is not None]
+    m = cluster.bandwidth_matrix_bytes_per_s
+    if m is not None:
+        rates += [(f"links.bandwidth_bytes_per_s[{i}][{j}]", m[i, j])
+                  for i in range(len(m)) for j in range(len(m)) if i != j]
+    for field, rate in rates:
+        if rate < MIN_FILE_BANDWIDTH_BYTES_PER_S:
+            raise InputError(src, field, f"is {rate:g} bytes per second, under 1 MB/s: too slow for a link, "
+                             "so probably not in bytes per second", _BANDWIDTH_FIX)
+
+
 def cluster_from_reader(r: FieldReader) -> Cluster:
-    """Builds a Cluster from a parsed cluster.json; value checks live in `build_cluster`."""
+    """Builds a Cluster from a parsed cluster.json; value checks live in `build_cluster`, and the
+    file's plausibility bounds (memory >= 1 MB, bandwidths >= 1 MB/s) in `_check_file_units`."""
     r.expect_keys(("name", "hosts", "devices", "links"))
     name = r.get("name", str)
     hosts = []
@@ -568,7 +601,9 @@ def cluster_from_reader(r: FieldReader) -> Cluster:
         if bw is None:
             raise links.error("bandwidth_bytes_per_s", "missing", "give the [device x device] bandwidth matrix")
         lat = _matrix(links, "latency_s", default=None)
-    return build_cluster(name, hosts, devices, bw, lat, source=r.source)
+    cluster = build_cluster(name, hosts, devices, bw, lat, source=r.source)
+    _check_file_units(r.source, cluster)
+    return cluster
 
 
 def save_cluster(cluster: Cluster, path: Union[str, os.PathLike]) -> None:

@@ -476,8 +476,8 @@ def _activate_overheads(r: FieldReader, bases: List[str]) -> Optional[str]:
 def load_activate_config(path: Union[str, os.PathLike], strict: bool = True,
                          workdir: Optional[str] = None, check_model: Optional[ModelCheck] = None) -> ActivateConfig:
     """Reads activate_config.txt. Problems of the file as a whole always raise. Problems of one
-    strategy or baseline entry raise when strict; otherwise they are kept for
-    `validate_entries`, so that a run can skip the bad entry and do the others."""
+    strategy or baseline entry raise when strict (as activate.py reads it: a bad entry stops the
+    run before any work); otherwise they are kept for `validate_entries`, which lists them all."""
     r = FieldReader.from_file(path, expected_format=ACTIVATE_FORMAT)
     bases = [os.path.dirname(os.path.abspath(r.source)), REPO_ROOT]
     r.expect_keys(("cluster", "strategies", "baselines", "graphs", "steps", "warmup_steps", "rounds",

@@ -84,7 +84,8 @@ def load_op_graph(path_or_graph_def: GraphSource, *, sinks: Optional[Sequence[st
       inputs: batched input placeholders, "name" or "name:batch_axis" each (a bare step only;
         default: every placeholder of rank >= 1, batch axis = its one None dimension, else 0).
       loss_reduction: "mean" or "sum"; default: the bundle's, else detected from the op that
-        reduces the loss over the batch (Mean -> mean, Sum -> sum, Sum / batch size -> mean).
+        reduces the loss over the batch (Mean -> mean, Sum -> sum, Sum / batch size -> mean; Sum / a value
+        of the batch's values, a weighted mean, is refused: tfplace.ir.roles.detect_reduction).
       source: name for error messages when a proto is passed (default "GraphDef").
     Raises:
       InputError (UnsupportedGraphError for control flow / cycles).
@@ -406,8 +407,8 @@ def _find_inputs(nodes, order, meta, src) -> List[Tuple[int, int]]:
                 if dims:
                     found.append((i, 0))  # a bare GraphDef has its batch on axis 0 by convention
     if not found:
-        raise InputError(src, "inputs", "the training step has no input placeholders",
-                         "feed the batch through tf.compat.v1.placeholder ops (with a None batch dimension)")
+        raise step_roles.no_placeholders_error(src, tf_data=any(n.op.startswith("IteratorGetNext")
+                                                                for n in nodes.nodes))
     return found
 
 

@@ -81,17 +81,42 @@ def find_variables(step_nodes, arrays) -> Tuple[Variable, ...]:
 
 # ---- loss reduction ------------------------------------------------------------------------
 _DIVISIONS = ("Div", "RealDiv", "DivNoNan", "TrueDiv", "FloorDiv")
+# Ops whose output depends on the shape of their input, not on its values: a divisor that reaches
+# the batch only through them is a function of the batch size (tf.size, tf.shape(x)[0],
+# reduce_sum(ones_like(x))), so the loss is a mean.
+_SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike"})
+
+
+def _reads_batch_values(op, inputs_of, t_op, batch_dependent, op_types) -> bool:
+    """Whether the value of `op` depends on the batch's values, not only on its size: the data
+    walk back from it over batch-dependent ops reaches an input without passing a shape-only op."""
+    seen, stack = set(), [op]
+    while stack:
+        k = stack.pop()
+        if k in seen or op_types[k] in _SHAPE_ONLY:
+            continue
+        seen.add(k)
+        sources = [int(t_op[t]) for _, t in inputs_of.get(k, []) if batch_dependent[t_op[t]]]
+        if not sources:  # batch-dependent with no batch-dependent input: an input placeholder
+            return True
+        stack.extend(sources)
+    return False
 
 
 def detect_reduction(loss_tensor, arrays, batch_dependent, src) -> str:
     """Walks back from the loss over batch-dependent, unbatched tensors to the ops whose inputs
     carry the batch axis: those reduce over the batch. Mean -> "mean"; Sum -> "sum", or "mean"
-    when the path to the loss divides by a batch-dependent value (Keras SUM_OVER_BATCH_SIZE)."""
+    when the path to the loss divides by the batch size (Keras SUM_OVER_BATCH_SIZE).
+
+    A division by a value computed from the batch's values (a weighted mean sum(l * w) / sum(w),
+    a count of non-zero weights) is refused: each replica's loss would be divided by its own
+    part's weights, and neither a mean nor a sum of those gives the single-device loss and
+    gradients. The caller may still state the reduction (loss_reduction=) to accept that."""
     fix = 'pass loss_reduction="mean" or "sum" (or set it in the bundle metadata)'
     if loss_tensor < 0:
         raise InputError(src, "loss_reduction", "no loss tensor given, so the reduction cannot be detected",
                          fix + " and loss=...")
-    t_op, axis = arrays["tensor_op"], arrays["tensor_batch_axis"]
+    t_op, axis, op_types = arrays["tensor_op"], arrays["tensor_batch_axis"], arrays["op_types"]
     inputs_of: Dict[int, List[Tuple[int, int]]] = {}
     for e, (t, d, p) in enumerate(zip(arrays["edge_tensor"], arrays["edge_dst"], arrays["edge_dst_port"])):
         inputs_of.setdefault(int(d), []).append((int(p), int(t)))
@@ -103,13 +128,21 @@ def detect_reduction(loss_tensor, arrays, batch_dependent, src) -> str:
             continue
         seen.add((op, divided))
         ins = sorted(inputs_of.get(op, []))
-        by_batch = arrays["op_types"][op] in _DIVISIONS and any(
-            p == 1 and batch_dependent[t_op[t]] for p, t in ins)
+        divisors = [int(t_op[t]) for p, t in ins if p == 1 and batch_dependent[t_op[t]]] \
+            if op_types[op] in _DIVISIONS else []
+        by_batch = bool(divisors)
+        if any(_reads_batch_values(d, inputs_of, t_op, batch_dependent, op_types) for d in divisors):
+            raise InputError(src, "loss_reduction", f"the loss divides by {arrays['names'][divisors[0]]!r}, a value "
+                             "computed from the batch's values, not the batch size (a weighted mean such as "
+                             "sum(loss * w) / sum(w)): split over replicas, such a loss cannot be recombined exactly "
+                             "as a mean or a sum", "divide by the batch size instead (e.g. tf.reduce_mean(loss * w)), "
+                             "or state the reduction to accept the approximation: --loss_reduction mean|sum "
+                             '(Python: loss_reduction="mean"; a config entry or bundle: "loss_reduction")')
         for port, t in ins:
             if not batch_dependent[t_op[t]] or (by_batch and port == 1):
                 continue
             if axis[t] >= 0:
-                kind = arrays["op_types"][op]
+                kind = op_types[op]
                 found.add("mean" if kind == "Mean" or (kind == "Sum" and divided)
                           else "sum" if kind == "Sum" else f"? ({kind} {arrays['names'][op]!r})")
             else:

@@ -64,20 +64,55 @@ def import_at(nodes, order, inputs, batch, src, doubled=False):
         text = str(e)
         match = _NODE_NAME_IN_TF_ERROR.search(text)
         op = next((g for g in match.groups() if g), "?") if match else "?"
-        first = text.splitlines()[0][:200] if text else type(e).__name__
+        first = _tf_reason(text, {n.name: n.op for n in gd.node}) if text else type(e).__name__
         if INT32_OVERFLOW in text:  # the batch's fault, not the graph's
             problem = size_overflow_problem(batch // 2 if doubled else batch)
             raise InputError(src, "batch_size", problem + (f" at twice the batch ({batch}), where shapes are "
                                                            "inferred" if doubled else ""),
                              "use a smaller batch size") from None
         if doubled:
-            raise InputError(src, f"node[{op}]", f"shape inference fails at twice the batch size "
-                             f"({batch}): {first}; the batch size is baked into the graph",
-                             "export the graph with a None batch dimension (no constant batch in reshapes, "
-                             "fills or slices)") from None
+            why, fix = _baked_batch(nodes, inputs)
+            raise InputError(src, f"node[{op}]", f"shape inference fails at twice the batch size ({batch}): "
+                             f"{first}; {why}", fix) from None
         raise InputError(src, f"node[{op}]", f"TensorFlow cannot import the graph: {first}",
                          "re-export the graph with this TensorFlow version") from None
     return graph
+
+
+def _baked_batch(nodes, inputs) -> Tuple[str, str]:
+    """(why the batch is baked in, the fix) for a step that fails shape inference at 2B.
+
+    Placeholders of a fixed batch make TensorFlow fold that batch into constants of the step (the
+    gradients' shapes) when it is built, so the fix is at the export: a None batch dimension."""
+    fixed = [(nodes.names[i], axis, shape_attr_dims(nodes.nodes[i])) for i, axis in inputs
+             if shape_attr_dims(nodes.nodes[i])[axis] > 0]
+    if not fixed:
+        return ("the batch size is baked into the graph",
+                "export the graph with a None batch dimension (no constant batch in reshapes, fills or slices)")
+    name, axis, dims = fixed[0]
+    example = "[" + ", ".join("None" if k == axis else str(d) for k, d in enumerate(dims)) + "]"
+    shapes = ", ".join(f"{n!r} {d}" for n, _, d in fixed[:3])
+    shapes += f" and {len(fixed) - 3} more" if len(fixed) > 3 else ""
+    return (f"the placeholders fix the batch ({shapes}), so it is baked into the graph",
+            f"export the step with a None batch dimension in its placeholders (e.g. shape {example} for {name!r}), "
+            "and no constant batch in reshapes, fills or slices")
+
+
+_TF_NODE_DEF = re.compile(r" for '\{\{node ([^}]+)\}\} = .*?'(?: with input shapes: (.*?))?\.?$")
+
+
+def _tf_reason(text: str, op_types: Dict[str, str], limit: int = 300) -> str:
+    """TensorFlow's import error in words: its first line, with the printed NodeDef (attrs, inputs)
+    replaced by the op's name and type, and cut (if at all) between words, never inside one."""
+    line = text.splitlines()[0]
+    match = _TF_NODE_DEF.search(line)
+    if match:
+        name, shapes = match.group(1), match.group(2)
+        line = (line[:match.start()] + f" in {op_types.get(name, 'an op')} op {name!r}"
+                + (f" (input shapes {shapes})" if shapes else ""))
+    if len(line) > limit:
+        line = line[:limit].rsplit(" ", 1)[0] + " ..."
+    return line
 
 
 def _import(graph_def):

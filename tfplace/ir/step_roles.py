@@ -16,7 +16,8 @@ so `infer_step` reads them off the graph's structure (no op-name lists):
     producer's gradient (TensorFlow names it `<scope>gradients/<loss op>_grad/...`).
   * **inputs**: the placeholders of rank >= 1 the step reads; the batch axis is the one unknown
     (None) dimension, else axis 0. The loader confirms batch axes by shape inference at two
-    batch sizes (tfplace.ir.shapes).
+    batch sizes (tfplace.ir.shapes). A step with no such placeholder (one that reads tf.data) is
+    refused for that, before any train op is looked for (no update can depend on an input).
   * **initializers**: per variable of the step, the write that needs no input and is not part
     of the step (a MetaGraphDef's `variables` collection names them); grouped under an existing
     NoOp that runs them all (e.g. `init`) or a new `tfplace_init`.
@@ -170,6 +171,11 @@ def _train_ops(g, given, updates, hints, src) -> List[str]:
         lifted = list(dict.fromkeys(_lift(g, n) for n in collected))
         return [n for n in lifted if not any(n in g.ancestors([m]) for m in lifted if m != n)]
     if not updates:
+        if not any(g.node[n].op in _PLACEHOLDERS and shape_attr_dims(g.node[n]) != [] for n in g.node):
+            # nothing is fed, so no update can depend on an input: say that, not "name the train op"
+            # (naming it only leads to this same error from the loader)
+            raise no_placeholders_error(src, tf_data=any(node.op.startswith("IteratorGetNext")
+                                                         for node in g.node.values()))
         raise InputError(src, "train_op", "no op updates a variable from the inputs (no optimizer apply or assign "
                          "that depends on a placeholder)", "export the training step (loss + optimizer.minimize), "
                          "or name the train op with --train_op (Python: train_ops=)")
@@ -179,6 +185,14 @@ def _train_ops(g, given, updates, hints, src) -> List[str]:
                          "name it with --train_op NAME, or several comma-separated to run them together "
                          "(Python: train_ops=[...])")
     return found
+
+
+def no_placeholders_error(src: str, tf_data: bool = False) -> InputError:
+    """The error of a step that reads no batch from a placeholder (of rank >= 1); `tf_data`: it
+    reads it from a tf.data iterator instead."""
+    how = " (it reads its batch from a tf.data iterator)" if tf_data else ""
+    return InputError(src, "inputs", f"the training step has no input placeholders{how}",
+                      "feed the batch through tf.compat.v1.placeholder ops (with a None batch dimension)")
 
 
 def _lift(g, name: str) -> str:
