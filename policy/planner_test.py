@@ -144,8 +144,9 @@ def test_plan_command_uses_the_shipped_policy_without_a_checkpoint(tmp_path):
 
 
 def test_plan_command_writes_nothing_when_every_strategy_runs_out_of_memory(tmp_path):
-    """Devices of 100 kB: no strategy of the tiny CNN fits. plan says which device needs how much
-    against its memory, exits 1 and leaves --out unwritten (the train command exits 1 too)."""
+    """Devices of 1 MB (the least a cluster file takes): no strategy of VGG-19 fits. plan says which
+    device needs how much against its memory, exits 1 and leaves --out unwritten (the train
+    command exits 1 too)."""
     import json
     import re
     import subprocess
@@ -153,11 +154,11 @@ def test_plan_command_writes_nothing_when_every_strategy_runs_out_of_memory(tmp_
     with open(os.path.join(REPO, "clusters/two_kind_4gpu.json")) as f:
         cluster = json.load(f)
     for device in cluster["devices"]:
-        device["memory_bytes"] = 100_000
+        device["memory_bytes"] = 1_000_000
     small = tmp_path / "small_memory.json"
     small.write_text(json.dumps(cluster))
     out = tmp_path / "s.json"
-    result = subprocess.run([sys.executable, "-m", "tfplace.plan", "--model", "tiny_cnn", "--batch_size", "16",
+    result = subprocess.run([sys.executable, "-m", "tfplace.plan", "--model", "vgg19",
                              "--cluster", str(small), "--samples", "0", "--out", str(out)],
                             capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
@@ -165,9 +166,17 @@ def test_plan_command_writes_nothing_when_every_strategy_runs_out_of_memory(tmp_
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"{small}: no strategy found fits in device memory" in errors[0], result.stderr
     needs = re.findall(r"(\w+) needs (\d+) of (\d+) bytes", errors[0])
-    assert needs and all(int(need) > int(capacity) == 100_000 for _, need, capacity in needs), errors[0]
+    assert needs and all(int(need) > int(capacity) == 1_000_000 for _, need, capacity in needs), errors[0]
     assert f"{out} was not written" in errors[0] and "Fix:" in errors[0] and not out.exists()
     assert "strategy written" not in result.stdout
+    # the strategy that comes closest to fitting is named too, when it is not the fastest
+    closest = re.search(r"the closest to fitting \(([\w ]+)\) needs ([\d.]+)x the memory", errors[0])
+    fastest = re.search(r"the best \(([\w ]+)\) runs out of memory \((.*?)\)", errors[0])
+    assert fastest, errors[0]
+    if closest:
+        worst_of_fastest = max(int(n) / int(c) for _, n, c in re.findall(r"(\w+) needs (\d+) of (\d+) bytes",
+                                                                        fastest.group(2)))
+        assert float(closest.group(2)) < worst_of_fastest, errors[0]
 
 
 def test_plan_task_keeps_the_fastest_strategy_that_fits():

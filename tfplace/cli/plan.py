@@ -173,11 +173,23 @@ def main(argv) -> int:
 
 def out_of_memory_problem(result) -> str:
     """What runs out of memory in `result` (a PlanResult none of whose strategies fits): its best
-    by penalised time, each device's peak against its memory."""
+    by penalised time, and the strategy that comes closest to fitting (the least peak over
+    memory on its fullest device, among the baselines and what the policy and search found),
+    each device's peak against its memory."""
     report = result.task.simulate(result.best.strategy)
-    over = report.over_memory_text(report.over_memory)
-    return (f"{FLAGS.cluster}: no strategy found fits in device memory: the best ({result.best.source}) "
-            f"runs out of memory ({over})")
+    text = (f"{FLAGS.cluster}: no strategy found fits in device memory: the best ({result.best.source}) "
+            f"runs out of memory ({report.over_memory_text(report.over_memory)})")
+    entries = {id(e): e for e in [result.best, *result.baseline_entries, result.zero_shot, result.best_action]
+               if e is not None}
+
+    def fullest(r) -> float:
+        return max(p / c for p, c in zip(r.peak_memory_bytes, r.memory_capacity_bytes))
+    closest = min(((e, result.task.simulate(e.strategy)) for e in entries.values()), key=lambda er: fullest(er[1]))
+    if fullest(closest[1]) < fullest(report):
+        entry, r = closest
+        text += (f"; the closest to fitting ({entry.source}) needs {fullest(r):.2f}x the memory of its fullest "
+                 f"device ({r.over_memory_text(r.over_memory)})")
+    return text
 
 
 def measured_overheads_path() -> str:
