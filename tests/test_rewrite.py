@@ -206,3 +206,37 @@ def test_every_collective_participant_runs_in_the_step(how, marks):
     collectives = [n for n in nodes if marks(nodes[n])]
     assert collectives
     assert set(collectives) <= _ancestors(nodes, step.train_op)
+
+
+@pytest.mark.parametrize("fetch, says", [
+    ("v/Read/ReadVariableOp:0", None),                     # a resource variable's read: aliased to mirror 0
+    ("w/read:0", "is the value of a reference variable"),  # a VariableV2's read
+    ("w:0", "is the value of a reference variable"),
+    ("dense/MatMul:0", "is not in the rewritten step"),
+])
+def test_the_plugin_aliases_resource_variable_reads_and_names_what_it_cannot_fetch(fetch, says):
+    """grappler_entry.add_fetch_aliases on a hand-made original graph and rewritten step."""
+    import types
+
+    from tensorflow.core.framework import graph_pb2
+
+    from tfplace.formats.errors import InputError
+    from tfplace.rewrite.grappler_entry import add_fetch_aliases
+    original = graph_pb2.GraphDef()
+    original.node.add(name="v", op="VarHandleOp")
+    read = original.node.add(name="v/Read/ReadVariableOp", op="ReadVariableOp", input=["v"])
+    read.attr["dtype"].type = 1
+    original.node.add(name="w", op="VariableV2")
+    original.node.add(name="w/read", op="Identity", input=["w"])
+    original.node.add(name="dense/MatMul", op="MatMul", input=["x", "w/read"])
+    out = graph_pb2.GraphDef()
+    out.node.add(name="tfplace/read/v/replica_0", op="ReadVariableOp", device="/job:worker/task:1/device:CPU:0")
+    step = types.SimpleNamespace(variables={"v": ("tfplace/read/v/replica_0:0",)})
+    if says is None:
+        add_fetch_aliases(out, original, step, [fetch])
+        alias = next(n for n in out.node if n.name == "v/Read/ReadVariableOp")
+        assert alias.op == "Identity" and list(alias.input) == ["tfplace/read/v/replica_0:0"]
+        assert alias.device == "/job:worker/task:1/device:CPU:0"
+    else:
+        with pytest.raises(InputError, match=says):
+            add_fetch_aliases(out, original, step, [fetch])

@@ -115,6 +115,15 @@ def _rewritten_step(graph_def, graph_def_bytes: bytes, p: PluginParams):
     return step
 
 
+def _is_reference_variable(node, by_name) -> bool:
+    """A VariableV2 op, or the Identity that reads one (`<var>/read`)."""
+    if node is None:
+        return False
+    if node.op == "Identity" and node.input:
+        node = by_name.get(node.input[0].split(":")[0])
+    return node is not None and node.op in ("VariableV2", "Variable")
+
+
 def add_fetch_aliases(out, original, step, fetches: Sequence[str]) -> None:
     """Adds to `out` (the rewritten GraphDef) an Identity under each fetched variable read's name;
     raises InputError for another fetch that is not in `out`."""
@@ -127,6 +136,11 @@ def add_fetch_aliases(out, original, step, fetches: Sequence[str]) -> None:
         node = by_name.get(op)
         var = node.input[0].split(":")[0] if node is not None and node.op == "ReadVariableOp" else ""
         if var not in step.variables:
+            if _is_reference_variable(node, by_name):
+                raise InputError(SOURCE, f"fetch {fetch!r}", "is the value of a reference variable (VariableV2), "
+                                 "which the rewritten step does not keep under its name",
+                                 "build the model with resource variables (tf.compat.v1.enable_resource_variables() "
+                                 "before building it; disable_v2_behavior() turns them off)")
             raise InputError(SOURCE, f"fetch {fetch!r}", "is not in the rewritten step (its ops are replicated "
                              "and renamed)", "fetch the train op, the init op, the loss, or variable values")
         alias = out.node.add(name=op, op="Identity", input=[step.variables[var][0]])
