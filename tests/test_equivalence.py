@@ -31,7 +31,7 @@ from tfplace.ir.loader import load_op_graph
 from tfplace.ir.grouping import Grouping, make_grouping
 from tfplace.rewrite.graph_rewrite import rewrite_step
 from tfplace.runtime.step_runner import StepRunner, random_feed, reference_run
-from tfplace.formats.strategy import even_strategy, proportional_strategy
+from tfplace.formats.strategy import Strategy, decision, even_strategy, proportional_strategy
 from tfplace.testing import tiny_graph
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,10 +76,29 @@ def sum_mlp_graph_def(optimizer):
     return graph.as_graph_def()
 
 
+def sum_reg_mlp_graph_def(optimizer):
+    """The tiny MLP with a summed loss plus a weight decay that does not depend on the batch:
+    loss = sum(ce) + 0.01 * (l2(kernel 0) + l2(kernel 1))."""
+    import tensorflow as tf
+    from tfplace.testing import _dense, _train_step
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as graph:
+        labels = v1.placeholder(tf.int32, [None], name="labels")
+        x = v1.placeholder(tf.float32, [None, 16], name="features")
+        logits = _dense(tf.nn.relu(_dense(x, 32, "dense_0")), 4, "dense_1")
+        per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+        decay = 0.01 * tf.add_n([tf.nn.l2_loss(v) for v in v1.trainable_variables() if "kernel" in v.name])
+        _train_step(tf.add(tf.reduce_sum(per_example), decay, name="loss"), optimizer)
+    return graph.as_graph_def()
+
+
 def model_graph(model, optimizer):
     if model == "mlp_sum":
         return load_op_graph(sum_mlp_graph_def(optimizer), sinks=["train_op"], batch_size=BATCH, loss="loss",
                              loss_reduction="sum", source=f"mlp_sum_{optimizer}")
+    if model == "mlp_sum_reg":
+        return load_op_graph(sum_reg_mlp_graph_def(optimizer), sinks=["train_op"], batch_size=BATCH, loss="loss",
+                             loss_reduction="sum", source=f"mlp_sum_reg_{optimizer}")
     if model == "cnn":
         return load_op_graph(cnn_graph_def(optimizer), sinks=["train_op"], batch_size=BATCH, loss="loss",
                              source=f"cnn_nobn_{optimizer}")
@@ -165,6 +184,21 @@ def test_rewritten_step_equals_single_device(local_cluster, model, optimizer):
         assert err <= TOL, f"strategy {i} ({s.to_json()}, {how}): relative error {err:.3g}"
     COUNT[(model, optimizer)] = len(runs)
     print(f"equivalence: {model}/{optimizer}: {len(strategies)} strategies equal (<= {TOL})")
+
+
+@pytest.mark.multiprocess
+def test_a_summed_loss_with_a_weight_decay_counts_the_decay_once(local_cluster):
+    """Every replica's loss holds the batch-free decay term: the global loss of R replicas (two
+    micro-batches count as two) subtracts R - 1 copies of it (it reported R of them, 38% off
+    for four replicas); the variables were right before and still are."""
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    graph = model_graph("mlp_sum_reg", "sgd")
+    grouping = make_grouping(graph, GROUPS)
+    devs = list(cluster.device_names)
+    micro = Strategy(BATCH, GROUPS, decision({"cpu0": [3, 3], "cpu1": 4, "cpu2": 2}), {})  # 4 replicas
+    for i, strategy in enumerate([even_strategy(devs, BATCH, GROUPS), micro]):
+        err = check(local_cluster, graph, strategy, cluster, grouping, "mlp_sum_reg", seed=i)
+        assert err <= TOL, f"strategy {i} ({strategy.to_json()}): relative error {err:.3g}"
 
 
 # ---- models with random ops: the noise-off mode ----

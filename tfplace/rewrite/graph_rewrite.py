@@ -674,8 +674,32 @@ class _Emitter:
                 break
             w = float(p.task_weight[t]) if p.tensor_weight_mean[lt] else 1.0
             parts.append(self.bname(b) if w == 1.0 else self._scaled_loss(b, t, w, dtype))
+        if len(parts) > 1 and not p.tensor_weight_mean[lt]:
+            # a summed loss plus terms that do not depend on the batch (a weight decay): every
+            # replica's loss holds each such term once, so the sum of R replicas holds it R times
+            replicas = len(parts)
+            for k, b in enumerate(self._batch_free_terms(lt)):
+                term = f"tfplace/loss_batch_free_{k}"
+                self.add(*rn.scaled(term, self.feed_dev, self.bname(b), 1.0 - replicas, dtype))
+                parts.append(term + ":0")
         self.add(rn.add_n(name, self.feed_dev, parts, dtype))
         return name + ":0"
+
+    def _batch_free_terms(self, tensor: int) -> List[int]:
+        """Buffers (instance 0's) of the addends of `tensor` that do not depend on the batch,
+        following Identity and Add/AddV2/AddN ops back from it (loss = sum(ce) + 0.5 * l2)."""
+        g, p = self.g, self.p
+        terms: List[int] = []
+        todo = [tensor]
+        while todo:
+            t = todo.pop()
+            op = int(g.tensor_op[t])
+            if not g.op_batch_dependent[op]:
+                task = int(p.op_task_ptr[op])
+                terms.append(next(int(b) for b in range(p.out_ptr[task], p.out_ptr[task + 1]) if p.buf_tensor[b] == t))
+            elif g.op_types[op] in ("Identity", "Add", "AddV2", "AddN"):
+                todo.extend(int(e) for e in g.edge_tensor[g.edge_dst == op])
+        return terms
 
     def _scaled_loss(self, b: int, t: int, w: float, dtype: str) -> str:
         name = f"tfplace/loss_part_{t}"
