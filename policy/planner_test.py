@@ -46,10 +46,11 @@ def _trained_run(tmp_path):
 
 
 def test_plan_on_another_cluster_beats_every_baseline_and_credits_the_search(tmp_path, monkeypatch):
-    # the best-subset baselines hold this case's answer (DP over the fast pair); without them the
-    # plan must come from the policy or the search (baselines/data_parallel_test.py checks them)
+    # the best-subset baselines (and the hybrid, which starts from the best subset) hold this case's
+    # answer (DP over the fast pair); without them the plan must come from the policy or the search
+    # (baselines/data_parallel_test.py checks them)
     from tfplace.baselines import registry
-    for name in ("dp_subset_even", "dp_subset_proportional"):
+    for name in ("dp_subset_even", "dp_subset_proportional", "dp_mp_hybrid"):
         monkeypatch.delitem(registry.GENERATORS, name)
     config = _trained_run(tmp_path)
     bundle = os.path.join(REPO, "graph_defs/zoo/tiny_cnn_b16_s16_sgd.json")

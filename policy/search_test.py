@@ -69,7 +69,8 @@ def _remote_slow_device_task(model="mlp", batch=16):
     return PlacementTask(f"remote_{model}", graph, make_grouping(graph, 16), cluster, profile, batch, 16)
 
 
-SUBSET_BASELINES = ("dp_subset_even", "dp_subset_proportional")
+# the best-subset baselines, and the hybrid, which starts from the best subset
+SUBSET_BASELINES = ("dp_subset_even", "dp_subset_proportional", "dp_mp_hybrid")
 
 
 @pytest.mark.parametrize("model,seed", [("mlp", 0), ("mlp", 1), ("cnn", 2)])
