@@ -222,3 +222,46 @@ def test_a_local_cluster_session_refuses_a_plugin_config_its_master_cannot_run(m
     else:
         lc._check_grappler_plugin(config)
     lc._check_grappler_plugin(lc.session_config())  # no plugin in the config: nothing to check
+
+
+def test_the_sentinel_waits_in_the_script_and_the_entry_removes_it():
+    """session_config's sentinel: the train op waits for an Assert(false) (once, however often it
+    is called); the rewrite the plugin returns has neither the Assert nor the wait, and equals the
+    rewrite of the graph without them."""
+    import tensorflow as tf
+    from tfplace.rewrite import grappler
+    from tfplace.rewrite.grappler_entry import SENTINEL, optimize, strip_sentinel
+    with tf.Graph().as_default() as g:
+        _, _, _, train_op, _, _ = mlp_training_script()
+        with tf.name_scope("somewhere"):  # a script's scope does not move it
+            assert grappler.add_sentinel(train_op) and grappler.add_sentinel(train_op)
+        assert not grappler.add_sentinel("train_op")  # a name: nothing to change
+    sentinel = g.get_operation_by_name(SENTINEL)
+    assert sentinel.type == "Assert" and [c.name for c in train_op.control_inputs].count(SENTINEL) == 1
+    with_sentinel = g.as_graph_def()
+    stripped = type(with_sentinel)()
+    stripped.CopyFrom(with_sentinel)
+    assert strip_sentinel(stripped) and not strip_sentinel(stripped)
+    assert not any(SENTINEL in n.name or any(SENTINEL in i for i in n.input) for n in stripped.node)
+    assert len(stripped.node) == len(_graph_def().node)
+    parse = type(with_sentinel).FromString  # (protobuf's serialisation of maps has no fixed order)
+    out = parse(optimize(with_sentinel.SerializeToString(), ["train_op"], _params()))
+    assert out == parse(optimize(_graph_def().SerializeToString(), ["train_op"], _params()))
+
+
+@pytest.mark.multiprocess
+def test_a_master_without_the_plugin_fails_the_step_instead_of_running_it_unplaced(plugin):
+    """The docs' script with a plain tf.compat.v1.Session on servers started without worker_env():
+    TensorFlow skips the unknown optimizer; the sentinel's Assert fails the first step, naming the fix
+    (it trained on one device, exit 0, before)."""
+    import tensorflow as tf
+    from tfplace.rewrite.grappler import session_config
+    from tfplace.runtime.local_cluster import LocalCluster
+    (fx, fy), = _feeds()[:1]
+    with LocalCluster(num_tasks=3, threads_per_task=[1, 1, 1]) as lc, tf.Graph().as_default() as g:
+        x, y, loss, train_op, init, _ = mlp_training_script()
+        config = session_config(STRATEGY, CLUSTER, lc.session_config(), train_op=train_op, loss=loss)
+        with tf.compat.v1.Session(lc.target, graph=g, config=config) as sess:
+            sess.run(init)
+            with pytest.raises(tf.errors.InvalidArgumentError, match="did not rewrite this graph.*worker_env"):
+                sess.run(train_op, feed_dict={x: fx, y: fy})

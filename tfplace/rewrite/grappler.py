@@ -131,11 +131,39 @@ def _name(x) -> str:
     return str(getattr(x, "name", x) or "")
 
 
+def add_sentinel(train_op) -> bool:
+    """Makes `train_op` (an op or tensor of a graph; a name cannot be changed) wait for an
+    Assert(false) that the plugin removes before it rewrites (grappler_entry.SENTINEL): a master
+    whose process lacks the library (a server started without worker_env()) runs the original graph
+    and the step fails, naming the fix, where it would train unplaced on one device without a word.
+    Once per graph; True if the train op waits for it."""
+    import tensorflow as tf
+    from tfplace.rewrite.grappler_entry import SENTINEL
+    op = getattr(train_op, "op", train_op)
+    if not isinstance(op, tf.Operation):
+        return False
+    g = op.graph
+    try:
+        sentinel = g.get_operation_by_name(SENTINEL)
+    except KeyError:
+        with g.as_default(), g.name_scope(None):
+            message = ("the tfplace Grappler plugin did not rewrite this graph, so it would run unplaced: the "
+                       "master (task 0) has not loaded the library. Fix: start every server with "
+                       "tfplace.rewrite.grappler.worker_env() in its environment")
+            sentinel = tf.raw_ops.Assert(condition=tf.constant(False, name=SENTINEL + "/never"),
+                                         data=[tf.constant(message, name=SENTINEL + "/message")], name=SENTINEL)
+    if sentinel not in op.control_inputs:
+        # no public TF API adds a control input to an existing op (as PlacementHook._repoint)
+        op._add_control_inputs([sentinel])  # noqa: SLF001
+    return True
+
+
 def session_config(strategy_path, cluster_path, base_config=None, *, train_op, init_op="init", loss=None,
                    loss_reduction: Optional[str] = None):
     """A copy of `base_config` (a ConfigProto) whose Grappler runs only the "tfplace" optimizer, with
-    the parameters grappler_entry reads. `train_op`, `init_op`, `loss`: ops, tensors or names.
-    Raises InputError unless load_plugin() has loaded the plugin into this process."""
+    the parameters grappler_entry reads. `train_op`, `init_op`, `loss`: ops, tensors or names; a
+    train op given as an op gets the plugin's sentinel (add_sentinel). Raises InputError unless
+    load_plugin() has loaded the plugin into this process."""
     import tensorflow as tf
     from tensorflow.core.protobuf import rewriter_config_pb2
     from tfplace.rewrite.grappler_entry import PluginParams
@@ -146,6 +174,7 @@ def session_config(strategy_path, cluster_path, base_config=None, *, train_op, i
     params = PluginParams(strategy=os.path.abspath(strategy_path), cluster=os.path.abspath(cluster_path),
                           train_op=_name(train_op), init_op=_name(init_op), loss=_name(loss),
                           loss_reduction=loss_reduction or "")
+    add_sentinel(train_op)
     out = tf.compat.v1.ConfigProto()
     if base_config is not None:
         out.CopyFrom(base_config)

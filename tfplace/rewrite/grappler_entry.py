@@ -33,6 +33,10 @@ from typing import Mapping, Optional, Sequence
 from tfplace.formats.errors import InputError
 
 SOURCE = "tfplace Grappler optimizer"
+# An Assert(false) that session_config makes the script's train op wait for and that optimize()
+# removes before it rewrites: a master without the plugin runs the original graph, and the Assert
+# fails the step instead of letting it train unplaced on one device, silently.
+SENTINEL = "tfplace_plugin_sentinel"
 REWRITTEN_MARKER = "tfplace/init_once"  # a node every rewritten step has (graph_rewrite.init_subgraph)
 SESSION_ITEM = "tf_graph"  # Grappler's item id for a session's graph (GraphExecutionState)
 _CACHE_ENTRIES = 4  # rewritten steps kept: one session asks once per distinct fetch set
@@ -75,6 +79,8 @@ def optimize(graph_def_bytes: bytes, fetches: Sequence[str], params: Mapping[str
     from tensorflow.core.framework import graph_pb2
     p = PluginParams.from_map(params)
     graph_def = graph_pb2.GraphDef.FromString(graph_def_bytes)
+    if strip_sentinel(graph_def):
+        graph_def_bytes = graph_def.SerializeToString()
     names = {n.name for n in graph_def.node}
     if REWRITTEN_MARKER in names or (item_id != SESSION_ITEM and p.train_op not in names):
         return None
@@ -90,6 +96,24 @@ def optimize(graph_def_bytes: bytes, fetches: Sequence[str], params: Mapping[str
     out.CopyFrom(step.graph_def)
     add_fetch_aliases(out, graph_def, step, fetches)
     return out.SerializeToString()
+
+
+def strip_sentinel(graph_def) -> bool:
+    """Removes SENTINEL (and the constants under its name) from `graph_def`, with every control
+    input on it; True if it was there. The returned graph is then rewritten, or, as a function body
+    or a graph rewritten already, kept, either way without the failing Assert."""
+    drop = {n.name for n in graph_def.node if n.name == SENTINEL or n.name.startswith(SENTINEL + "/")}
+    if not drop:
+        return False
+    keep = [n for n in graph_def.node if n.name not in drop]
+    for n in keep:
+        inputs = [i for i in n.input if i.lstrip("^").split(":")[0] not in drop]
+        if len(inputs) != len(n.input):
+            del n.input[:]
+            n.input.extend(inputs)
+    del graph_def.node[:]
+    graph_def.node.extend(keep)
+    return True
 
 
 def rewrite_graph_def(graph_def, p: PluginParams):
