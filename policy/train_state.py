@@ -101,8 +101,9 @@ def _bundle_files(bundle: str) -> List[str]:
 def run_fingerprint(config: TrainConfig, bundles: Sequence[str]) -> Dict[str, str]:
     """What a run's results depend on, part by part, in config order: "graphs[i]" (the entry's
     options, its bundle and GraphDef files), "clusters[j]" (the cluster, not the file's layout or
-    comments), "profiles[i]", "overheads[j]" (file contents; "derive" / "none" without a file), then every other TrainConfig field outside
-    RESUMABLE_FIELDS (max_groups, seed, network, rl, simulator, ...). Values: sha256 hex digests."""
+    comments), "profiles[i]", "overheads[j]" (file contents; "derive" / "none" without a file),
+    then every other TrainConfig field outside RESUMABLE_FIELDS (max_groups, seed, network, rl,
+    simulator, ...). Values: sha256 hex digests."""
     parts: Dict[str, str] = {}
     for i, (entry, bundle) in enumerate(zip(config.graphs, bundles)):
         options = {k: v for k, v in dataclasses.asdict(entry).items() if k != "graph"}

@@ -215,15 +215,14 @@ def simulate(placed: PlacedGraph, cluster: Cluster, options: SimOptions = SimOpt
         raise InputError("cluster", "devices", "differ from the devices the strategy was lowered for",
                          "simulate with the cluster passed to lower()")
     d = placed.num_devices
+    slots = core_slots(cluster)  # the CPU devices of each host that gives cpu_cores
     bound = 0.0
     if len(placed.device_cpu_seconds):
-        group, cores = core_slots(cluster)  # the CPU devices of each host that gives cpu_cores
-        bound = cpu_bound_seconds(placed.device_cpu_seconds, placed.device_cpu_fraction, group,
-                                  cores.tolist())
+        bound = cpu_bound_seconds(placed.device_cpu_seconds, placed.device_cpu_fraction, slots[0],
+                                  slots[1].tolist())
     on_dev = np.isin(placed.task_kind, DEVICE_KINDS)
     dev = np.where(on_dev, placed.task_device, 0)
     comp = placed.task_kind == TASK_COMPUTE
-    slots = core_slots(cluster)
     cases = straggler_cases(placed, cluster, options)
     step = makespan = 0.0
     busy, compute, peak_bytes = np.zeros(d), np.zeros(d), np.zeros(d)

@@ -122,6 +122,16 @@ def overheads_machine_note(cluster, cluster_path: str, overheads, overheads_path
     return note(watch)
 
 
+def print_profile_note(profile, graph_source: str, profile_path: Optional[str]) -> None:
+    """Prints to stderr tfplace.profiling.profiler.profile_graph_note's line when the profile read
+    from `profile_path` (None: the device model's, nothing to say) was measured on another graph."""
+    if profile_path:
+        from tfplace.profiling.profiler import profile_graph_note
+        note = profile_graph_note(profile, graph_source, profile_path)
+        if note:
+            print(note, file=sys.stderr)
+
+
 def print_overheads_notes(cluster, cluster_path: str, overheads, overheads_path: Optional[str],
                           give: str = "--overheads {}", fix: Optional[str] = None,
                           machine_fix: Optional[str] = None) -> None:

@@ -206,12 +206,9 @@ def execute(args) -> int:
         from tfplace.profiling.device_model import roofline_profile
         profile, profile_label = roofline_profile(graph, cluster.kinds), "roofline device model"
     elif args.profile:
-        from tfplace.profiling.profiler import profile_graph_note
         profile = load_profile(args.profile)
         profile_label = args.profile
-        note = profile_graph_note(profile, graph.source, args.profile)
-        if note:
-            print(note, file=sys.stderr)
+        common.print_profile_note(profile, graph.source, args.profile)
     else:
         from tfplace.profiling.device_model import cluster_profile, default_profile_label
         profile = cluster_profile(graph, cluster)

@@ -143,10 +143,7 @@ def main(argv) -> int:
         raise InputError("arguments", f"--{err.field}" if err.field == "batch_size" else "--model", err.problem,
                          err.fix) from None
     if FLAGS.profile:
-        from tfplace.profiling.profiler import profile_graph_note
-        note = profile_graph_note(result.task.profile, result.bundle, FLAGS.profile)
-        if note:
-            print(note, file=sys.stderr)
+        common.print_profile_note(result.task.profile, result.bundle, FLAGS.profile)
     from tfplace.formats.strategy import save_strategy
     fits = result.best_fitting if result.best.oom else result.best
     if fits is not None and not FLAGS.confirm_real:  # written first: a closed pipe on stdout must not lose it
@@ -176,15 +173,16 @@ def out_of_memory_problem(result) -> str:
     by penalised time, and the strategy that comes closest to fitting (the least peak over
     memory on its fullest device, among the baselines and what the policy and search found),
     each device's peak against its memory."""
-    report = result.task.simulate(result.best.strategy)
-    text = (f"{FLAGS.cluster}: no strategy found fits in device memory: the best ({result.best.source}) "
-            f"runs out of memory ({report.over_memory_text(report.over_memory)})")
     entries = {id(e): e for e in [result.best, *result.baseline_entries, result.zero_shot, result.best_action]
                if e is not None}
+    reports = {key: result.task.simulate(e.strategy) for key, e in entries.items()}
+    report = reports[id(result.best)]
+    text = (f"{FLAGS.cluster}: no strategy found fits in device memory: the best ({result.best.source}) "
+            f"runs out of memory ({report.over_memory_text(report.over_memory)})")
 
     def fullest(r) -> float:
         return max(p / c for p, c in zip(r.peak_memory_bytes, r.memory_capacity_bytes))
-    closest = min(((e, result.task.simulate(e.strategy)) for e in entries.values()), key=lambda er: fullest(er[1]))
+    closest = min(((entries[key], r) for key, r in reports.items()), key=lambda er: fullest(er[1]))
     if fullest(closest[1]) < fullest(report):
         entry, r = closest
         text += (f"; the closest to fitting ({entry.source}) needs {fullest(r):.2f}x the memory of its fullest "

@@ -42,8 +42,9 @@ def define_flags() -> None:
     flags.DEFINE_alias("sinks", "train_op")
     flags.DEFINE_string("trace", None, "write the Chrome trace to this file")
     flags.DEFINE_string("json", None, "write the report as JSON to this file")
-    flags.DEFINE_enum("stragglers", "expected", ["expected", "draw", "off"], "devices that may straggle (cluster "
-                      "file): the expected step over their draws (what plan, compare and train rank by), one "
+    from tfplace.simulator.core import STRAGGLER_MODES, SimOptions
+    flags.DEFINE_enum("stragglers", SimOptions().stragglers, list(STRAGGLER_MODES), "devices that may straggle "
+                      "(cluster file): the expected step over their draws (what plan, compare and train rank by), one "
                       "draw (--seed), or none")
     flags.DEFINE_integer("seed", 0, "straggler noise seed (--stragglers draw; expected: of the sampled draws when "
                          "there are too many combinations to run them all)", lower_bound=0)
@@ -77,11 +78,7 @@ def execute(args) -> int:
     if mismatch:
         print(mismatch, file=sys.stderr)
     profile = load_profile(args.profile) if args.profile else cluster_profile(graph, cluster)
-    if args.profile:
-        from tfplace.profiling.profiler import profile_graph_note
-        note = profile_graph_note(profile, graph.source, args.profile)
-        if note:
-            print(note, file=sys.stderr)
+    common.print_profile_note(profile, graph.source, args.profile)
     grouping = make_grouping(graph, strategy.max_groups)
     validate_strategy(strategy, grouping.group_names, cluster.device_names)
     placed = with_overheads(lower(graph, grouping, cluster, strategy, profile), cluster, overheads)

@@ -18,6 +18,10 @@ from tfplace.ir.graph_ir import Variable
 from tfplace.ir.shapes import element_bytes, shape_attr_dims
 
 _VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
+REFERENCE_VARIABLE_OPS = ("VariableV2", "Variable")  # TF1 reference variables (the rewrite reads resources)
+# The fix for a step with reference variables, as the hook, the runtime and the plugin give it.
+RESOURCE_VARIABLES_FIX = ("call tf.compat.v1.enable_resource_variables() before building the model "
+                          "(disable_v2_behavior() turns them off)")
 # Ops that write the variable they take: every optimizer's update op (Apply*, SparseApply*,
 # ResourceApply*, ResourceSparseApply*: present and future optimizers alike), assigns, scatters.
 VARIABLE_WRITER = re.compile(r"^(Resource)?(Sparse)?Apply|^(Resource)?Scatter|^Assign(Add|Sub)?(VariableOp)?$"

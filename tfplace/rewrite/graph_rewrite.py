@@ -193,6 +193,7 @@ class _Emitter:
         self.orig = {n.name: n for n in graph.graph_def.node}
         self.variable_of = {v.op: v for v in graph.variables}  # handle op -> Variable (send-backs)
         self.nodes: Dict[str, Any] = {}
+        self.feeds: Dict[str, bool] = {}  # RewrittenStep.feeds, filled by _fed_placeholder
         self.extra_ctrl: Dict[str, List[str]] = {}
         self.task_node: Dict[Tuple[int, int], str] = {}  # (task, device) -> node (chains, control)
         self._buf_names: Dict[int, str] = {}
@@ -297,9 +298,7 @@ class _Emitter:
         out.library.CopyFrom(self.g.graph_def.library)
         out.node.extend(self.nodes.values())
         inputs = tuple(self.input_spec(i) for i in self.g.inputs)
-        feeds = {n.name + ":0": n.op == "Placeholder" for n in out.node
-                 if n.op in FED_TYPES and n.name in self.orig and n.name not in {s.tensor[:-2] for s in inputs}}
-        return RewrittenStep(out, train_op, init_op, loss, inputs, variables, p, feeds, self.g.source or "")
+        return RewrittenStep(out, train_op, init_op, loss, inputs, variables, p, self.feeds, self.g.source or "")
 
     def compute(self, t: int) -> None:
         p, g = self.p, self.g
@@ -359,6 +358,7 @@ class _Emitter:
         if t == int(self.p.op_task_ptr[op]):
             node.name = original
             self.add(node)
+            self.feeds[original + ":0"] = node.op == "Placeholder"
         dtype = g.tensor_dtype[int(np.nonzero(g.tensor_op == op)[0][0])]
         self.add(rn.identity(self.inst(t), node.device, original + ":0", dtype))
 
@@ -668,7 +668,7 @@ class _Emitter:
         dtype = g.tensor_dtype[lt]
         parts = []
         for t in p.tasks_of_op(op).tolist():
-            b = next(int(b) for b in range(p.out_ptr[t], p.out_ptr[t + 1]) if p.buf_tensor[b] == lt)
+            b = self._out_buffer(t, lt)
             if p.task_samples[t] == 0:
                 parts = [self.bname(b)]
                 break
@@ -685,6 +685,11 @@ class _Emitter:
         self.add(rn.add_n(name, self.feed_dev, parts, dtype))
         return name + ":0"
 
+    def _out_buffer(self, task: int, tensor: int) -> int:
+        """The buffer of `tensor` that `task` makes."""
+        p = self.p
+        return next(int(b) for b in range(p.out_ptr[task], p.out_ptr[task + 1]) if p.buf_tensor[b] == tensor)
+
     def _batch_free_terms(self, tensor: int) -> List[int]:
         """Buffers (instance 0's) of the addends of `tensor` that do not depend on the batch,
         following Identity and Add/AddV2/AddN ops back from it (loss = sum(ce) + 0.5 * l2)."""
@@ -695,8 +700,7 @@ class _Emitter:
             t = todo.pop()
             op = int(g.tensor_op[t])
             if not g.op_batch_dependent[op]:
-                task = int(p.op_task_ptr[op])
-                terms.append(next(int(b) for b in range(p.out_ptr[task], p.out_ptr[task + 1]) if p.buf_tensor[b] == t))
+                terms.append(self._out_buffer(int(p.op_task_ptr[op]), t))
             elif g.op_types[op] in ("Identity", "Add", "AddV2", "AddN"):
                 todo.extend(int(e) for e in g.edge_tensor[g.edge_dst == op])
         return terms

@@ -31,6 +31,7 @@ import hashlib
 from typing import Mapping, Optional, Sequence
 
 from tfplace.formats.errors import InputError
+from tfplace.ir.roles import REFERENCE_VARIABLE_OPS, RESOURCE_VARIABLES_FIX
 
 SOURCE = "tfplace Grappler optimizer"
 # An Assert(false) that session_config makes the script's train op wait for and that optimize()
@@ -145,7 +146,7 @@ def _is_reference_variable(node, by_name) -> bool:
         return False
     if node.op == "Identity" and node.input:
         node = by_name.get(node.input[0].split(":")[0])
-    return node is not None and node.op in ("VariableV2", "Variable")
+    return node is not None and node.op in REFERENCE_VARIABLE_OPS
 
 
 def add_fetch_aliases(out, original, step, fetches: Sequence[str]) -> None:
@@ -162,9 +163,7 @@ def add_fetch_aliases(out, original, step, fetches: Sequence[str]) -> None:
         if var not in step.variables:
             if _is_reference_variable(node, by_name):
                 raise InputError(SOURCE, f"fetch {fetch!r}", "is the value of a reference variable (VariableV2), "
-                                 "which the rewritten step does not keep under its name",
-                                 "build the model with resource variables (tf.compat.v1.enable_resource_variables() "
-                                 "before building it; disable_v2_behavior() turns them off)")
+                                 "which the rewritten step does not keep under its name", RESOURCE_VARIABLES_FIX)
             raise InputError(SOURCE, f"fetch {fetch!r}", "is not in the rewritten step (its ops are replicated "
                              "and renamed)", "fetch the train op, the init op, the loss, or variable values")
         alias = out.node.add(name=op, op="Identity", input=[step.variables[var][0]])

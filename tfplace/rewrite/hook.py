@@ -247,9 +247,9 @@ def _inferred_train_op(g):
 def _handle(g, name: str):
     op = g.get_operation_by_name(name)
     if op.type != "VarHandleOp":
-        raise ValueError(f"PlacementHook: variable {name!r} is a {op.type}; the hook needs resource variables: call "
-                         "tf.compat.v1.enable_resource_variables() before building the model (disable_v2_behavior() "
-                         "turns them off; the Grappler plugin takes either kind)")
+        from tfplace.ir.roles import RESOURCE_VARIABLES_FIX
+        raise ValueError(f"PlacementHook: variable {name!r} is a {op.type}; the hook needs resource variables: "
+                         f"{RESOURCE_VARIABLES_FIX}; the Grappler plugin takes either kind")
     return op.outputs[0]
 
 

@@ -42,17 +42,17 @@ def check_runnable(step) -> None:
     run without the script's feeds, as activate's or plan --confirm_real's, cannot know its
     value), or reference variables (VariableV2: the rewrite reads variables as resources)."""
     from tfplace.formats.errors import InputError
+    from tfplace.ir.roles import REFERENCE_VARIABLE_OPS, RESOURCE_VARIABLES_FIX
     from tfplace.ir.step_roles import unfed_placeholders_error
-    source = getattr(step, "source", "") or "training step"
-    required = [name[:-len(":0")] for name, must in getattr(step, "feeds", {}).items() if must]
+    source = step.source or "training step"
+    required = [name[:-len(":0")] for name, must in step.feeds.items() if must]
     if required:
         raise unfed_placeholders_error(source, required)
-    refs = sorted({n.name.split("/replica_")[0] for n in step.graph_def.node if n.op in ("VariableV2", "Variable")})
+    refs = sorted({n.name.split("/replica_")[0] for n in step.graph_def.node if n.op in REFERENCE_VARIABLE_OPS})
     if refs:
         raise InputError(source, "variables", f"{len(refs)} reference variables (VariableV2, e.g. {refs[0]!r}); a "
                          "rewritten step reads its variables as resources",
-                         "call tf.compat.v1.enable_resource_variables() before building the model "
-                         "(disable_v2_behavior() turns them off) and export again")
+                         RESOURCE_VARIABLES_FIX + " and export again")
 
 
 def step_session_config(config=None, cluster=None):
