@@ -176,6 +176,21 @@ def restrict(action: Dict[str, np.ndarray], mask: np.ndarray,
     return out
 
 
+def greedy_plans(probs: Dict[str, np.ndarray], speeds: Sequence[float]) -> List[Tuple[str, Dict[str, np.ndarray]]]:
+    """The policy's deterministic plans from its marginals `probs` (ReinforceLearner.probabilities)
+    on devices of relative `speeds` [D], as (what it is, action) pairs: the greedy action, then the
+    greedy action restricted to each of the cluster's fastest parts (fastest_subsets) and to the k
+    devices the policy most expects to use (ranked_subsets). Planning's zero-shot plan is the best of
+    these and a few samples; training times the same ones every step, so that its curve of the
+    policy's own plan is what planning from that checkpoint would give."""
+    greedy = greedy_from(probs)
+    plans = [("greedy", greedy)]
+    for part, masks in (("fastest devices", fastest_subsets(speeds)), ("policy's top devices",
+                                                                        ranked_subsets(probs["shares"]))):
+        plans += [(f"greedy, {part}", restrict(greedy, m, probs["ps_device"])) for m in masks]
+    return plans
+
+
 def canonical_device_permutation(action: Dict[str, np.ndarray], classes: Sequence[Sequence[int]],
                                  group_weights: Sequence[float]) -> np.ndarray:
     """[D] the new index of each device when the devices of each class of identical devices

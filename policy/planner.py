@@ -85,10 +85,10 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
               samples: int = 8, seed: int = 0, mode: str = "both",
               target_time_s: Optional[float] = None) -> PlanResult:
     """Plans one task. Zero-shot (modes "both" and "policy"): the best of the policy's greedy
-    strategy, `samples` samples, and the greedy strategy restricted to each of the cluster's
-    fastest parts (actions.fastest_subsets: the fastest device, then the fastest speed classes)
-    and to the k devices the policy most expects to use (actions.ranked_subsets, k < D); the
-    policy's own choices on those devices, the rest left out; each timed alone. Then every
+    strategy, the greedy strategy restricted to each of the cluster's fastest parts (the fastest
+    device, then the fastest speed classes) and to the k devices the policy most expects to use
+    (k < D) -- the policy's own choices on those devices, the rest left out (actions.greedy_plans)
+    -- and `samples` samples; each timed alone. Then every
     baseline joins the pool (so the result is never worse than the best baseline) and, for
     `search_seconds`:
       "both"    policy-guided search: policy samples, mutations of the best action drawn from the
@@ -110,12 +110,7 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
     if mode != "search":
         # one pass of the network: greedy and samples come from its marginals (it factorises)
         probs = learner.probabilities(obs)
-        greedy = A.greedy_from(probs)
-        shot = [_entry(task, "zero-shot greedy", greedy)]
-        for part, masks in (("fastest devices", A.fastest_subsets(task.speeds)),
-                            ("policy's top devices", A.ranked_subsets(probs["shares"]))):
-            shot += [_entry(task, f"zero-shot greedy, {part}", A.restrict(greedy, m, probs["ps_device"]))
-                     for m in masks]
+        shot = [_entry(task, f"zero-shot {what}", a) for what, a in A.greedy_plans(probs, task.speeds)]
         shot += [_entry(task, "zero-shot sample", a) for a in A.sample_from(rng, probs, samples)]
     zero = min(shot, key=lambda e: e.effective_time_s) if shot else None
     zero_s = time.time() - start

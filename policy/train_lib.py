@@ -4,8 +4,10 @@
 
 The policy starts from `init_policy` (e.g. the pre-trained policy shipped with tfplace,
 tfplace.policy.pretrained) or from random weights. Per step, for every task (graph x cluster): sample `rl.samples_per_step` strategies from the
-policy, simulate them (reward: tfplace.policy.environment), evaluate the greedy strategy and one
-local-search mutation of the pool's best action (both only feed the pool), then one REINFORCE
+policy, simulate them (reward: tfplace.policy.environment), evaluate the policy's own plans (its
+greedy strategy and that strategy restricted to the fastest devices and to the devices the policy
+ranks first, as `plan` makes them zero-shot: actions.greedy_plans) and local-search mutations of the
+pool's best action (these only feed the pool), then one REINFORCE
 update over all tasks (tfplace.policy.agent) and, unless rl.imitate_best is off, one imitation
 step towards each task's best action so far (expert iteration: REINFORCE alone drove the shipped
 policy to the single-device strategy within 5 steps on the bundled default, its samples being
@@ -18,7 +20,7 @@ Outputs, under output_dir:
   checkpoints/ckpt-<step>*   tf.train.Checkpoint of the policy network and its optimizer
   train.log                  messages
   <label>/time.log           one line per step: step, mean and min sampled time, best time, the
-                             policy's greedy strategy's time (s)
+                             time of the policy's best own plan (greedy or restricted; s)
   <label>/best_time.log      JSON: best time, its strategy, every baseline's time, speed-ups
   <label>/best_strategy.json the best strategy (tfplace.formats.strategy format)
   <label>/best_trace.json    simulated Chrome trace of the best strategy
@@ -336,7 +338,10 @@ class Trainer:
             obs = run.task.features.as_observation()
             acts = self.learner.sample(obs, k, self.rng.integers(0, 2**31 - 1, size=2))
             rewards, evals = evaluate_many(run.env, acts)
-            extra = [("greedy", self.learner.greedy(obs))]
+            # the policy's own plans, as planning from this checkpoint makes them (its greedy
+            # strategy and its device restrictions): the pool keeps the best, the log its time
+            extra = A.greedy_plans(self.learner.probabilities(obs), run.task.speeds)
+            num_plans = len(extra)
             best = run.pool.best_with_action()
             if best is not None:  # cheap: the incremental lowering re-resolves only touched groups
                 extra += [("local search", A.mutate(self.rng, best.action, int(self.rng.integers(1, 4))))
@@ -347,8 +352,9 @@ class Trainer:
                 run.pool.add(PoolEntry(f"{src} step {self.step + 1}", run.task.decode(a), ev.time_s,
                                        ev.effective_time_s, ev.oom, self.step + 1, a))
             times = [e.effective_time_s for e in evals]
+            plan_s = min(ev.effective_time_s for _, _, ev in items[len(evals):len(evals) + num_plans])
             run.log_rows.append([self.step + 1, float(np.mean(times)), float(min(times)),
-                                 run.pool.best.effective_time_s, items[len(evals)][2].effective_time_s])
+                                 run.pool.best.effective_time_s, plan_s])
             batch.append((obs, acts, self.learner.advantages(run.label, rewards)))
         stats = self.learner.update(batch)
         if self.config.rl.imitate_best:  # expert iteration: the policy follows the best action found so far
@@ -489,7 +495,7 @@ def plot(run: TaskRun, path: str) -> None:
         ax.plot(rows[:, 0], rows[:, 2] * 1e3, lw=0.8, label="best sampled in step")
         ax.plot(rows[:, 0], rows[:, 3] * 1e3, lw=2, label="best so far (pool: search and policy)")
         if rows.shape[1] > 4:
-            ax.plot(rows[:, 0], rows[:, 4] * 1e3, lw=1.2, label="policy's greedy strategy")
+            ax.plot(rows[:, 0], rows[:, 4] * 1e3, lw=1.2, label="policy's plan (greedy, or restricted to its top devices)")
     ax.axhline(run.pool.best_baseline().effective_time_s * 1e3, color="k", ls="--",
                label=f"best baseline ({run.pool.best_baseline().source})")
     ax.set_xlabel("step")

@@ -74,7 +74,7 @@ def test_train_is_killed_and_resumes_without_losing_progress(tmp_path):
         report = json.load(f)
     # the report is the pool's best after the resume, credited to what produced it
     assert report["time_s"] == final["tasks"][label]["pool"]["entries"][0]["time_s"]
-    assert re.fullmatch(r"(sample|greedy|local search) step \d+", report["source"]) \
+    assert re.fullmatch(r"(sample|greedy(, .+)?|local search) step \d+", report["source"]) \
         or report["source"] in report["baselines"] or report["source"] in SEEDED_ACTIONS, report["source"]
     if report["source"] in report["baselines"]:
         assert report["time_s"] == report["baselines"][report["source"]]["time_s"]
@@ -110,6 +110,25 @@ def test_a_network_that_reads_the_device_rank_imitates_the_best_in_canonical_ord
     trainer.train_step()
     used = sorted({int(i) for d in seen for i in np.flatnonzero(d["shares"].any(axis=0))})
     assert used == [classes[0][0] if rank_feature else classes[0][1]], used
+
+
+def test_every_step_times_the_policys_own_plans_as_planning_makes_them(tmp_path):
+    """The greedy strategy restricted to the fastest devices / the policy's top devices is what
+    `plan` answers zero-shot when it beats the plain greedy one: a training step times the same plans
+    (before its update), keeps them in the pool and logs the best of them, so a run never ends
+    worse than planning from the policy it started with."""
+    from tfplace.formats.config import load_train_config
+    from tfplace.policy import actions as A
+    from tfplace.policy import train_lib
+    config = dataclasses.replace(load_train_config(_config(tmp_path, 1)), output_dir=str(tmp_path / "run"))
+    trainer = train_lib.Trainer(config, log=lambda m: None, progress=False)
+    run = trainer.runs[0]
+    plans = A.greedy_plans(trainer.learner.probabilities(run.task.features.as_observation()), run.task.speeds)
+    times = [run.task.evaluate(a).effective_time_s for _, a in plans]
+    assert plans[0][0] == "greedy" and min(times) < times[0]  # the case where the restrictions matter
+    trainer.train_step()
+    assert run.log_rows[-1][4] == min(times)
+    assert run.pool.best.effective_time_s <= min(times)
 
 
 # ---- seeds -------------------------------------------------------------------------------------
