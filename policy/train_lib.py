@@ -307,6 +307,7 @@ class Trainer:
         self.learner.baselines = dict(s.reward_baselines)
         for run in self.runs:
             run.pool, run.log_rows = s.pools[run.label], s.logs[run.label]
+            run.task.num_simulations += s.simulations.get(run.label, 0)  # the sessions before this one
             run.task.reference_time_s = run.pool.best_baseline().effective_time_s
         self.last_saved_step = s.step  # kept with the next checkpoint; newer damaged ones are removed
 
@@ -319,7 +320,8 @@ class Trainer:
         kept), then writes every task's outputs."""
         state = SavedState(self.step, self.elapsed_s, f"ckpt-{self.step}", self.rng.bit_generator.state,
                            self.learner.baselines, {r.label: r.pool for r in self.runs},
-                           {r.label: r.log_rows for r in self.runs})
+                           {r.label: r.log_rows for r in self.runs},
+                           simulations={r.label: r.task.num_simulations for r in self.runs})
         train_state.write_checkpoint(self.out, self.checkpoint, state, self.fingerprint, self.last_saved_step)
         self.last_saved_step = self.step
         for run in self.runs:

@@ -131,6 +131,25 @@ def test_every_step_times_the_policys_own_plans_as_planning_makes_them(tmp_path)
     assert run.pool.best.effective_time_s <= min(times)
 
 
+def test_a_resumed_run_counts_the_simulations_of_every_session(tmp_path):
+    """summary.json's "simulations" is the run's, not the last session's: a state file carries
+    each task's count, and a resumed run adds its own."""
+    from tfplace.formats.config import load_train_config
+    from tfplace.policy import train_lib
+    config = dataclasses.replace(load_train_config(_config(tmp_path, 2)), output_dir=str(tmp_path / "run"))
+    first = train_lib.Trainer(config, log=lambda m: None, progress=False)
+    first.train_step()
+    first.save()
+    label = first.runs[0].label
+    saved = _state(config.output_dir)["tasks"][label]["simulations"]
+    assert saved >= 10  # the baselines, the samples and the plans of one step
+    again = train_lib.Trainer(config, log=lambda m: None, progress=False)  # resumes from step 1
+    assert again.step == 1
+    assert again.runs[0].task.num_simulations >= saved
+    summary = again.run()
+    assert summary["tasks"][label]["simulations"] == again.runs[0].task.num_simulations > saved + 2
+
+
 # ---- seeds -------------------------------------------------------------------------------------
 def _short_run(tmp_path, name, seed, steps=3):
     """(losses per step, state.json without the wall time, network weights) of `steps` steps."""

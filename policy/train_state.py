@@ -7,7 +7,8 @@ On disk, under the run's output_dir:
   checkpoints/ckpt-N.state.json   the state of step N
 A state file is JSON (never pickle): format, version, step, elapsed seconds, the TF checkpoint it
 goes with (`ckpt-<step>`), the task labels, the run's fingerprint, the numpy RNG state, the reward
-baselines, and per task its strategy pool and log rows (step, mean, min, best time in s).
+baselines, and per task its strategy pool, log rows (step, mean, min, best time in s) and the
+number of simulations the run has made for it.
 
 Checkpoint N is written in this order, each file atomic: the TensorFlow files, then
 checkpoints/ckpt-N.state.json, then a copy of it as state.json; then every checkpoint but N and
@@ -155,12 +156,14 @@ class SavedState:
     pools: Dict[str, StrategyPool]  # per task label, in task order
     logs: Dict[str, List[List[float]]]
     path: str = ""
+    simulations: Dict[str, int] = dataclasses.field(default_factory=dict)  # per task label, every session
 
     def to_json(self, fingerprint: Dict[str, str]) -> Dict[str, object]:
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "step": self.step, "elapsed_s": self.elapsed_s,
                 "tf_checkpoint": self.tf_checkpoint, "labels": list(self.pools), "fingerprint": fingerprint,
                 "rng": self.rng, "reward_baselines": self.reward_baselines,
-                "tasks": {label: {"pool": pool.to_json(), "log": self.logs[label]}
+                "tasks": {label: {"pool": pool.to_json(), "log": self.logs[label],
+                                  "simulations": int(self.simulations.get(label, 0))}
                           for label, pool in self.pools.items()}}
 
 
@@ -265,11 +268,16 @@ def read_state(path: str, out: str, labels: Optional[Sequence[str]] = None,
     for label in baselines:
         _get(baselines, label, float, "reward_baselines")
     tasks = _get(state, "tasks", dict)
-    pools, logs = {}, {}
+    pools, logs, simulations = {}, {}, {}
     for label in labels:
-        pools[label], logs[label] = _read_task(_get(tasks, label, dict, "tasks"), f"tasks.{label}")
+        task = _get(tasks, label, dict, "tasks")
+        pools[label], logs[label] = _read_task(task, f"tasks.{label}")
+        # states written before runs counted their simulations across sessions have none: 0
+        simulations[label] = _get(task, "simulations", int, f"tasks.{label}") if "simulations" in task else 0
+        if simulations[label] < 0:
+            raise _Rejected(f"tasks.{label}.simulations", f"is {simulations[label]}, not a count")
     return SavedState(step, float(_get(state, "elapsed_s", float)), name, rng,
-                      {k: float(v) for k, v in baselines.items()}, pools, logs, path)
+                      {k: float(v) for k, v in baselines.items()}, pools, logs, path, simulations)
 
 
 def _read_task(task: Dict, where: str) -> Tuple[StrategyPool, List[List[float]]]:
