@@ -237,6 +237,35 @@ def test_a_changed_field_changes_its_fingerprint_part_only(field, tmp_path):
     assert train_state.first_difference(before, after) == part
 
 
+@pytest.mark.parametrize("graph_keys,simulator", [
+    ({"optimizer": "sgd"}, {}),                            # the zoo's default optimizer
+    ({"image_size": 16}, {}),                              # tiny_cnn's own image size
+    ({}, {"straggler_seed": 3}),                           # the config's seed, which it defaults to
+])
+def test_a_default_spelled_out_is_the_same_run(graph_keys, simulator, tmp_path):
+    """Writing out a default names the same problem: same task label (output folder), same
+    fingerprint, so a run resumes; a value other than the default is another problem."""
+    from tfplace.formats.config import load_train_config
+    from tfplace.graph_defs.export import resolve_options
+    from tfplace.policy import train_state
+
+    def load(name, graph_extra, sim):
+        cfg = json.loads(open(_config(tmp_path, 2)).read())
+        cfg["graphs"] = [dict({"model": "tiny_cnn", "batch_size": 16}, **graph_extra)]
+        cfg["simulator"] = sim
+        (tmp_path / name).write_text(json.dumps(cfg))
+        config = load_train_config(str(tmp_path / name), check_model=resolve_options)
+        bundle = str(tmp_path / "bundle.json")  # one stand-in file: the options are what differ
+        return config.graphs[0].label, train_state.run_fingerprint(config, [bundle])
+
+    (tmp_path / "bundle.json").write_text("{}")
+    plain = load("plain.json", {}, {})
+    assert load("spelled.json", graph_keys, simulator) == plain
+    other = {k: ("adam" if k == "optimizer" else v + 1) for k, v in graph_keys.items()}
+    other_sim = {k: v + 1 for k, v in simulator.items()}
+    assert load("other.json", other, other_sim) != plain
+
+
 @pytest.mark.parametrize("edit,part", [
     ("graph file bytes", "graphs[0]"),   # the GraphDef the bundle names, not only the bundle
     ("cluster value", "clusters[0]"),

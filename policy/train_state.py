@@ -120,6 +120,8 @@ def run_fingerprint(config: TrainConfig, bundles: Sequence[str]) -> Dict[str, st
         path = config.overheads[j] if j < len(config.overheads) else None
         parts[f"overheads[{j}]"] = "none" if path is None else _file_digest([path])
     plain = config.to_json()
+    if plain.get("simulator", {}).get("straggler_seed") == config.seed:  # the default spelled out
+        plain["simulator"] = dict(plain["simulator"], straggler_seed=None)
     skip = set(RESUMABLE_FIELDS) | {"graphs", "clusters", "profiles", "overheads", "init_policy"}
     parts["init_policy"] = "random" if config.init_policy is None else _file_digest([config.init_policy])
     for f in dataclasses.fields(config):

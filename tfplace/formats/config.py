@@ -221,7 +221,8 @@ def _budget(r: FieldReader) -> Budget:
 
 
 # check_model(name, batch_size, image_size=, seq_len=, num_layers=, optimizer=) raises ValueError
-# naming the problem, e.g. tfplace.graph_defs.export.resolve_options. Core may not import the zoo
+# naming the problem and returns (spec, model config, every option resolved: a dict), e.g.
+# tfplace.graph_defs.export.resolve_options. Core may not import the zoo
 #, so callers that have it pass it in; without it model names are checked at export.
 ModelCheck = Callable[..., Any]
 
@@ -281,7 +282,21 @@ def _graph_entry(g: FieldReader, bases: List[str], check_model: Optional[ModelCh
     entry = GraphEntry(batch, model=g.get("model", str, check=lambda v: bool(v.strip()), must="be non-empty"),
                        **options)
     _check_zoo(g, entry, check_model)
-    return entry
+    return _without_defaults(entry, check_model)
+
+
+def _without_defaults(entry: GraphEntry, check_model: Optional[ModelCheck]) -> GraphEntry:
+    """`entry` with the zoo options that spell out the model's defaults left out ("optimizer": "sgd",
+    a model's own image size): they name the same graph (the same bundle) as leaving them out, so
+    the entry's label (its output folder) and a training run's fingerprint must not tell them apart.
+    The defaults are those check_model fills in (its third result, as resolve_options returns)."""
+    try:
+        defaults = check_model(entry.model, entry.batch_size)[2] if check_model is not None else {}
+    except (ValueError, TypeError, IndexError, KeyError):
+        return entry
+    spelled = {k: None for k in ("image_size", "seq_len", "num_layers", "optimizer")
+               if getattr(entry, k) is not None and getattr(entry, k) == defaults.get(k)}
+    return dataclasses.replace(entry, **spelled) if spelled else entry
 
 
 def _graph_entries(r: FieldReader, key: str, bases: List[str], min_len: int,
