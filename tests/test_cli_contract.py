@@ -321,3 +321,28 @@ def test_simulate_reports_the_expected_step_over_stragglers_unless_asked_for_one
     # seed 0 draws p100_0 slow (numpy's default_rng(0).random(3)[2] = 0.04 < 0.05)
     assert times["off"] < times["expected"] < times["draw"]
     assert times["expected"] == pytest.approx(0.95 * times["off"] + 0.05 * times["draw"], rel=1e-9)
+
+
+GPU_CLUSTER = os.path.join(REPO, "clusters", "two_kind_4gpu.json")
+CPU_OVERHEADS = os.path.join(REPO, "clusters", "local_cpu.overheads.json")
+
+
+@pytest.mark.parametrize("name,argv,names", [
+    ("plan", ["--model", "tiny_mlp", "--cluster", GPU_CLUSTER, "--overheads", CPU_OVERHEADS, "--out", "{tmp}/s.json"],
+     "argument: --overheads:"),
+    ("compare", ["--graph", TINY, "--cluster", GPU_CLUSTER, "--overheads", CPU_OVERHEADS, "--out", "{tmp}/cmp"],
+     "argument: --overheads:"),
+    ("train", ["--config", "{tmp}/c.json"], "c.json: overheads[0]:"),
+])
+def test_runtime_overheads_for_a_gpu_cluster_are_refused_naming_the_field(name, argv, names, tmp_path):
+    """Runtime overheads model a CPU-emulated cluster; given for a GPU cluster they are one error
+    naming the flag or the config's field and the fix (not a missing pair of kinds in the file)."""
+    (tmp_path / "c.json").write_text(json.dumps({
+        "format": "tfplace.train_config", "version": 1, "graphs": [{"model": "tiny_mlp", "batch_size": 16}],
+        "clusters": [GPU_CLUSTER], "overheads": [CPU_OVERHEADS], "output_dir": str(tmp_path / "run")}))
+    done = _run(COMMANDS[name][0], argv, tmp_path)
+    lines = _error_lines(done.stderr)
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    fix = "Fix: set overheads[0] to null" if name == "train" else "Fix: leave out --overheads"
+    assert names in lines[0] and "V100" in lines[0] and fix in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()

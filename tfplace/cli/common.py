@@ -61,12 +61,16 @@ def define_overheads_flag(measure: bool = False) -> None:
                         "; none for GPU clusters")
 
 
-def load_overheads_arg(path: Optional[str]):
+def load_overheads_arg(path: Optional[str], cluster=None, source: str = "argument", field: str = "--overheads",
+                       fix: str = "leave out --overheads: a GPU cluster takes none"):
     """The RuntimeOverheads in `path`, or None without one (tfplace.overheads is imported only
-    then: the simulator's path for GPU clusters never loads it)."""
+    then: the simulator's path for GPU clusters never loads it). With `cluster`: an InputError
+    naming `source` and `field` (with `fix`) when it has GPUs, which take no overheads."""
     if not path:
         return None
-    from tfplace.overheads.model import load_overheads
+    from tfplace.overheads.model import check_cpu_cluster, load_overheads
+    if cluster is not None:
+        check_cpu_cluster(cluster, source, field, fix)
     return load_overheads(path)
 
 

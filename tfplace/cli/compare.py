@@ -213,7 +213,7 @@ def execute(args) -> int:
         from tfplace.profiling.device_model import cluster_profile, default_profile_label
         profile = cluster_profile(graph, cluster)
         profile_label = default_profile_label(profile, cluster)
-    overheads = common.load_overheads_arg(args.overheads)
+    overheads = common.load_overheads_arg(args.overheads, cluster)
     common.print_overheads_notes(cluster, args.cluster, overheads, args.overheads)
     if overheads is not None:
         profile_label += f"; runtime overheads: {args.overheads}"

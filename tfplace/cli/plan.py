@@ -124,7 +124,7 @@ def main(argv) -> int:
         measure_cluster_overheads(cluster, FLAGS.cluster, overheads_path, "python -m tfplace.plan --overheads measure",
                                   out=sys.stderr)
     else:
-        common.print_overheads_notes(cluster, FLAGS.cluster, common.load_overheads_arg(FLAGS.overheads),
+        common.print_overheads_notes(cluster, FLAGS.cluster, common.load_overheads_arg(FLAGS.overheads, cluster),
                                      FLAGS.overheads, fix=f"give --overheads {MEASURE} to measure them first",
                                      machine_fix=f"give --overheads {MEASURE} to measure them on this machine")
     from tfplace.graph_defs.user_step import is_step_file

@@ -71,7 +71,7 @@ def execute(args) -> int:
 
     cluster = load_cluster(args.cluster)
     strategy = load_strategy(args.strategy)
-    overheads = common.load_overheads_arg(args.overheads)
+    overheads = common.load_overheads_arg(args.overheads, cluster)
     common.print_overheads_notes(cluster, args.cluster, overheads, args.overheads)
     graph = common.load_graph_arg(args.graph, "argument --graph", args, strategy.global_batch_size)
     mismatch = graph_mismatch_note(strategy, graph.name)

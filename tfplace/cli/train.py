@@ -52,7 +52,10 @@ def main(argv) -> int:
         common.check_output_dir(config.output_dir, FLAGS.config, "output_dir")
     from tfplace.formats.cluster import load_cluster
     for i, (path, overheads) in enumerate(zip(config.clusters, config.overheads or [None] * len(config.clusters))):
-        common.print_overheads_notes(load_cluster(path), path, common.load_overheads_arg(overheads), overheads,
+        cluster = load_cluster(path)
+        loaded = common.load_overheads_arg(overheads, cluster, config.source or FLAGS.config, f"overheads[{i}]",
+                                           f"set overheads[{i}] to null: clusters[{i}] has GPUs, which take none")
+        common.print_overheads_notes(cluster, path, loaded, overheads,
                                      give=f'"{{}}" as "overheads"[{i}] in the config')
     from tfplace.graph_defs.export import bundle_for_entry
     from tfplace.policy import train_lib

@@ -243,6 +243,17 @@ def kinds_pair(a: str, b: str) -> str:
     return "|".join(sorted((a, b)))
 
 
+def check_cpu_cluster(cluster, source: str, field: str, fix: str) -> None:
+    """Raises InputError naming `source` and `field` when runtime overheads are given for a cluster
+    (tfplace.formats.cluster.Cluster) with devices other than CPUs: they model what the runtime of a
+    CPU-emulated cluster adds to each step; a GPU cluster's step is what its profile and links say."""
+    from tfplace.formats.cluster import is_cpu_kind
+    other = sorted({d.kind for d in cluster.devices if not is_cpu_kind(d.kind)})
+    if other:
+        raise InputError(source, field, f"gives runtime overheads, which model a CPU-emulated cluster, but the "
+                         f"cluster has {', '.join(other)} devices", fix)
+
+
 def pair_table_error(overheads: RuntimeOverheads, field: str, pair: str, has: Tuple[str, ...]) -> InputError:
     """The one error for a per-pair / per-group table that lacks an entry the cluster needs."""
     return InputError(overheads.source, field, f"has no entry for {pair} (has {sorted(has)})",
