@@ -446,8 +446,8 @@ def write_outputs(run: TaskRun, folder: str) -> None:
     os.makedirs(folder, exist_ok=True)
     best, bb = run.best, run.pool.best_baseline()
     with open(os.path.join(folder, "time.log"), "w", encoding="utf-8") as f:
-        f.write("# step, mean sampled time s, min sampled time s, best time so far s, greedy time s "
-                "(OOM penalty folded in)\n")
+        f.write("# step, mean sampled time s, min sampled time s, best time so far s, the policy's own plan's "
+                "time s (OOM penalty folded in)\n")
         for row in run.log_rows:
             f.write(", ".join([str(int(row[0]))] + [f"{x:.6e}" for x in row[1:]]) + "\n")
     save_strategy(best.strategy, os.path.join(folder, "best_strategy.json"))
@@ -462,6 +462,8 @@ def write_outputs(run: TaskRun, folder: str) -> None:
         "speedup_over_best_baseline": run.speedup(),
         "speedups": {e.source: e.effective_time_s / best.effective_time_s for e in run.pool.baselines},
         "rewritten_graph": graph_note, "strategy": best.strategy.to_json(),
+        # the graph the strategy is for, with its options and batch (simulate/activate --graph)
+        "graph_file": os.path.abspath(run.task.graph.source) if run.task.graph.source else None,
         # the straggler draws every time here was simulated with (python -m tfplace.simulate --seed)
         "simulator_seed": run.task.sim_options.seed})
     plot(run, os.path.join(folder, "training.png"))

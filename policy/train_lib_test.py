@@ -148,6 +148,8 @@ def test_a_resumed_run_counts_the_simulations_of_every_session(tmp_path):
     assert again.runs[0].task.num_simulations >= saved
     summary = again.run()
     assert summary["tasks"][label]["simulations"] == again.runs[0].task.num_simulations > saved + 2
+    with open(os.path.join(config.output_dir, label, "best_time.log")) as f:  # the graph to simulate it on
+        assert json.load(f)["graph_file"] == os.path.abspath(config.graphs[0].graph)
 
 
 # ---- seeds -------------------------------------------------------------------------------------

@@ -313,7 +313,9 @@ def validate_strategy(strategy: Strategy, group_names: Optional[Sequence[str]], 
         for name in strategy.groups:
             if name not in known_groups:
                 raise InputError(src, f"groups.{name}", "no such group in the graph at this max_groups" +
-                                 made_for(strategy), "use group names of the graph's grouping at the same max_groups")
+                                 made_for(strategy), "give the graph the strategy was made for, with the same model "
+                                 "options (image size, sequence length, layers; a training run's best_time.log names "
+                                 "it as graph_file), at the same max_groups")
     for field, d in strategy.decisions():
         for device, _ in d.shares:
             if device not in known_devices:
