@@ -346,3 +346,33 @@ def test_runtime_overheads_for_a_gpu_cluster_are_refused_naming_the_field(name, 
     fix = "Fix: set overheads[0] to null" if name == "train" else "Fix: leave out --overheads"
     assert names in lines[0] and "V100" in lines[0] and fix in lines[0], lines[0]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("case", ["unknown device kind", "profile without the cluster's kinds"])
+@pytest.mark.parametrize("folder_before", [False, True])
+def test_train_on_bad_input_leaves_no_output_folder_it_made(case, folder_before, tmp_path):
+    """Bad input found before the run (an unknown kind: before the folder is made) or inside it
+    (a profile that lacks the cluster's kinds: the folder was made and locked) exits 2 and leaves
+    no folder behind; a folder that was there before stays, with what it held."""
+    cluster = json.loads(open(GPU_CLUSTER).read())
+    if case == "unknown device kind":
+        cluster["devices"][0]["kind"] = "H100X"
+    (tmp_path / "c.json").write_text(json.dumps(cluster))
+    (tmp_path / "p.json").write_text(json.dumps({"format": "tfplace.profile", "version": 1,
+                                                 "ops": {"x": {"CPU": {"8": 0.1}}}}))
+    config = {"format": "tfplace.train_config", "version": 1, "graphs": [{"model": "tiny_mlp", "batch_size": 16}],
+              "clusters": [str(tmp_path / "c.json")], "budget": {"steps": 1}}
+    if case != "unknown device kind":
+        config["profiles"] = [str(tmp_path / "p.json")]
+    (tmp_path / "cfg.json").write_text(json.dumps(config))
+    run = tmp_path / "run"
+    if folder_before:
+        run.mkdir()
+        (run / "notes.txt").write_text("mine")
+    done = _run(COMMANDS["train"][0], ["--config", str(tmp_path / "cfg.json"), "--output_dir", str(run)], tmp_path)
+    lines = _error_lines(done.stderr)
+    assert done.returncode == 2 and len(lines) == 1 and "Fix:" in lines[0], done.stderr[-2000:]
+    assert ("H100X" if case == "unknown device kind" else "not in the profile") in lines[0]
+    assert run.exists() == folder_before
+    if folder_before:
+        assert (run / "notes.txt").read_text() == "mine"

@@ -18,6 +18,7 @@ the last whole step (a second signal stops at once, keeping the checkpoint befor
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads (binary only)
@@ -25,6 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads (b
 from absl import flags  # noqa: E402
 
 from tfplace.cli import common  # noqa: E402
+from tfplace.formats.errors import InputError  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -51,8 +53,11 @@ def main(argv) -> int:
     else:
         common.check_output_dir(config.output_dir, FLAGS.config, "output_dir")
     from tfplace.formats.cluster import load_cluster
+    from tfplace.profiling.device_model import check_known_kinds
     for i, (path, overheads) in enumerate(zip(config.clusters, config.overheads or [None] * len(config.clusters))):
         cluster = load_cluster(path)
+        if None in config.profiles:  # a graph without a profile file takes the device model's
+            check_known_kinds(cluster)
         loaded = common.load_overheads_arg(overheads, cluster, config.source or FLAGS.config, f"overheads[{i}]",
                                            f"set overheads[{i}] to null: clusters[{i}] has GPUs, which take none")
         common.print_overheads_notes(cluster, path, loaded, overheads,
@@ -60,9 +65,16 @@ def main(argv) -> int:
     from tfplace.graph_defs.export import bundle_for_entry
     from tfplace.policy import train_lib
     bundles = train_lib.config_bundles(config, bundle_for_entry)  # exports: their bad input before any folder
+    created = not os.path.isdir(config.output_dir)
     os.makedirs(config.output_dir, exist_ok=True)
-    with common.OutputLock(config.output_dir, FLAGS.config, "output_dir"):  # one run per folder
-        return _train(config, bundles)
+    try:
+        with common.OutputLock(config.output_dir, FLAGS.config, "output_dir"):  # one run per folder
+            return _train(config, bundles)
+    except InputError:
+        from tfplace.policy.train_state import state_files
+        if created and not state_files(config.output_dir):  # bad input before any checkpoint: no folder left
+            shutil.rmtree(config.output_dir, ignore_errors=True)
+        raise
 
 
 def _train(config, bundles) -> int:

@@ -738,6 +738,19 @@ def quota_kinds(cluster) -> Dict[str, float]:
     return out
 
 
+def check_known_kinds(cluster) -> None:
+    """Raises InputError naming the cluster file and the device when the device model cannot give
+    a profile of its kind (not in the device table, and not a CPU kind under a declared quota)."""
+    quota = quota_kinds(cluster)
+    for i, d in enumerate(cluster.devices):
+        if not _known(d.kind) and d.kind not in quota:
+            raise InputError(cluster.source or cluster.name, f"devices[{i}].kind",
+                             f"the device model does not know the kind {d.kind!r} (known: {sorted(DEVICES)}; a CPU "
+                             "kind under a declared CPU quota is a CPU slowed by it)",
+                             "measure a profile on the cluster (python -m tfplace.profile --graph G --cluster C "
+                             "--out P) and give it (--profile P; a train config's \"profiles\"), or use a known kind")
+
+
 def cluster_profile(graph: OpGraph, cluster) -> Profile:
     """The device model's profile of every kind of `cluster` (a tfplace.formats.cluster.Cluster),
     what every command uses without --profile: default_profile for the kinds of the device table; a
@@ -745,14 +758,8 @@ def cluster_profile(graph: OpGraph, cluster) -> Profile:
     slowdown; `python -m tfplace.profile --cluster C` measures the real one). Raises InputError
     naming the cluster file and the device for any other kind the device table lacks."""
     from tfplace.profiling.profiler import merge_profiles, scaled_kind
+    check_known_kinds(cluster)
     quota = quota_kinds(cluster)
-    for i, d in enumerate(cluster.devices):
-        if not _known(d.kind) and d.kind not in quota:
-            raise InputError(cluster.source or cluster.name, f"devices[{i}].kind",
-                             f"the device model does not know the kind {d.kind!r} (known: {sorted(DEVICES)}; a CPU "
-                             "kind under a declared CPU quota is a CPU slowed by it)",
-                             "measure a profile on the cluster and pass it with --profile "
-                             "(python -m tfplace.profile --graph G --cluster C --out P), or use a known kind")
     known = [k for k in cluster.kinds if k not in quota]
     profile = default_profile(graph, known + (["CPU"] if quota and "CPU" not in known else []))
     for kind, fraction in quota.items():
