@@ -180,7 +180,8 @@ def build_task(label: str, bundle: str, batch_size: int, cluster_path: str, prof
 
 
 def seed_pool(task: PlacementTask, size: int) -> StrategyPool:
-    """A pool with every baseline plus the proportional action (a start for local search)."""
+    """A pool with every baseline, each baseline encoded as an action, and the proportional and
+    single-device actions (starts for local search and imitation targets)."""
     pool = StrategyPool(size)
     for name, factory in baseline_factories(task.graph, task.cluster, task.batch_size, task.max_groups,
                                             profile=task.profile, grouping=task.grouping,
@@ -189,7 +190,14 @@ def seed_pool(task: PlacementTask, size: int) -> StrategyPool:
         ev = task.evaluate_strategy(strategy)
         pool.add_baseline(PoolEntry(name, strategy, ev.time_s, ev.effective_time_s, ev.oom, 0))
     task.reference_time_s = pool.best_baseline().effective_time_s
-    # Baselines expressed in the action space, as starts for the local search.
+    # Every baseline in the action space too (actions.encode: the nearest share levels), timed as
+    # decoded: starts for the local search and, when best, what the policy imitates.
+    for b in list(pool.baselines):
+        act = A.encode(b.strategy, task.grouping.group_names, task.cluster.device_names, task.speeds)
+        ev = task.evaluate(act)
+        pool.add(PoolEntry(f"{b.source} as an action", task.decode(act), ev.time_s, ev.effective_time_s, ev.oom, 0,
+                           act))
+    # Plain starts in the action space.
     prop = A.proportional_action(task.num_groups, task.num_devices)
     single = {k: np.zeros_like(v) for k, v in prop.items()}  # all levels 0 -> fastest device alone
     for name, act in (("proportional action", prop), ("single-device action", single)):

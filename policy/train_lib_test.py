@@ -75,7 +75,8 @@ def test_train_is_killed_and_resumes_without_losing_progress(tmp_path):
     # the report is the pool's best after the resume, credited to what produced it
     assert report["time_s"] == final["tasks"][label]["pool"]["entries"][0]["time_s"]
     assert re.fullmatch(r"(sample|greedy(, .+)?|local search) step \d+", report["source"]) \
-        or report["source"] in report["baselines"] or report["source"] in SEEDED_ACTIONS, report["source"]
+        or report["source"].removesuffix(" as an action") in report["baselines"] \
+        or report["source"] in SEEDED_ACTIONS, report["source"]
     if report["source"] in report["baselines"]:
         assert report["time_s"] == report["baselines"][report["source"]]["time_s"]
     with open(os.path.join(folder, "best_strategy.json")) as f:
@@ -150,6 +151,30 @@ def test_a_resumed_run_counts_the_simulations_of_every_session(tmp_path):
     assert summary["tasks"][label]["simulations"] == again.runs[0].task.num_simulations > saved + 2
     with open(os.path.join(config.output_dir, label, "best_time.log")) as f:  # the graph to simulate it on
         assert json.load(f)["graph_file"] == os.path.abspath(config.graphs[0].graph)
+
+
+def test_the_pool_starts_with_every_baseline_in_the_action_space(tmp_path):
+    """Local search mutates and the policy imitates the best entry that has an action: every
+    baseline is in the pool as an action too (its nearest share levels), timed as decoded, so a
+    baseline that only a strategy expressed (a hybrid's whole layers on one device) is a start and a
+    target, not out of the policy's reach."""
+    from tfplace.formats.config import load_train_config
+    from tfplace.policy import actions as A
+    from tfplace.policy import train_lib
+    config = dataclasses.replace(load_train_config(_config(tmp_path, 1)), output_dir=str(tmp_path / "run"))
+    run = train_lib.Trainer(config, log=lambda m: None, progress=False).runs[0]
+    task, pool = run.task, run.pool
+    encoded = {}
+    for b in pool.baselines:
+        act = A.encode(b.strategy, task.grouping.group_names, task.cluster.device_names, task.speeds)
+        encoded[b.source] = task.evaluate(act).effective_time_s
+    best_encoded = min(encoded.values())
+    assert pool.best_with_action().effective_time_s <= best_encoded
+    prop = A.proportional_action(task.num_groups, task.num_devices)
+    plain = min(task.evaluate(a).effective_time_s for a in (prop, {k: 0 * v for k, v in prop.items()}))
+    assert best_encoded < plain  # the case where the encoded baselines matter: better than the plain starts
+    kept = {e.source for e in pool.entries}
+    assert f"{min(encoded, key=encoded.get)} as an action" in kept
 
 
 # ---- seeds -------------------------------------------------------------------------------------
