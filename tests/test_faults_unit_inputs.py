@@ -36,6 +36,12 @@ GOOD_STRATEGY = {"global_batch_size": 6, "max_groups": 4, "default": {"shares": 
 ACTIVATE = {"format": "tfplace.activate_config", "cluster": CLUSTER, "baselines": ["single"],
             "graphs": [{"model": "tiny_mlp", "batch_size": 12}]}
 
+# the files `kernel_replay export` and `kernel_replay replay` write (tfplace.profiling.kernel_replay)
+OP_TABLE = {"format": "tfplace.profiling.kernel_replay_ops", "version": 1, "graph": "g", "reference_batch_size": 16,
+            "ops": []}
+REPLAY_RESULT = {"format": "tfplace.profiling.kernel_replay", "version": 1, "graph": "g", "device": "NVIDIA H100",
+                 "seconds": {"conv": {"8": 1e-6}}, "skipped": {}}
+
 
 def _local_cpu(change):
     """local_cpu.json changed in place by `change`."""
@@ -155,6 +161,34 @@ CASES = {
     "replay_result_not_json": ("format", kernel_replay,
                                ["to-profile", "--replay", "{tmp}/r.json", "--kind", "H100", "--out", "{tmp}/p.json"],
                                {"r.json": "not json"}, ["r.json", "JSON"]),
+    # a file of another kind where a replay result or op table goes: the file is named, not a KeyError
+    "replay_result_is_an_op_table": ("format", kernel_replay, ["to-profile", "--replay", "{tmp}/ops.json", "--kind",
+                                                               "H100", "--out", "{tmp}/p.json"], {"ops.json": OP_TABLE},
+                                     ["ops.json: format", "not a replay result", "kernel_replay replay"]),
+    "replay_result_is_a_strategy": ("format", kernel_replay, ["to-profile", "--replay", STRATEGY, "--kind", "H100",
+                                                              "--out", "{tmp}/p.json"], {},
+                                    ["strategy_local_cpu.json: format", "'tfplace.strategy'", "not a replay result"]),
+    "replay_result_without_seconds": ("format", kernel_replay, ["to-profile", "--replay", "{tmp}/r.json", "--kind",
+                                                                "H100", "--out", "{tmp}/p.json"],
+                                      {"r.json": {"ops": {}}},
+                                      ["r.json: seconds: missing", "kernel_replay replay"]),
+    "replay_result_negative_seconds": ("format", kernel_replay, ["to-profile", "--replay", "{tmp}/r.json", "--kind",
+                                                                 "H100", "--out", "{tmp}/p.json"],
+                                       {"r.json": _with(REPLAY_RESULT, seconds={"conv": {"8": -1e-6}})},
+                                       ["r.json: seconds.conv.8", ">= 0"]),
+    "replay_result_batch_not_a_size": ("format", kernel_replay, ["to-profile", "--replay", "{tmp}/r.json", "--kind",
+                                                                 "H100", "--out", "{tmp}/p.json"],
+                                       {"r.json": _with(REPLAY_RESULT, seconds={"conv": {"eight": 1e-6}})},
+                                       ["r.json: seconds.conv.eight", "batch size"]),
+    "replay_result_newer_version": ("format", kernel_replay, ["to-profile", "--replay", "{tmp}/r.json", "--kind",
+                                                              "H100", "--out", "{tmp}/p.json"],
+                                    {"r.json": _with(REPLAY_RESULT, version=2)}, ["r.json: version", "must be 1"]),
+    "replay_op_table_is_a_result": ("format", kernel_replay, ["replay", "--ops", "{tmp}/r.json", "--batch-sizes", "8",
+                                                              "--out", "{tmp}/o.json"], {"r.json": REPLAY_RESULT},
+                                    ["r.json: format", "not an op table", "kernel_replay export"]),
+    "replay_op_table_is_a_bundle": ("format", kernel_replay, ["replay", "--ops", TINY, "--batch-sizes", "8",
+                                                              "--out", "{tmp}/o.json"], {},
+                                    ["tiny_mlp_b16_sgd.json: format", "not an op table"]),
     # ---- path: inputs that are not regular files, outputs that cannot be written -------------
     "fifo_activate_config": ("path", activate, ["{tmp}/fifo"], {"fifo": FIFO}, ["fifo", "named pipe"]),
     "fifo_train_config": ("path", train, ["--config", "{tmp}/fifo"], {"fifo": FIFO}, ["fifo", "named pipe"]),
