@@ -417,6 +417,18 @@ def int_list_flag(name: str, minimum: int, below: Optional[int] = None) -> None:
     flags.register_validator(name, check)
 
 
+def cpu_fraction_flag(name: str) -> None:
+    """Validates the float flag `name` at parse time as a CPU quota, a share of one core in (0, 1]
+    as the cluster format takes it (tfplace.formats.cluster.cpu_fraction_problem); 0 is the
+    flag's "no quota"."""
+    def check(value: float) -> None:
+        from tfplace.formats.cluster import cpu_fraction_problem
+        problem = cpu_fraction_problem(value) if value != 0 else None
+        if problem:
+            raise InputError(f"argument --{name}", "", *problem)
+    flag_check(name, check)
+
+
 def batch_size_flag(name: str, default: Optional[int], help_text: str, minimum: int = 1) -> None:
     """An integer flag of a batch size: at least `minimum` and below SIZE_LIMIT (TensorFlow's
     shapes are int32), checked at parse time."""
