@@ -448,6 +448,24 @@ def test_bad_input_exits_2_with_one_line_naming_it_and_the_fix(case, tmp_path, c
         assert not os.path.exists(os.path.join(tmp, folder)), f"{folder}/ was made for input refused"
 
 
+@pytest.mark.parametrize("command,argv,first,later", [
+    (simulate, ["--graph", TINY, "--cluster", "{tmp}/nope1.json", "--strategy", "{tmp}/nope2.json"],
+     "--cluster=", "nope2.json"),
+    (profile, ["--graph", TINY, "--cpu-fraction", "2", "--batch-sizes", "0", "--out", "{tmp}/p.json"],
+     "--batch-sizes=", "--cpu-fraction"),
+    (overheads, ["--cluster", "{tmp}/nope1.json", "--comm", "{tmp}/nope2.json", "--out", "{tmp}/o.json"],
+     "--cluster=", "nope2.json"),
+])
+def test_two_refused_flags_are_one_error_the_first(command, argv, first, later, tmp_path, capsys):
+    """absl refuses every bad flag at once; the user sees one line, the first flag and its fix
+    (not every message run together on one line)."""
+    assert common.call(command, _fill(argv, str(tmp_path))) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and first in errors[0] and errors[0].count("Fix:") == 1, err
+    assert later not in errors[0], errors[0]
+
+
 def test_every_category_has_cases():
     categories = [c[0] for c in CASES.values()]
     assert all(categories.count(c) >= 10 for c in ("format", "path", "value")), categories

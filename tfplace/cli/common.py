@@ -493,7 +493,14 @@ _MISSING_FLAG = re.compile(r"flag --(\S+)=None: Flag --\S+ must have a value oth
 _ONE_OF = re.compile(r"flags (.*?): (?:Exactly|At most) one of \(([^)]*)\) must have a value other than None\.?")
 
 
+# absl joins the messages of every flag a validator refused with newlines, each starting "flag --x=..:"
+# or "flags x=.., y=..:"; the first says what to fix first
+_NEXT_FLAG_MESSAGE = re.compile(r"\n(?=flags? )")
+
+
 def _usage_error(message: str) -> None:
+    """Prints absl's usage `message` as one line `error: ... Fix: ...` and exits USAGE_EXIT: every
+    required flag left out together, else the first flag a validator refused."""
     text = " ".join(str(message).split())
     problems, fixes = [], []
     missing = _MISSING_FLAG.findall(text)
@@ -512,6 +519,8 @@ def _usage_error(message: str) -> None:
             fixes.append("give one")
     if problems:
         text = "; ".join(problems) + ". Fix: " + "; ".join(fixes)
+    else:
+        text = " ".join(_NEXT_FLAG_MESSAGE.split(str(message))[0].split())
     if "Fix:" not in text:  # every error line says how to fix it
         fix = next((f for phrase, f in _ABSL_FIXES if phrase in text), "give a value that --help describes")
         text = f"{text.rstrip('.')}. Fix: {fix}"
