@@ -200,6 +200,12 @@ CASES = {
                                               "--out", "{tmp}/cmp"], {"fifo": FIFO}, ["--overheads", "named pipe"]),
     "fifo_replay_ops": ("path", kernel_replay, ["replay", "--ops", "{tmp}/fifo", "--batch-sizes", "8",
                                                 "--out", "{tmp}/r.json"], {"fifo": FIFO}, ["--ops", "named pipe"]),
+    # a list of paths: the one that is not a file is named (the flag's value in the message is the whole list)
+    "compare_strategy_files_one_missing": ("path", compare, ["--graph", TINY, "--cluster", CLUSTER, "--strategy-files",
+                                                             STRATEGY + ",{tmp}/nonexist.json", "--out", "{tmp}/cmp"],
+                                           {}, ["--strategy-files", "nonexist.json: file not found"]),
+    "grappler_graphs_one_a_folder": ("path", grappler_check, ["--graph", TINY, "--graph", "{tmp}/sub"], {"sub": DIR},
+                                     ["--graph", "sub: is a folder"]),
     "fifo_cluster_file": ("path", _loader(_load_cluster), ["{tmp}/fifo"], {"fifo": FIFO}, ["fifo", "named pipe"]),
     "fifo_strategy_file": ("path", _loader(_load_strategy), ["{tmp}/fifo"], {"fifo": FIFO}, ["fifo", "named pipe"]),
     "fifo_profile_file": ("path", _loader(_load_profile), ["{tmp}/fifo"], {"fifo": FIFO}, ["fifo", "named pipe"]),

@@ -266,10 +266,22 @@ def check_input_file(path: str, source: Optional[str] = None, field: str = "") -
     require_regular_file(path, source, field)
 
 
+def _each_path(value, check: Callable[[str], None]) -> None:
+    """check(path) on the path `value`, or on each path of the list `value`; the problem of a list's
+    path names that path (the flag's value in the message is the whole list)."""
+    for path in [value] if isinstance(value, str) else value:
+        try:
+            check(path)
+        except InputError as err:
+            if isinstance(value, str) or path in err.problem:
+                raise
+            raise InputError(err.source, err.field, f"{path}: {err.problem}", err.fix) from None
+
+
 def input_file_flag(name: str) -> None:
     """Validates flag `name` (a path, or a list of paths) at parse time as a regular file this
     command reads: not missing, not a folder, FIFO or device (tfplace.formats.files; never opened)."""
-    flag_check(name, lambda v: [check_input_file(p) for p in ([v] if isinstance(v, str) else v)])
+    flag_check(name, lambda v: _each_path(v, check_input_file))
 
 
 def check_zoo_model(name: str, source: str = "argument --model") -> None:
@@ -312,8 +324,7 @@ def check_graph_arg(spec: str, flag: str, zoo: bool = True) -> None:
 
 def graph_flag(name: str, zoo: bool = True) -> None:
     """Validates flag `name` (a path or a list of them) at parse time with `check_graph_arg`."""
-    flag_check(name, lambda v: [check_graph_arg(p, f"argument --{name}", zoo)
-                                for p in ([v] if isinstance(v, str) else v)])
+    flag_check(name, lambda v: _each_path(v, lambda p: check_graph_arg(p, f"argument --{name}", zoo)))
 
 
 STEP_FLAGS = ("train_op", "loss", "loss_reduction", "inputs")
