@@ -243,6 +243,10 @@ _ENTRY_ROLE_FIXES = {
 }
 
 
+#: A step role -> the config graph entry's key that names it (its errors are named as that key).
+_ENTRY_ROLE_KEYS = {"train_op": "train_ops", "loss": "loss", "loss_reduction": "loss_reduction", "inputs": "inputs"}
+
+
 def bundle_for_entry(entry):
     """Bundle path for a config graph entry (`tfplace.formats.config.GraphEntry`): its `graph` path as
     given (a bare training step .pb/.pbtxt/.meta imported into a cached bundle at the entry's batch,
@@ -259,6 +263,9 @@ def bundle_for_entry(entry):
             fix = _ENTRY_ROLE_FIXES.get("inputs" if err.field.endswith(".attr.shape") else err.field)
             if fix is None:
                 raise
+            key = _ENTRY_ROLE_KEYS.get(err.field)
+            if key and getattr(entry, key):  # a role the entry names (e.g. an op the step lacks): its own key
+                raise InputError(entry.error_source, key, f"{err.problem} ({entry.graph})", fix) from None
             raise InputError(err.source, err.field, err.problem, f"{fix} in the config's graph entry") from None
     opts = {k: getattr(entry, k) for k in ("image_size", "seq_len", "num_layers") if getattr(entry, k) is not None}
     opts.update(batch_size=entry.batch_size, optimizer=entry.optimizer or "sgd")
