@@ -52,6 +52,21 @@ def test_bundled_file_loads(path, tmp_path):
     assert value is not None
 
 
+@pytest.mark.parametrize("name, load, save", [("cluster.json", load_cluster, save_cluster),
+                                              ("strategy.json", load_strategy, save_strategy),
+                                              ("profile.json", load_profile, save_profile),
+                                              ("overheads.json", load_overheads, save_overheads)])
+def test_a_file_saved_with_a_byte_order_mark_loads_as_without(name, load, save, tmp_path):
+    """Editors on Windows start a UTF-8 file with a byte-order mark; the file means the same."""
+    with open(os.path.join(REPO, "examples", "formats", name), "rb") as f:
+        data = f.read()
+    (tmp_path / "plain.json").write_bytes(data)
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + data)
+    save(load(str(tmp_path / "plain.json")), str(tmp_path / "plain_saved.json"))
+    save(load(str(tmp_path / "bom.json")), str(tmp_path / "bom_saved.json"))
+    assert (tmp_path / "bom_saved.json").read_text() == (tmp_path / "plain_saved.json").read_text()
+
+
 def test_activate_example_entries_are_all_good():
     config = load_activate_config(os.path.join(REPO, "examples", "formats", "activate_config.txt"))
     assert [error for _, error in validate_entries(config)] == [None] * 4

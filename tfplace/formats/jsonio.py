@@ -8,7 +8,8 @@ Strictness, on purpose: a key given twice in one object is an error (plain `json
 one silently); an unknown key is an error that lists the known keys and the closest one; NaN and
 Infinity are not numbers; a path field is resolved against named base folders and must exist;
 the file itself must be a regular file (a folder, FIFO or device is refused without opening it,
-tfplace.formats.files).
+tfplace.formats.files). A UTF-8 byte-order mark at the start of a file is skipped (editors on
+Windows write one).
 
 Example:
     r = FieldReader.from_file("cluster.json", expected_format="tfplace.cluster")
@@ -96,7 +97,7 @@ class FieldReader:
         """Parses `path` as a JSON object; checks its "format" and "version" keys if asked."""
         source = require_regular_file(path, field=TOP_LEVEL)  # never opens a FIFO or a device
         try:
-            with open(source, "r", encoding="utf-8") as f:
+            with open(source, "r", encoding="utf-8-sig") as f:  # a byte-order mark (Windows editors) is skipped
                 text = f.read()
             if not text.strip():
                 raise InputError(source, TOP_LEVEL, "the file is empty", "write the JSON object { ... } into it")
