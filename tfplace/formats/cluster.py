@@ -60,7 +60,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from tfplace.formats.errors import InputError
-from tfplace.formats.jsonio import FieldReader, write_json
+from tfplace.formats.jsonio import FieldReader, integral, write_json
 
 FORMAT = "tfplace.cluster"
 CPU_KINDS = ("CPU",)
@@ -532,7 +532,9 @@ def _emulation(d: FieldReader) -> Optional[Emulation]:
     e = d.child("emulation")
     e.expect_keys(_EMULATION_KEYS, also_allowed=("comment",))
     cpus = e.get("cpus", list, default=None)
-    return Emulation(cpus=None if cpus is None else tuple(cpus),
+    # a core written 1.0 is core 1; any other non-integer is kept for build_cluster to refuse, naming it
+    cores = None if cpus is None else tuple(cpu if integral(cpu) is None else integral(cpu) for cpu in cpus)
+    return Emulation(cpus=cores,
                      cpu_fraction=e.get("cpu_fraction", float, default=None))
 
 
