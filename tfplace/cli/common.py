@@ -581,6 +581,13 @@ def _parse(argv: Sequence[str], names: Sequence[str], doc: str, positional: Sequ
     return rest
 
 
+def not_a_command(module: str, fix: str) -> None:
+    """`python -m` on a module of tfplace/cli that is a library of the commands, not one of them:
+    one line `error: <module> is not a command. Fix: <fix>` and exit status 2 (not silence and 0)."""
+    print(f"error: {module} is not a command. Fix: {fix}", file=sys.stderr)
+    sys.exit(USAGE_EXIT)
+
+
 def guarded(main: Callable[[List[str]], Optional[int]]) -> Callable[[List[str]], int]:
     """main, with bad input (InputError) reported as one line `error: ...` and exit status 2, and
     a run that tfplace stopped on purpose (any other TfplaceError: a dead worker, a failed Horovod
@@ -662,3 +669,7 @@ def call(module: types.ModuleType, argv: Sequence[str]) -> int:
         for name in names:
             if name in FLAGS:
                 delattr(FLAGS, name)
+
+
+if __name__ == "__main__":
+    not_a_command("tfplace.cli.common", "run a command, e.g. python -m tfplace.plan --help")
