@@ -36,6 +36,14 @@ COMMIT_LIMIT_BYTES = 3_000_000
 DEFAULT_LR = 0.01
 
 
+class OptionError(ValueError):
+    """An option a model does not take (resolve_options), with what would fix it in `fix`."""
+
+    def __init__(self, message, fix):
+        super().__init__(message)
+        self.fix = fix
+
+
 def _check_int(field, value, minimum, model):
     if value is None:
         return None
@@ -51,7 +59,9 @@ def resolve_options(name, batch_size=None, *, image_size=None, seq_len=None, num
 
     Returns (spec, cfg, opts) where opts is a dict of every resolved option (batch_size,
     image_size, seq_len, num_layers, num_classes, variant, optimizer, learning_rate, seed).
-    Raises ValueError with the option, the bad value and what is accepted.
+    Raises ValueError with the option, the bad value and what is accepted (an OptionError, whose
+    `fix` says what to give, for a size outside the model's range: images under its
+    min_image_size pixels, sequences over its max_seq_len tokens).
     """
     spec = models.get_spec(name)
     batch_size = spec.default_batch if batch_size is None else batch_size
@@ -69,7 +79,14 @@ def resolve_options(name, batch_size=None, *, image_size=None, seq_len=None, num
     if spec.image_size is not None and image_size is None:
         image_size = models.default_image_size(spec, variant)
     image_size = _check_int("image_size", image_size, 1, name)
+    if image_size is not None and image_size < spec.min_image_size:
+        raise OptionError(f"{name}: image_size must be >= {spec.min_image_size} pixels (the smallest image "
+                          f"its layers take), got {image_size}",
+                          f"give an image side of at least {spec.min_image_size} pixels")
     seq_len = _check_int("seq_len", spec.seq_len if seq_len is None else seq_len, 1, name)
+    if seq_len is not None and spec.max_seq_len is not None and seq_len > spec.max_seq_len:
+        raise OptionError(f"{name}: seq_len must be <= {spec.max_seq_len} tokens (its learned positions), "
+                          f"got {seq_len}", f"give a sequence length of at most {spec.max_seq_len} tokens")
     num_layers = _check_int("num_layers", spec.num_layers if num_layers is None else num_layers,
                             1, name)
     num_classes = _check_int("num_classes",
@@ -226,6 +243,10 @@ _ENTRY_ROLE_FIXES = {
 }
 
 
+#: A step role -> the config graph entry's key that names it (its errors are named as that key).
+_ENTRY_ROLE_KEYS = {"train_op": "train_ops", "loss": "loss", "loss_reduction": "loss_reduction", "inputs": "inputs"}
+
+
 def bundle_for_entry(entry):
     """Bundle path for a config graph entry (`tfplace.formats.config.GraphEntry`): its `graph` path as
     given (a bare training step .pb/.pbtxt/.meta imported into a cached bundle at the entry's batch,
@@ -242,14 +263,17 @@ def bundle_for_entry(entry):
             fix = _ENTRY_ROLE_FIXES.get("inputs" if err.field.endswith(".attr.shape") else err.field)
             if fix is None:
                 raise
+            key = _ENTRY_ROLE_KEYS.get(err.field)
+            if key and getattr(entry, key):  # a role the entry names (e.g. an op the step lacks): its own key
+                raise InputError(entry.error_source, key, f"{err.problem} ({entry.graph})", fix) from None
             raise InputError(err.source, err.field, err.problem, f"{fix} in the config's graph entry") from None
     opts = {k: getattr(entry, k) for k in ("image_size", "seq_len", "num_layers") if getattr(entry, k) is not None}
     opts.update(batch_size=entry.batch_size, optimizer=entry.optimizer or "sgd")
     try:
         resolve_options(entry.model, **opts)  # before any export: a bad name is one clear error
     except ValueError as err:
-        raise InputError(entry.error_source, option_field(str(err), opts), str(err),
-                         "use a zoo model name and options that apply to it") from None
+        fix = getattr(err, "fix", "use a zoo model name and options that apply to it")
+        raise InputError(entry.error_source, option_field(str(err), opts), str(err), fix) from None
     try:
         return ensure_bundle(entry.model, **opts)
     except SizeOverflowError as err:  # sizes the options take, but TensorFlow's int32 shapes do not

@@ -5,6 +5,7 @@ committed ones, plus any generated earlier). Exporting the large generated model
 @pytest.mark.slow (each takes seconds to ~15 s; they are then cached in zoo/).
 """
 
+import dataclasses
 import glob
 import json
 import os
@@ -211,13 +212,34 @@ def test_bad_options_raise(name, opts, message):
         export.export_model(name, out_dir="/nonexistent", **opts)
 
 
-@pytest.mark.parametrize("name,opts,message", [
-    ("inception_v3", {"image_size": 50}, "image_size must be >= 75"),
-    ("bert_base", {"seq_len": 600, "num_layers": 1}, "seq_len must be <= 512"),
-])
-def test_bad_sizes_raise_while_building(tmp_path, name, opts, message):
-    with pytest.raises(ValueError, match=message):
-        export.export_model(name, out_dir=str(tmp_path), **opts)
+# (model, option, the registry's bound, a value past it): refused by resolve_options, before any export
+SIZE_BOUNDS = [
+    ("tiny_cnn", "image_size", models.MODELS["tiny_cnn"].min_image_size, 1),
+    ("vgg19", "image_size", models.MODELS["vgg19"].min_image_size, 4),
+    ("resnet50", "image_size", models.MODELS["resnet50"].min_image_size, 8),
+    ("resnet200", "image_size", models.MODELS["resnet200"].min_image_size, 16),
+    ("inception_v3", "image_size", models.MODELS["inception_v3"].min_image_size, 50),
+    ("bert_base", "seq_len", models.MODELS["bert_base"].max_seq_len, 600),
+]
+
+
+@pytest.mark.parametrize("name,option,bound,value", SIZE_BOUNDS)
+def test_sizes_past_the_model_bound_refused_before_export(name, option, bound, value):
+    with pytest.raises(export.OptionError, match=rf"{option} must be [<>]= {bound} .*got {value}") as err:
+        export.resolve_options(name, **{option: value})
+    assert str(bound) in err.value.fix
+    export.resolve_options(name, **{option: bound})  # the bound itself is taken
+
+
+@pytest.mark.parametrize("name,option,bound,value", SIZE_BOUNDS)
+def test_registry_bounds_match_the_family_builds(name, option, bound, value):
+    """The family module's build refuses a size just past the registry's bound (before it touches
+    `inputs`): the two never disagree."""
+    spec = models.MODELS[name]
+    _, cfg, _ = export.resolve_options(name, **{option: bound})
+    past = bound - 1 if option == "image_size" else bound + 1
+    with pytest.raises(ValueError, match=rf"{option} must be [<>]= {bound}, got {past}"):
+        models.family_module(spec).build(dataclasses.replace(cfg, **{option: past}), None)
 
 
 @pytest.mark.parametrize("field,edit,message", [
@@ -255,6 +277,18 @@ def test_cli(tmp_path, capsys):
     assert "alexnet" in capsys.readouterr().err
     assert call(export_cli, ["--model", "tiny_mlp", "--tiny"]) == 2
     assert "exactly one of --model, --all, --tiny" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,option,bound,value", SIZE_BOUNDS)
+def test_cli_refuses_a_size_past_the_bound_naming_the_flag(tmp_path, capsys, name, option, bound, value):
+    from tfplace.cli import export as export_cli
+    from tfplace.cli.common import call
+    flag = "--" + option.replace("_", "-")
+    assert call(export_cli, ["--model", name, flag, str(value), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: {name}: {option} must be" in err
+    assert f" {bound} " in err.split("Fix:")[1]
+    assert os.listdir(tmp_path) == []
 
 
 # ---------------------------------------------------------------- parameter counts

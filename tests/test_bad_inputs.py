@@ -16,6 +16,7 @@ from tfplace.formats.config import load_activate_config, load_train_config
 from tfplace.formats.errors import InputError
 from tfplace.formats.profile import load_profile
 from tfplace.formats.strategy import load_strategy, validate_strategy
+from tfplace.graph_defs.export import resolve_options
 
 CLUSTER = {
     "format": "tfplace.cluster", "version": 1, "name": "two_hosts",
@@ -153,6 +154,14 @@ CASES = {
                             load_train_config, "budget", {}, None),
     "config_unknown_zoo_model": ("config.json", edit(TRAIN, lambda d: d["graphs"][1].update(model="tiny_rnn")),
                                  lambda p: load_train_config(p, check_model=_fake_zoo), "graphs[1].model", {}, None),
+    # an image under the model's smallest (tiny_cnn: 4 px): refused with the config, before any export
+    "config_image_too_small": ("config.json", edit(TRAIN, lambda d: d["graphs"][1].update(image_size=1)),
+                               lambda p: load_train_config(p, check_model=resolve_options), "graphs[1].image_size",
+                               {}, None),
+    "config_sequence_too_long": ("config.json", edit(TRAIN, lambda d: d["graphs"].append(
+                                     {"model": "bert_base", "batch_size": 2, "seq_len": 513})),
+                                 lambda p: load_train_config(p, check_model=resolve_options), "graphs[2].seq_len",
+                                 {}, None),
     "config_bad_cluster_inside": ("config.json", edit(TRAIN, lambda d: d.update(clusters=["bad_cluster.json"])),
                                   load_train_config, "devices[1].memory_bytes",
                                   {"bad_cluster.json": edit(CLUSTER, lambda d: d["devices"][1].update(memory_bytes=0))},
@@ -166,6 +175,11 @@ CASES = {
     "activate_bad_entry_name": ("activate_config.txt",
                                 edit(ACTIVATE, lambda d: d.update(strategies=[{"name": "my run", "strategy": "s.json", "model": "tiny_mlp"}])),
                                 load_activate_config, "strategies[0].name", {"s.json": BAD_CPU_STRATEGY}, None),
+    "activate_image_too_small": ("activate_config.txt",
+                                 edit(ACTIVATE, lambda d: d.update(graphs=[{"model": "tiny_cnn", "batch_size": 12,
+                                                                            "image_size": 2}])),
+                                 lambda p: load_activate_config(p, check_model=resolve_options), "graphs[0].image_size",
+                                 {}, None),
     "activate_strategy_unknown_device": ("activate_config.txt",
                                          edit(ACTIVATE, lambda d: d.update(strategies=[{"name": "s", "strategy": "s.json", "model": "tiny_mlp"}])),
                                          load_activate_config, "default.shares.gpu9", {"s.json": BAD_CPU_STRATEGY}, "s.json"),

@@ -44,6 +44,10 @@ COMMANDS = {
 }
 
 
+# modules of tfplace/cli that are no command (the commands' shared library), run with python -m
+NOT_COMMANDS = ("common", "real_check")
+
+
 def _run(command, argv, tmp_path):
     values = {"missing": str(tmp_path / "missing.json"), "nodir": str(tmp_path / "no_such_folder"),
               "tmp": str(tmp_path)}
@@ -286,6 +290,26 @@ def test_training_on_a_bundled_emulated_cluster_needs_no_profile_and_notes_the_o
     beside = os.path.join(REPO, "clusters", "local_cpu_hetero.overheads.json")
     assert f'give "{beside}" as "overheads"[0] in the config' in done.stderr, done.stderr[-2000:]
     assert (tmp_path / "run" / "tiny_mlp_b12" / "best_strategy.json").exists()
+
+
+@pytest.mark.parametrize("module", NOT_COMMANDS)
+@pytest.mark.parametrize("argv", [[], ["--help"]])
+def test_a_cli_module_that_is_no_command_says_so(module, argv, tmp_path):
+    result = _run(["-m", f"tfplace.cli.{module}"], argv, tmp_path)
+    errors = _error_lines(result.stderr)
+    assert result.returncode == 2 and len(errors) == 1, (result.returncode, result.stderr)
+    assert f"tfplace.cli.{module} is not a command. Fix: " in errors[0] and "Traceback" not in result.stderr
+
+
+def test_every_cli_module_runs_as_a_command_or_says_it_is_none():
+    folder = os.path.join(REPO, "tfplace", "cli")
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py") and name != "__init__.py":
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                source = f.read()
+            assert 'if __name__ == "__main__":' in source, name
+            main_block = source.split('if __name__ == "__main__":')[-1]
+            assert (name[:-3] in NOT_COMMANDS) == ("not_a_command(" in main_block), name
 
 
 def test_kernel_replay_without_pytorch_is_one_line_naming_the_fix(tmp_path):

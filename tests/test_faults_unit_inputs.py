@@ -36,6 +36,12 @@ GOOD_STRATEGY = {"global_batch_size": 6, "max_groups": 4, "default": {"shares": 
 ACTIVATE = {"format": "tfplace.activate_config", "cluster": CLUSTER, "baselines": ["single"],
             "graphs": [{"model": "tiny_mlp", "batch_size": 12}]}
 
+# the files `kernel_replay export` and `kernel_replay replay` write (tfplace.profiling.kernel_replay)
+OP_TABLE = {"format": "tfplace.profiling.kernel_replay_ops", "version": 1, "graph": "g", "reference_batch_size": 16,
+            "ops": []}
+REPLAY_RESULT = {"format": "tfplace.profiling.kernel_replay", "version": 1, "graph": "g", "device": "NVIDIA H100",
+                 "seconds": {"conv": {"8": 1e-6}}, "skipped": {}}
+
 
 def _local_cpu(change):
     """local_cpu.json changed in place by `change`."""
@@ -155,6 +161,34 @@ CASES = {
     "replay_result_not_json": ("format", kernel_replay,
                                ["to-profile", "--replay", "{tmp}/r.json", "--kind", "H100", "--out", "{tmp}/p.json"],
                                {"r.json": "not json"}, ["r.json", "JSON"]),
+    # a file of another kind where a replay result or op table goes: the file is named, not a KeyError
+    "replay_result_is_an_op_table": ("format", kernel_replay, ["to-profile", "--replay", "{tmp}/ops.json", "--kind",
+                                                               "H100", "--out", "{tmp}/p.json"], {"ops.json": OP_TABLE},
+                                     ["ops.json: format", "not a replay result", "kernel_replay replay"]),
+    "replay_result_is_a_strategy": ("format", kernel_replay, ["to-profile", "--replay", STRATEGY, "--kind", "H100",
+                                                              "--out", "{tmp}/p.json"], {},
+                                    ["strategy_local_cpu.json: format", "'tfplace.strategy'", "not a replay result"]),
+    "replay_result_without_seconds": ("format", kernel_replay, ["to-profile", "--replay", "{tmp}/r.json", "--kind",
+                                                                "H100", "--out", "{tmp}/p.json"],
+                                      {"r.json": {"ops": {}}},
+                                      ["r.json: seconds: missing", "kernel_replay replay"]),
+    "replay_result_negative_seconds": ("format", kernel_replay, ["to-profile", "--replay", "{tmp}/r.json", "--kind",
+                                                                 "H100", "--out", "{tmp}/p.json"],
+                                       {"r.json": _with(REPLAY_RESULT, seconds={"conv": {"8": -1e-6}})},
+                                       ["r.json: seconds.conv.8", ">= 0"]),
+    "replay_result_batch_not_a_size": ("format", kernel_replay, ["to-profile", "--replay", "{tmp}/r.json", "--kind",
+                                                                 "H100", "--out", "{tmp}/p.json"],
+                                       {"r.json": _with(REPLAY_RESULT, seconds={"conv": {"eight": 1e-6}})},
+                                       ["r.json: seconds.conv.eight", "batch size"]),
+    "replay_result_newer_version": ("format", kernel_replay, ["to-profile", "--replay", "{tmp}/r.json", "--kind",
+                                                              "H100", "--out", "{tmp}/p.json"],
+                                    {"r.json": _with(REPLAY_RESULT, version=2)}, ["r.json: version", "must be 1"]),
+    "replay_op_table_is_a_result": ("format", kernel_replay, ["replay", "--ops", "{tmp}/r.json", "--batch-sizes", "8",
+                                                              "--out", "{tmp}/o.json"], {"r.json": REPLAY_RESULT},
+                                    ["r.json: format", "not an op table", "kernel_replay export"]),
+    "replay_op_table_is_a_bundle": ("format", kernel_replay, ["replay", "--ops", TINY, "--batch-sizes", "8",
+                                                              "--out", "{tmp}/o.json"], {},
+                                    ["tiny_mlp_b16_sgd.json: format", "not an op table"]),
     # ---- path: inputs that are not regular files, outputs that cannot be written -------------
     "fifo_activate_config": ("path", activate, ["{tmp}/fifo"], {"fifo": FIFO}, ["fifo", "named pipe"]),
     "fifo_train_config": ("path", train, ["--config", "{tmp}/fifo"], {"fifo": FIFO}, ["fifo", "named pipe"]),
@@ -166,6 +200,12 @@ CASES = {
                                               "--out", "{tmp}/cmp"], {"fifo": FIFO}, ["--overheads", "named pipe"]),
     "fifo_replay_ops": ("path", kernel_replay, ["replay", "--ops", "{tmp}/fifo", "--batch-sizes", "8",
                                                 "--out", "{tmp}/r.json"], {"fifo": FIFO}, ["--ops", "named pipe"]),
+    # a list of paths: the one that is not a file is named (the flag's value in the message is the whole list)
+    "compare_strategy_files_one_missing": ("path", compare, ["--graph", TINY, "--cluster", CLUSTER, "--strategy-files",
+                                                             STRATEGY + ",{tmp}/nonexist.json", "--out", "{tmp}/cmp"],
+                                           {}, ["--strategy-files", "nonexist.json: file not found"]),
+    "grappler_graphs_one_a_folder": ("path", grappler_check, ["--graph", TINY, "--graph", "{tmp}/sub"], {"sub": DIR},
+                                     ["--graph", "sub: is a folder"]),
     "fifo_cluster_file": ("path", _loader(_load_cluster), ["{tmp}/fifo"], {"fifo": FIFO}, ["fifo", "named pipe"]),
     "fifo_strategy_file": ("path", _loader(_load_strategy), ["{tmp}/fifo"], {"fifo": FIFO}, ["fifo", "named pipe"]),
     "fifo_profile_file": ("path", _loader(_load_profile), ["{tmp}/fifo"], {"fifo": FIFO}, ["fifo", "named pipe"]),
@@ -290,6 +330,17 @@ CASES = {
                            ["--passes"]),
     "overheads_negative_cpu": ("value", overheads, ["--cluster", CLUSTER, "--out", "{tmp}/o.json",
                                                     "--cpus-per-task", "0;-1"], {}, ["--cpus-per-task"]),
+    # a CPU quota is a share of one core in (0, 1], on the command line as in the cluster file's emulation
+    "profile_cpu_fraction_over_1": ("value", profile, ["--graph", TINY, "--cpu-fraction", "2", "--out", "{tmp}/p.json"],
+                                    {}, ["--cpu-fraction", "(0, 1]", "share of one core"]),
+    "profile_cpu_fraction_nan": ("value", profile, ["--graph", TINY, "--cpu-fraction", "nan", "--out", "{tmp}/p.json"],
+                                 {}, ["--cpu-fraction", "(0, 1]"]),
+    "overheads_cpu_fraction_over_1": ("value", overheads, ["--cluster", CLUSTER, "--out", "{tmp}/o.json",
+                                                           "--cpu-fraction-per-task", ",2,0.5"], {},
+                                      ["--cpu-fraction-per-task", "'2'", "(0, 1]"]),
+    "overheads_cpu_fraction_inf": ("value", overheads, ["--cluster", CLUSTER, "--out", "{tmp}/o.json",
+                                                        "--cpu-fraction-per-task", "inf,0.5,0.5"], {},
+                                   ["--cpu-fraction-per-task", "'inf'", "(0, 1]"]),
     "simulate_memory_in_gb": ("value", simulate, ["--graph", TINY, "--cluster", "{tmp}/c.json", "--strategy", STRATEGY],
                               {"c.json": _local_cpu(lambda c: c["devices"][0].update(memory_bytes=16))},
                               ["c.json: devices[0].memory_bytes", "in bytes", "16000000000 for 16 GB"]),
@@ -401,6 +452,24 @@ def test_bad_input_exits_2_with_one_line_naming_it_and_the_fix(case, tmp_path, c
         assert text in errors[0], (text, errors[0])
     for folder in ("runs", "out"):  # the default output folders (activate, train) and the cases' own
         assert not os.path.exists(os.path.join(tmp, folder)), f"{folder}/ was made for input refused"
+
+
+@pytest.mark.parametrize("command,argv,first,later", [
+    (simulate, ["--graph", TINY, "--cluster", "{tmp}/nope1.json", "--strategy", "{tmp}/nope2.json"],
+     "--cluster=", "nope2.json"),
+    (profile, ["--graph", TINY, "--cpu-fraction", "2", "--batch-sizes", "0", "--out", "{tmp}/p.json"],
+     "--batch-sizes=", "--cpu-fraction"),
+    (overheads, ["--cluster", "{tmp}/nope1.json", "--comm", "{tmp}/nope2.json", "--out", "{tmp}/o.json"],
+     "--cluster=", "nope2.json"),
+])
+def test_two_refused_flags_are_one_error_the_first(command, argv, first, later, tmp_path, capsys):
+    """absl refuses every bad flag at once; the user sees one line, the first flag and its fix
+    (not every message run together on one line)."""
+    assert common.call(command, _fill(argv, str(tmp_path))) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and first in errors[0] and errors[0].count("Fix:") == 1, err
+    assert later not in errors[0], errors[0]
 
 
 def test_every_category_has_cases():

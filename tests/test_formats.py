@@ -52,6 +52,68 @@ def test_bundled_file_loads(path, tmp_path):
     assert value is not None
 
 
+@pytest.mark.parametrize("name, load, save", [("cluster.json", load_cluster, save_cluster),
+                                              ("strategy.json", load_strategy, save_strategy),
+                                              ("profile.json", load_profile, save_profile),
+                                              ("overheads.json", load_overheads, save_overheads)])
+def test_a_file_saved_with_a_byte_order_mark_loads_as_without(name, load, save, tmp_path):
+    """Editors on Windows start a UTF-8 file with a byte-order mark; the file means the same."""
+    with open(os.path.join(REPO, "examples", "formats", name), "rb") as f:
+        data = f.read()
+    (tmp_path / "plain.json").write_bytes(data)
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + data)
+    save(load(str(tmp_path / "plain.json")), str(tmp_path / "plain_saved.json"))
+    save(load(str(tmp_path / "bom.json")), str(tmp_path / "bom_saved.json"))
+    assert (tmp_path / "bom_saved.json").read_text() == (tmp_path / "plain_saved.json").read_text()
+
+
+def _edited(name, change):
+    """The example file `name` (examples/formats, else clusters) changed in place by `change`."""
+    folder = "examples/formats" if os.path.exists(os.path.join(REPO, "examples", "formats", name)) else "clusters"
+    with open(os.path.join(REPO, folder, name), encoding="utf-8") as f:
+        data = json.load(f)
+    change(data)
+    return data
+
+
+# An integer written as a float (16e9, 16.0) is that integer wherever a file gives one; a number
+# with a fraction there is an error naming the field.
+# (file, change, loader, read back -> expected, or the field of the error)
+INTEGERS = [
+    ("strategy.json", lambda d: d["default"]["shares"].update(v100_0=24.0), load_strategy,
+     lambda s: dict(s.default.shares)["v100_0"], (24,)),
+    ("strategy.json", lambda d: d["default"]["shares"].update(p100_0=[8.0, 8e0]), load_strategy,
+     lambda s: dict(s.default.shares)["p100_0"], (8, 8)),
+    ("strategy.json", lambda d: d.update(global_batch_size=64.0), load_strategy,
+     lambda s: s.global_batch_size, 64),
+    ("strategy.json", lambda d: d["default"]["shares"].update(v100_0=23.5, v100_1=24.5), load_strategy,
+     None, "default.shares.v100_0"),
+    ("strategy.json", lambda d: d["default"]["shares"].update(p100_0=[8, 7.5]), load_strategy,
+     None, "default.shares.p100_0"),
+    ("cluster.json", lambda d: d["devices"][0].update(memory_bytes=16.5e9), load_cluster,
+     lambda c: c.devices[0].memory_bytes, 16_500_000_000),
+    ("cluster.json", lambda d: d["devices"][0].update(memory_bytes=16e9 + 0.5), load_cluster,
+     None, "devices[0].memory_bytes"),
+    ("local_cpu_hetero.json", lambda d: d["devices"][1]["emulation"].update(cpus=[1.0]), load_cluster,
+     lambda c: c.devices[1].emulation.cpus, (1,)),
+    ("local_cpu_hetero.json", lambda d: d["devices"][1]["emulation"].update(cpus=[1.5]), load_cluster,
+     None, "devices[1].emulation.cpus[0]"),
+]
+
+
+@pytest.mark.parametrize("name, change, load, read, expected", INTEGERS)
+def test_an_integer_written_as_a_float_is_that_integer(name, change, load, read, expected, tmp_path):
+    path = tmp_path / name
+    path.write_text(json.dumps(_edited(name, change)))
+    if read is None:
+        with pytest.raises(InputError) as err:
+            load(str(path))
+        assert err.value.field == expected and "integer" in str(err.value), str(err.value)
+    else:
+        value = read(load(str(path)))
+        assert value == expected and all(type(v) is int for v in (value if isinstance(value, tuple) else [value]))
+
+
 def test_activate_example_entries_are_all_good():
     config = load_activate_config(os.path.join(REPO, "examples", "formats", "activate_config.txt"))
     assert [error for _, error in validate_entries(config)] == [None] * 4

@@ -354,7 +354,7 @@ BAD_INPUTS = {
     "tf_data_input_with_sink": (lambda d: (_pb(d, _graph_reading_tf_data()), dict(sinks=["train_op"])), "step.pb",
                                 "inputs", InputError),
     "unknown_sink": (lambda d: (_pb(d, tiny_graph_def("mlp", "sgd")), dict(sinks=["trian_op"], batch_size=8)),
-                     "step.pb", "sinks", InputError),
+                     "step.pb", "train_op", InputError),
     "unknown_sink_in_bundle": (lambda d: (_write_bundle(d, sink="nope"), {}), "mlp.json", "sink", InputError),
     "unknown_meta_key": (lambda d: (_write_bundle(d, globl_batch_size=8), {}), "mlp.json", "globl_batch_size", InputError),
     "meta_missing_graph_file": (lambda d: (_write_bundle(d, graph_file="other.pb"), {}), "mlp.json", "graph_file", InputError),

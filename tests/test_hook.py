@@ -401,3 +401,38 @@ def test_a_reference_variable_outside_the_step_does_not_stop_the_hook():
         hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
         hook.begin()
         assert hook.step is not None and "epoch_counter" not in hook.step.variables
+
+
+def test_a_strategy_for_another_cluster_is_refused_when_the_hook_is_made():
+    """Before the script starts its servers or a session: the hook checks the strategy's devices."""
+    from tfplace.formats.errors import InputError
+    from tfplace.rewrite.hook import PlacementHook
+    with pytest.raises(InputError) as err:
+        PlacementHook(os.path.join(ROOT, "examples", "formats", "strategy.json"),
+                      os.path.join(ROOT, "clusters", "local_cpu.json"))
+    assert err.value.field == "default.shares.v100_0" and "cpu0" in err.value.fix
+
+
+# examples/hook_example.py's command line: usage on --help, one line and exit status 2 for bad input
+EXAMPLE_ARGS = [
+    (["--help"], 0, "python examples/hook_example.py [strategy.json]"),
+    (["-h"], 0, "python examples/hook_example.py [strategy.json]"),
+    ([os.path.join(ROOT, "examples", "formats", "strategy.json")], 2, "default.shares.v100_0: unknown device"),
+    (["nope.json"], 2, "nope.json"),
+    ([os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json"), "five"], 2, "steps as a whole number"),
+]
+
+
+@pytest.mark.parametrize("argv, status, says", EXAMPLE_ARGS)
+def test_the_hook_example_answers_help_and_bad_input_in_one_line(argv, status, says, tmp_path):
+    import subprocess
+    import sys
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "hook_example.py"), *argv],
+                            capture_output=True, text=True, timeout=120, cwd=str(tmp_path), env=env)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == status and "Traceback" not in result.stderr, result.stderr[-2000:]
+    if status == 0:
+        assert says in result.stdout and not errors
+    else:
+        assert len(errors) == 1 and says in errors[0] and "Fix:" in errors[0], result.stderr[-2000:]

@@ -358,6 +358,31 @@ def test_kernel_replay_op_table_and_profile():
     assert prof.missing_ops == ("images",) and prof.conditions["device"] == "NVIDIA H100"
 
 
+@pytest.mark.parametrize("keys", [{"format": "tfplace.profiling.kernel_replay_ops", "version": 1},
+                                  {}])  # a table written before the files carried format and version
+def test_kernel_replay_op_table_reads_back(tmp_path, keys):
+    from tfplace.profiling import kernel_replay
+    from tfplace.ir.loader import load_op_graph
+    table = kernel_replay.export_op_table(load_op_graph(_bundle("tiny_mlp")))
+    assert (table["format"], table["version"]) == (kernel_replay.OPS_FORMAT, kernel_replay.VERSION)
+    table = {**{k: v for k, v in table.items() if k not in ("format", "version")}, **keys}
+    path = tmp_path / "ops.json"
+    path.write_text(json.dumps(table))
+    assert kernel_replay.read_op_table(str(path)) == table
+
+
+@pytest.mark.parametrize("keys", [{"format": "tfplace.profiling.kernel_replay", "version": 1},
+                                  {"format": "tfplace.profiling.kernel_replay"},  # written before the version
+                                  {}])
+def test_kernel_replay_result_reads_back(tmp_path, keys):
+    from tfplace.profiling import kernel_replay
+    result = {**keys, "graph": "tiny_cnn_s16_sgd", "device": "NVIDIA H100",
+              "seconds": {"conv_0/Conv2D": {"4": 2e-6, "8": 3e-6}}, "skipped": {"images": "host op: no device kernel"}}
+    path = tmp_path / "replay.json"
+    path.write_text(json.dumps(result))
+    assert kernel_replay.read_replay_result(str(path)) == result
+
+
 @pytest.mark.parametrize("profiled, applied, noted", [
     ("graph_defs/zoo/tiny_cnn_b16_s16_sgd.json", "x/tiny_cnn_b64_s16_sgd.json", False),   # another batch: same graph
     ("graph_defs/zoo/tiny_cnn_b16_s16_sgd.json", "x/tiny_cnn_b16_s64_sgd.json", True),    # another image size

@@ -111,6 +111,32 @@ def test_a_loss_the_step_lacks_is_one_line_naming_the_seeded_one(tmp_path, loss,
     assert "loss: no op named 'nope'; the gradients flow from 'loss0'. Fix: name the scalar loss's op" in err, err
 
 
+@pytest.mark.parametrize("args", [["--train_op", "nosuch"], ["--train_op", "train,nosuch"],
+                                  ["--train_op", "nosuch", "--loss", "loss0", "--loss_reduction", "mean"]])
+def test_a_train_op_the_step_lacks_is_one_line_naming_the_flag(tmp_path, args, capsys):
+    """The role the user gave (--train_op), not the loader's argument (sinks)."""
+    path = _write(_step(), tmp_path, ".pb")
+    assert common.call(groups, ["--graph", path, "--max-groups", "3", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and ": sinks:" not in err, err
+    assert f"{path}: train_op: no node named 'nosuch'" in err and "--train_op" in err.split("Fix:")[1], err
+
+
+@pytest.mark.parametrize("role, key, value", [("train_op", "train_ops", ["nosuch"]), ("loss", "loss", "nosuch")])
+def test_a_role_a_config_entry_names_and_the_step_lacks_is_that_entrys_key(tmp_path, monkeypatch, role, key, value):
+    from tfplace.formats.config import load_train_config
+    from tfplace.graph_defs.export import bundle_for_entry
+    from tfplace.policy import train_lib
+    monkeypatch.setenv("TFPLACE_CACHE_DIR", str(tmp_path / "cache"))
+    path = _write(_step(), tmp_path, ".pb")
+    config = load_train_config(_train_config(tmp_path, {"graph": path, "batch_size": 8, key: value}))
+    with pytest.raises(InputError) as err:
+        train_lib.config_bundles(config, bundle_for_entry)
+    assert (err.value.source, err.value.field) == (config.source, f"graphs[0].{key}")
+    assert "'nosuch'" in err.value.problem and path in err.value.problem and f'"{key}"' in err.value.fix
+    assert "--" not in err.value.fix
+
+
 def _optimizer_step(optimizer, grouped, global_step):
     """A tiny step trained by `optimizer` (a tf.compat.v1.train optimizer name), with a global step
     or not, its minimize op run as is or in `tf.group(..., name="train_op")`."""

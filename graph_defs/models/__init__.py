@@ -20,6 +20,10 @@ class ModelSpec:
       or 'vector' (float32 features [N, D]).
     published_params: (parameter count, relative tolerance) at the defaults, from the model's
       paper or reference implementation; export_test checks exported counts against it.
+    min_image_size: smallest image side (pixels) the model's layers take (image models); the
+      family module's build refuses smaller ones too, export.resolve_options before any work.
+    max_seq_len: longest sequence (tokens) the model takes (None: no limit), e.g. BERT's 512
+      learned positions.
     """
 
     name: str
@@ -33,6 +37,8 @@ class ModelSpec:
     variants: Tuple[str, ...] = ()
     tiny: bool = False
     published_params: Optional[Tuple[int, float]] = None
+    min_image_size: Optional[int] = None
+    max_seq_len: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,34 +54,37 @@ class ModelConfig:
     variant: Optional[str]
 
 
+# min_image_size: the smallest side Keras applications accept with include_top=True and weights=None
+# (keras_apps.MIN_IMAGE_SIZE), resnet200's five stride-2 stages, tiny_cnn's 3x3 convolutions (tiny.py).
 _SPECS = [
-    ModelSpec("vgg19", "keras_apps", "image", 64, image_size=224, num_classes=1000,
+    ModelSpec("vgg19", "keras_apps", "image", 64, image_size=224, num_classes=1000, min_image_size=32,
               published_params=(143_667_240, 0.001)),
-    ModelSpec("resnet50", "keras_apps", "image", 64, image_size=224, num_classes=1000,
+    ModelSpec("resnet50", "keras_apps", "image", 64, image_size=224, num_classes=1000, min_image_size=32,
               published_params=(25_636_712, 0.001)),
-    ModelSpec("inception_v3", "keras_apps", "image", 64, image_size=299, num_classes=1000,
+    ModelSpec("inception_v3", "keras_apps", "image", 64, image_size=299, num_classes=1000, min_image_size=75,
               published_params=(23_851_784, 0.001)),
-    ModelSpec("mobilenet_v2", "keras_apps", "image", 64, image_size=224, num_classes=1000,
+    ModelSpec("mobilenet_v2", "keras_apps", "image", 64, image_size=224, num_classes=1000, min_image_size=32,
               published_params=(3_538_984, 0.001)),
     # NASNet-A Mobile (4 @ 1056) by default; variant 'large' is NASNet-A Large (6 @ 4032), 331 px.
-    ModelSpec("nasnet", "keras_apps", "image", 64, image_size=224, num_classes=1000,
+    ModelSpec("nasnet", "keras_apps", "image", 64, image_size=224, num_classes=1000, min_image_size=32,
               variants=("mobile", "large"), published_params=(5_326_716, 0.001)),
     # ResNet-200 v2 (He et al. 2016, "Identity Mappings"): 64.7M parameters.
-    ModelSpec("resnet200", "resnet200", "image", 64, image_size=224, num_classes=1000,
+    ModelSpec("resnet200", "resnet200", "image", 64, image_size=224, num_classes=1000, min_image_size=32,
               published_params=(64_700_000, 0.03)),
     # Transformer base: the paper's 65M used a shared 37k vocabulary; ours is 32k (60.5M).
     ModelSpec("transformer", "transformer", "sequence", 32, seq_len=128, num_layers=6,
               published_params=(65_000_000, 0.10)),
-    ModelSpec("bert_large", "bert", "sequence", 16, seq_len=128, num_layers=24,
+    ModelSpec("bert_large", "bert", "sequence", 16, seq_len=128, num_layers=24, max_seq_len=512,
               published_params=(335_000_000, 0.05)),
-    ModelSpec("bert_base", "bert", "sequence", 16, seq_len=128, num_layers=12,
+    ModelSpec("bert_base", "bert", "sequence", 16, seq_len=128, num_layers=12, max_seq_len=512,
               published_params=(110_000_000, 0.05)),
     # XLNet-Large: the paper gives no count ("same size as BERT-Large"); the reference config
     # (32k vocabulary, untied relative biases) has ~360M.
     ModelSpec("xlnet_large", "xlnet", "sequence", 16, seq_len=128, num_layers=24,
               published_params=(360_000_000, 0.05)),
     ModelSpec("tiny_mlp", "tiny", "vector", 16, num_classes=10, tiny=True),
-    ModelSpec("tiny_cnn", "tiny", "image", 16, image_size=16, num_classes=10, tiny=True),
+    ModelSpec("tiny_cnn", "tiny", "image", 16, image_size=16, num_classes=10, tiny=True,
+              min_image_size=4),
     ModelSpec("tiny_transformer", "transformer", "sequence", 16, seq_len=8, num_layers=2,
               tiny=True),
 ]

@@ -270,10 +270,22 @@ def check_input_file(path: str, source: Optional[str] = None, field: str = "") -
     require_regular_file(path, source, field)
 
 
+def _each_path(value, check: Callable[[str], None]) -> None:
+    """check(path) on the path `value`, or on each path of the list `value`; the problem of a list's
+    path names that path (the flag's value in the message is the whole list)."""
+    for path in [value] if isinstance(value, str) else value:
+        try:
+            check(path)
+        except InputError as err:
+            if isinstance(value, str) or path in err.problem:
+                raise
+            raise InputError(err.source, err.field, f"{path}: {err.problem}", err.fix) from None
+
+
 def input_file_flag(name: str) -> None:
     """Validates flag `name` (a path, or a list of paths) at parse time as a regular file this
     command reads: not missing, not a folder, FIFO or device (tfplace.formats.files; never opened)."""
-    flag_check(name, lambda v: [check_input_file(p) for p in ([v] if isinstance(v, str) else v)])
+    flag_check(name, lambda v: _each_path(v, check_input_file))
 
 
 def check_zoo_model(name: str, source: str = "argument --model") -> None:
@@ -316,8 +328,7 @@ def check_graph_arg(spec: str, flag: str, zoo: bool = True) -> None:
 
 def graph_flag(name: str, zoo: bool = True) -> None:
     """Validates flag `name` (a path or a list of them) at parse time with `check_graph_arg`."""
-    flag_check(name, lambda v: [check_graph_arg(p, f"argument --{name}", zoo)
-                                for p in ([v] if isinstance(v, str) else v)])
+    flag_check(name, lambda v: _each_path(v, lambda p: check_graph_arg(p, f"argument --{name}", zoo)))
 
 
 STEP_FLAGS = ("train_op", "loss", "loss_reduction", "inputs")
@@ -421,6 +432,18 @@ def int_list_flag(name: str, minimum: int, below: Optional[int] = None) -> None:
     flags.register_validator(name, check)
 
 
+def cpu_fraction_flag(name: str) -> None:
+    """Validates the float flag `name` at parse time as a CPU quota, a share of one core in (0, 1]
+    as the cluster format takes it (tfplace.formats.cluster.cpu_fraction_problem); 0 is the
+    flag's "no quota"."""
+    def check(value: float) -> None:
+        from tfplace.formats.cluster import cpu_fraction_problem
+        problem = cpu_fraction_problem(value) if value != 0 else None
+        if problem:
+            raise InputError(f"argument --{name}", "", *problem)
+    flag_check(name, check)
+
+
 def batch_size_flag(name: str, default: Optional[int], help_text: str, minimum: int = 1) -> None:
     """An integer flag of a batch size: at least `minimum` and below SIZE_LIMIT (TensorFlow's
     shapes are int32), checked at parse time."""
@@ -485,7 +508,14 @@ _MISSING_FLAG = re.compile(r"flag --(\S+)=None: Flag --\S+ must have a value oth
 _ONE_OF = re.compile(r"flags (.*?): (?:Exactly|At most) one of \(([^)]*)\) must have a value other than None\.?")
 
 
+# absl joins the messages of every flag a validator refused with newlines, each starting "flag --x=..:"
+# or "flags x=.., y=..:"; the first says what to fix first
+_NEXT_FLAG_MESSAGE = re.compile(r"\n(?=flags? )")
+
+
 def _usage_error(message: str) -> None:
+    """Prints absl's usage `message` as one line `error: ... Fix: ...` and exits USAGE_EXIT: every
+    required flag left out together, else the first flag a validator refused."""
     text = " ".join(str(message).split())
     problems, fixes = [], []
     missing = _MISSING_FLAG.findall(text)
@@ -504,6 +534,8 @@ def _usage_error(message: str) -> None:
             fixes.append("give one")
     if problems:
         text = "; ".join(problems) + ". Fix: " + "; ".join(fixes)
+    else:
+        text = " ".join(_NEXT_FLAG_MESSAGE.split(str(message))[0].split())
     if "Fix:" not in text:  # every error line says how to fix it
         fix = next((f for phrase, f in _ABSL_FIXES if phrase in text), "give a value that --help describes")
         text = f"{text.rstrip('.')}. Fix: {fix}"
@@ -551,6 +583,13 @@ def _parse(argv: Sequence[str], names: Sequence[str], doc: str, positional: Sequ
         usage = " ".join([os.path.basename(argv[0]), "[flags]", *positional])
         _usage_error(f"expected {' '.join(positional) or 'no positional arguments'}, got {got}. usage: {usage}")
     return rest
+
+
+def not_a_command(module: str, fix: str) -> None:
+    """`python -m` on a module of tfplace/cli that is a library of the commands, not one of them:
+    one line `error: <module> is not a command. Fix: <fix>` and exit status 2 (not silence and 0)."""
+    print(f"error: {module} is not a command. Fix: {fix}", file=sys.stderr)
+    sys.exit(USAGE_EXIT)
 
 
 def guarded(main: Callable[[List[str]], Optional[int]]) -> Callable[[List[str]], int]:
@@ -634,3 +673,7 @@ def call(module: types.ModuleType, argv: Sequence[str]) -> int:
         for name in names:
             if name in FLAGS:
                 delattr(FLAGS, name)
+
+
+if __name__ == "__main__":
+    not_a_command("tfplace.cli.common", "run a command, e.g. python -m tfplace.plan --help")

@@ -115,7 +115,8 @@ def _check_options(args) -> None:
     except ValueError as err:
         given = [k for k, v in opts.items() if v is not None] + (["batch_size"] if args.batch_size else [])
         flag = _OPTION_FLAGS[option_field(str(err), given)]
-        raise InputError(f"argument {flag}", "", str(err), "give options this model takes") from None
+        fix = getattr(err, "fix", "give options this model takes")
+        raise InputError(f"argument {flag}", "", str(err), fix) from None
 
 
 def run() -> None:

@@ -52,17 +52,6 @@ def _check_kind(kind: str) -> None:
         _fail("--kind", f"{kind!r} is not a device kind name", "give the GPU model, e.g. H100")
 
 
-def _read_json(path: str, flag: str):
-    common.check_input_file(path)  # a FIFO or device is refused without opening it
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as e:
-        raise InputError(path, "", f"cannot be read ({e.strerror})", f"check the path given to {flag}") from None
-    except json.JSONDecodeError as e:
-        raise InputError(path, f"line {e.lineno}", f"is not JSON ({e.msg})", f"give the file {flag} expects") from None
-
-
 def main(argv) -> int:
     """Runs the step argv[1] with the parsed flags (absl main)."""
     from tfplace.profiling import kernel_replay
@@ -79,7 +68,7 @@ def main(argv) -> int:
             json.dump(table, f)
         print(f"{len(table['ops'])} ops -> {args.out}")
     elif step == "replay":
-        table = _read_json(args.ops, "--ops")
+        table = kernel_replay.read_op_table(args.ops)
         result = kernel_replay.replay(table, [int(b) for b in args.batch_sizes], reps=args.reps,
                                       progress=lambda m: print(m, file=sys.stderr, flush=True))
         with open(args.out, "w", encoding="utf-8") as f:
@@ -87,7 +76,8 @@ def main(argv) -> int:
         print(f"{len(result['seconds'])} ops timed, {len(result['skipped'])} skipped on {result['device']}")
     else:
         from tfplace.formats.profile import save_profile
-        save_profile(kernel_replay.replay_to_profile(_read_json(args.replay, "--replay"), args.kind), args.out)
+        result = kernel_replay.read_replay_result(args.replay)
+        save_profile(kernel_replay.replay_to_profile(result, args.kind), args.out)
         print(f"wrote {args.out}")
     return 0
 

@@ -67,11 +67,13 @@ def _cpu_sets(text: str) -> List[Optional[List[int]]]:
 
 def _fractions(text: str) -> List[Optional[float]]:
     """',0.5,0.5' -> [None, 0.5, 0.5]; an empty entry is None (unlimited). Raises ValueError."""
+    from tfplace.formats.cluster import cpu_fraction_problem
     out: List[Optional[float]] = []
     for entry in text.split(","):
         value = float(entry) if entry.strip() else None
-        if value is not None and not 0 < value <= 64:
-            raise ValueError(f"{entry!r} is not a share of one CPU in (0, 64]")
+        problem = None if value is None else cpu_fraction_problem(value)
+        if problem:  # the range of the cluster file's emulation.cpu_fraction, which this flag replaces
+            raise ValueError(f"{entry.strip()!r} is not a share of one CPU: {problem[0]}")
         out.append(value)
     return out
 

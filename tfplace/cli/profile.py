@@ -67,7 +67,8 @@ def define_flags() -> None:
     flags.DEFINE_float("cpu-fraction", 0.0,
                        "profile a kind limited to this share of one CPU (as LocalCluster(cpu_fraction_per_task="
                        "...) limits a task; needs writable cgroups): the ops are timed without the quota and "
-                       "scaled by the slowdown a compute loop measures under it; 0 = unlimited", lower_bound=0.0)
+                       "scaled by the slowdown a compute loop measures under it; a share in (0, 1], 0 = unlimited",
+                       lower_bound=0.0)
     flags.DEFINE_boolean("grappler", False, "keep Grappler on (fused ops then vanish from the trace)")
     flags.DEFINE_integer("seed", 0, "random seed of the feeds", lower_bound=0)
     flags.DEFINE_boolean("no-trace-calibration", False,
@@ -86,6 +87,7 @@ def define_flags() -> None:
     common.output_file_flag("out")
     common.int_list_flag("batch-sizes", minimum=1, below=SIZE_LIMIT)
     common.int_list_flag("cpus", minimum=0)
+    common.cpu_fraction_flag("cpu-fraction")
     common.graph_flag("graph")
     common.input_file_flag("cluster")
     flags.register_multi_flags_validator(

@@ -139,3 +139,8 @@ def format_check(check: RealCheck) -> str:
         lines.append(f"written instead of the plan: {check.picked[check.chosen][0]}, {real} "
                      f"(the simulator had the plan {sim_gain:.2f}x faster){overlap}")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # plan's --confirm_real, not a command of its own
+    from tfplace.cli.common import not_a_command
+    not_a_command("tfplace.cli.real_check", "check a plan for real with python -m tfplace.plan ... --confirm_real K")

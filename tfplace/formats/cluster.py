@@ -60,7 +60,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from tfplace.formats.errors import InputError
-from tfplace.formats.jsonio import FieldReader, write_json
+from tfplace.formats.jsonio import FieldReader, integral, write_json
 
 FORMAT = "tfplace.cluster"
 CPU_KINDS = ("CPU",)
@@ -385,11 +385,19 @@ def _check_emulation(src: str, f: str, e: Emulation) -> None:
                                  "give core indices as os.sched_setaffinity numbers them (0, 1, ...)")
         if len(set(e.cpus)) != len(e.cpus):
             raise InputError(src, f"{f}.cpus", f"lists a core twice: {list(e.cpus)}", "list each core once")
-    fraction = e.cpu_fraction
-    if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
-                                 or not 0 < fraction <= 1):
-        raise InputError(src, f"{f}.cpu_fraction", f"must be a number in (0, 1], got {fraction!r}",
-                         "give the share of one core the task may use, e.g. 0.5 for half a core")
+    problem = None if e.cpu_fraction is None else cpu_fraction_problem(e.cpu_fraction)
+    if problem:
+        raise InputError(src, f"{f}.cpu_fraction", *problem)
+
+
+def cpu_fraction_problem(value: Any) -> Optional[Tuple[str, str]]:
+    """(problem, fix) of `value` as a task's CPU quota, a share of one core in (0, 1] (the
+    emulation's cpu_fraction here, and the command lines' --cpu-fraction flags), or None when
+    it is one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        return (f"must be a number in (0, 1], got {value!r}",
+                "give the share of one core the task may use, e.g. 0.5 for half a core")
+    return None
 
 
 def _check_tasks(src: str, devices: Sequence[Device]) -> None:
@@ -524,7 +532,9 @@ def _emulation(d: FieldReader) -> Optional[Emulation]:
     e = d.child("emulation")
     e.expect_keys(_EMULATION_KEYS, also_allowed=("comment",))
     cpus = e.get("cpus", list, default=None)
-    return Emulation(cpus=None if cpus is None else tuple(cpus),
+    # a core written 1.0 is core 1; any other non-integer is kept for build_cluster to refuse, naming it
+    cores = None if cpus is None else tuple(cpu if integral(cpu) is None else integral(cpu) for cpu in cpus)
+    return Emulation(cpus=cores,
                      cpu_fraction=e.get("cpu_fraction", float, default=None))
 
 

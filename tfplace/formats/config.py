@@ -221,9 +221,9 @@ def _budget(r: FieldReader) -> Budget:
 
 
 # check_model(name, batch_size, image_size=, seq_len=, num_layers=, optimizer=) raises ValueError
-# naming the problem and returns (spec, model config, every option resolved: a dict), e.g.
-# tfplace.graph_defs.export.resolve_options. Core may not import the zoo
-#, so callers that have it pass it in; without it model names are checked at export.
+# naming the problem (with a `fix` attribute when it knows one) and returns (spec, model config,
+# every option resolved: a dict), e.g. tfplace.graph_defs.export.resolve_options. Core may not
+# import the zoo, so callers that have it pass it in; without it model names are checked at export.
 ModelCheck = Callable[..., Any]
 
 
@@ -239,7 +239,8 @@ def _check_zoo(g: FieldReader, e: GraphEntry, check_model: Optional[ModelCheck])
     except ValueError as err:
         # name the option the model refuses (e.g. image_size of an MLP), else the model itself
         field = next((k for k in _ZOO_OPTIONS if g.has(k) and re.search(rf"\b{k}\b", str(err))), "model")
-        raise g.error(field, str(err), "use a zoo model name and options that apply to it") from None
+        fix = getattr(err, "fix", "use a zoo model name and options that apply to it")  # export.OptionError's
+        raise g.error(field, str(err), fix) from None
 
 
 _STEP_ROLE_KEYS = ("train_ops", "loss", "loss_reduction", "inputs")

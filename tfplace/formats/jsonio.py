@@ -8,7 +8,8 @@ Strictness, on purpose: a key given twice in one object is an error (plain `json
 one silently); an unknown key is an error that lists the known keys and the closest one; NaN and
 Infinity are not numbers; a path field is resolved against named base folders and must exist;
 the file itself must be a regular file (a folder, FIFO or device is refused without opening it,
-tfplace.formats.files).
+tfplace.formats.files). A UTF-8 byte-order mark at the start of a file is skipped (editors on
+Windows write one).
 
 Example:
     r = FieldReader.from_file("cluster.json", expected_format="tfplace.cluster")
@@ -57,14 +58,25 @@ def _type_name(t: TypeSpec) -> str:
     return names.get(t, t.__name__)
 
 
+def integral(value: Any) -> Optional[int]:
+    """`value` as an int where a file gives an integer: an int, or a number with no fraction
+    written as a float (JSON writers emit 16e9 or 16.0 for an integer); None for anything else
+    (16.5, a bool, a string, NaN). Every integer tfplace reads from a file goes through here."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() else None
+    return value
+
+
 def _matches(value: Any, t: TypeSpec) -> bool:
     types = t if isinstance(t, tuple) else (t,)
     for x in types:
         if x is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return math.isfinite(value)
-        if x is int and isinstance(value, float) and value.is_integer() and not isinstance(value, bool):
-            return True  # JSON writers often emit 16e9 for an integer byte count
-        if x is int and isinstance(value, bool):
+        if x is int:
+            if integral(value) is not None:
+                return True
             continue
         if isinstance(value, x):
             return True
@@ -74,7 +86,7 @@ def _matches(value: Any, t: TypeSpec) -> bool:
 def _coerce(value: Any, t: TypeSpec) -> Any:
     types = t if isinstance(t, tuple) else (t,)
     if int in types and float not in types and isinstance(value, float):
-        return int(value)
+        return integral(value)
     if float in types and int not in types and isinstance(value, int):
         return float(value)
     return value
@@ -96,7 +108,7 @@ class FieldReader:
         """Parses `path` as a JSON object; checks its "format" and "version" keys if asked."""
         source = require_regular_file(path, field=TOP_LEVEL)  # never opens a FIFO or a device
         try:
-            with open(source, "r", encoding="utf-8") as f:
+            with open(source, "r", encoding="utf-8-sig") as f:  # a byte-order mark (Windows editors) is skipped
                 text = f.read()
             if not text.strip():
                 raise InputError(source, TOP_LEVEL, "the file is empty", "write the JSON object { ... } into it")

@@ -45,7 +45,7 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from tfplace.formats.errors import InputError
-from tfplace.formats.jsonio import FieldReader, write_json
+from tfplace.formats.jsonio import FieldReader, integral, write_json
 
 FORMAT = "tfplace.strategy"
 SYNC_METHODS = ("allreduce", "ps")
@@ -246,8 +246,8 @@ def _decision_from_reader(r: FieldReader) -> GroupDecision:
     shares_r = r.child("shares")
     shares = []
     for device, value in shares_r.data.items():
-        sizes = value if isinstance(value, list) else [value]
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in sizes):
+        sizes = [integral(x) for x in (value if isinstance(value, list) else [value])]
+        if None in sizes:
             raise InputError(r.source, shares_r.field_path(device),
                              f"must be a positive integer or a list of them, got {value!r}",
                              "give the samples this device processes (or its micro-batch sizes)")

@@ -98,7 +98,7 @@ def load_op_graph(path_or_graph_def: GraphSource, *, sinks: Optional[Sequence[st
     if "sink" not in meta and (sinks is None or inputs is not None or (loss is None and loss_reduction is None)):
         # a bare step: infer the roles not given
         for name in ([sinks] if isinstance(sinks, str) else sinks or []):
-            _NodeTable(graph_def, src).lookup(name, "sinks")
+            _NodeTable(graph_def, src).lookup(name, "train_op", _TRAIN_OP_FIX)
         roles = step_roles.infer_step(graph_def, train_ops=_sink_names(sinks, {"sink": ""}, src) if sinks else None,
                                       loss=loss, inputs=inputs, loss_reduction=loss_reduction, hints=hints, src=src)
         graph_def, inferred = step_roles.step_meta(graph_def, roles)
@@ -111,7 +111,8 @@ def load_op_graph(path_or_graph_def: GraphSource, *, sinks: Optional[Sequence[st
     if reduction is not None and reduction not in ("mean", "sum"):
         raise InputError(src, "loss_reduction", f"is {reduction!r}", 'use "mean" or "sum"')
     nodes = _NodeTable(graph_def, src)
-    roots = [nodes.lookup(s, "sinks" if sinks is not None else "sink") for s in sink_names]
+    roots = [nodes.lookup(s, "train_op", _TRAIN_OP_FIX) if sinks is not None else nodes.lookup(s, "sink")
+             for s in sink_names]
     loss_op, loss_port = (None, 0)
     if loss_name:
         loss_op, loss_port = nodes.lookup_tensor(loss_name, "loss")
@@ -272,6 +273,11 @@ def _read_graph_def(path, source):
     return graph_def
 
 
+# the train ops given (sinks=) are the user's --train_op (a config's graph entry: "train_ops", named
+# by graph_defs.export.bundle_for_entry): the error names that role, not this function's argument
+_TRAIN_OP_FIX = "name an existing op with --train_op (Python: sinks=)"
+
+
 def _sink_names(sinks, meta, src) -> List[str]:
     if sinks is None:
         if "sink" not in meta:
@@ -280,8 +286,8 @@ def _sink_names(sinks, meta, src) -> List[str]:
         return [meta["sink"]]
     names = [sinks] if isinstance(sinks, str) else list(sinks)
     if not names or not all(isinstance(s, str) and s for s in names):
-        raise InputError(src, "sinks", f"must be a non-empty list of op names, got {sinks!r}",
-                         "pass the train op name, e.g. sinks=['train_op']")
+        raise InputError(src, "train_op", f"must be a non-empty list of op names, got {sinks!r}",
+                         "name the train op with --train_op NAME (Python: sinks=['train_op'])")
     return names
 
 
@@ -299,12 +305,12 @@ class _NodeTable:
             self.index[name] = i
         self._inputs: Dict[int, Tuple[List[Tuple[int, int]], List[int]]] = {}
 
-    def lookup(self, name, field):
+    def lookup(self, name, field, fix="name an existing op"):
         name = name.lstrip("^")
         if name not in self.index:
             close = [n for n in self.names if n.endswith(name.split("/")[-1])][:3]
             raise InputError(self.src, field, f"no node named {name!r} in the graph",
-                             "name an existing op" + (f", e.g. one of {close}" if close else ""))
+                             fix + (f", e.g. one of {close}" if close else ""))
         return self.index[name]
 
     def lookup_tensor(self, name, field):

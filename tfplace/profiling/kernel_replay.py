@@ -16,11 +16,14 @@ replacement for `tfplace.profiling.profiler` on a TensorFlow GPU machine.
 
 (the command line lives in tfplace/cli/kernel_replay.py; this module is the library)
 
-Op table: {"graph", "reference_batch_size", "ops": [{"name", "type", "in": [[shape, dtype,
-batch_axis, const values or null]], "out": [[shape, dtype, batch_axis]], "attrs": {...}}]}.
-Replay result: {"device", "torch", "batch_sizes", "seconds": {name: {batch: s}}, "skipped":
-{name: reason}}. Ops without device work (host ops) are not replayed; they are listed as
-skipped, and to-profile lists them in missing_ops.
+Op table: {"format": OPS_FORMAT, "version": 1, "graph", "reference_batch_size", "ops": [{"name",
+"type", "in": [[shape, dtype, batch_axis, const values or null]], "out": [[shape, dtype,
+batch_axis]], "attrs": {...}}]}.
+Replay result: {"format": RESULT_FORMAT, "version": 1, "graph", "device", "torch", "batch_sizes",
+"seconds": {name: {batch: seconds}}, "skipped": {name: reason}}. Ops without device work (host ops)
+are not replayed; they are listed as skipped, and to-profile lists them in missing_ops.
+`read_op_table` and `read_replay_result` check a file is the one they read (files written before
+they carried "format" and "version" are read too).
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ import json
 import os
 import time
 from typing import Any, Dict, List, Sequence
+
+OPS_FORMAT = "tfplace.profiling.kernel_replay_ops"
+RESULT_FORMAT = "tfplace.profiling.kernel_replay"
+VERSION = 1
 
 _ATTR_KEYS = ("strides", "padding", "explicit_paddings", "dilations", "data_format", "ksize", "transpose_a",
               "transpose_b", "adj_x", "adj_y", "is_training", "epsilon", "keep_dims", "axis", "equation", "T",
@@ -85,8 +92,8 @@ def export_op_table(graph) -> Dict[str, Any]:
         attrs = {k: _attr_value(node.attr[k]) for k in _ATTR_KEYS if node is not None and k in node.attr}
         ops.append({"name": name, "type": op_type, "in": [tensor(t, True) for _, t in sorted(ins[i])],
                     "out": [tensor(t, False) for _, t in sorted(outs[i])], "attrs": attrs})
-    return {"graph": os.path.splitext(os.path.basename(graph.source))[0], "reference_batch_size":
-            graph.reference_batch_size, "ops": ops}
+    return {"format": OPS_FORMAT, "version": VERSION, "graph": os.path.splitext(os.path.basename(graph.source))[0],
+            "reference_batch_size": graph.reference_batch_size, "ops": ops}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,11 +448,69 @@ def replay(table: Dict[str, Any], batch_sizes: Sequence[int], reps: int = 7, war
             seconds.setdefault(op["name"], {})[str(b)] = secs
         if progress:
             progress(f"batch {b} done ({bi + 1}/{len(batch_sizes)}), {time.time() - start:.0f} s")
-    return {"format": "tfplace.profiling.kernel_replay", "graph": table["graph"], "device": torch.cuda.get_device_name(0),
-            "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-            "batch_sizes": list(batch_sizes), "reps": reps, "statistic": "median over replays of a CUDA graph of 10 launches, per launch",
-            "tf32": True, "timing": methods, "seconds": seconds, "skipped": {k: v for k, v in skipped.items() if k not in seconds},
+    return {"format": RESULT_FORMAT, "version": VERSION, "graph": table["graph"],
+            "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(), "batch_sizes": list(batch_sizes), "reps": reps,
+            "statistic": "median over replays of a CUDA graph of 10 launches, per launch",
+            "tf32": True, "timing": methods, "seconds": seconds,
+            "skipped": {k: v for k, v in skipped.items() if k not in seconds},
             "elapsed_s": round(time.time() - start, 1)}
+
+
+# ---------------------------------------------------------------------------------------------
+# reading the files back (both sides: tfplace.formats only, no TensorFlow)
+# ---------------------------------------------------------------------------------------------
+
+_OPS_FIX = "give the op table that `python -m tfplace.cli.kernel_replay export` wrote (its --out)"
+_RESULT_FIX = "give the replay result that `python -m tfplace.cli.kernel_replay replay` wrote (its --out)"
+
+
+def _reader(path: str, fmt: str, what: str, fix: str):
+    """A FieldReader on the JSON object in `path`, whose "format" (when given) is `fmt` and
+    "version" (when given) VERSION; else InputError saying the file is not `what`."""
+    from tfplace.formats.jsonio import FieldReader
+    r = FieldReader.from_file(path)
+    found = r.get("format", str, default=fmt)
+    if found != fmt:
+        raise r.error("format", f"is {found!r}: the file is not {what}", fix)
+    r.get("version", int, default=VERSION, check=lambda v: v == VERSION, must=f"be {VERSION}",
+          fix=f"{fix}, by this version of tfplace")
+    return r
+
+
+def read_op_table(path: str) -> Dict[str, Any]:
+    """The op table (module docstring) in the JSON file `path`. Raises InputError naming the file,
+    the field and the fix for any other file (a replay result, a bundle, a strategy)."""
+    r = _reader(path, OPS_FORMAT, "an op table", _OPS_FIX)
+    r.get("ops", list, fix=_OPS_FIX)
+    r.get("graph", str, fix=_OPS_FIX)
+    r.get("reference_batch_size", int, check=lambda v: v >= 1, must="be >= 1", fix=_OPS_FIX)
+    for op in r.items("ops"):
+        op.get("name", str, fix=_OPS_FIX)
+        op.get("type", str, fix=_OPS_FIX)
+        op.get("in", list, fix=_OPS_FIX)
+        op.get("out", list, fix=_OPS_FIX)
+        op.get("attrs", dict, fix=_OPS_FIX)
+    return r.data
+
+
+def read_replay_result(path: str) -> Dict[str, Any]:
+    """The replay result (module docstring) in the JSON file `path`: per-op seconds (>= 0) keyed by
+    batch sizes (integers >= 1). Raises InputError naming the file, the field and the fix for any
+    other file (an op table, a profile, a strategy)."""
+    r = _reader(path, RESULT_FORMAT, "a replay result", _RESULT_FIX)
+    r.get("seconds", dict, fix=_RESULT_FIX)
+    r.get("graph", str, fix=_RESULT_FIX)
+    for _, per in r.child("seconds").entries():
+        for batch in per.data:
+            if not (batch.isdigit() and int(batch) >= 1):
+                raise per.error(batch, "is not a batch size",
+                                f"key each op's seconds by batch sizes >= 1; {_RESULT_FIX}")
+            per.get(batch, float, check=lambda v: v >= 0, must="be >= 0", fix=_RESULT_FIX)
+    skipped = r.child("skipped", default_empty=True)
+    for name in skipped.data:
+        skipped.get(name, str, fix=_RESULT_FIX)
+    return r.data
 
 
 # ---------------------------------------------------------------------------------------------
@@ -465,7 +530,7 @@ def replay_to_profile(result: Dict[str, Any], kind: str):
     conditions["method"] = ("each TF op re-created with the equivalent PyTorch kernel (cuDNN/cuBLAS, NHWC as "
                             "channels_last, TF32 on) and timed with CUDA events; kernels only, no TF executor")
     by_reason: Dict[str, int] = {}
-    for reason in result["skipped"].values():
+    for reason in result.get("skipped", {}).values():
         by_reason[reason] = by_reason.get(reason, 0) + 1
     conditions["missing_ops_by_reason"] = by_reason
-    return Profile(ops=ops, graph=result["graph"], conditions=conditions, missing_ops=tuple(result["skipped"]))
+    return Profile(ops=ops, graph=result["graph"], conditions=conditions, missing_ops=tuple(result.get("skipped", {})))

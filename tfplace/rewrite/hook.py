@@ -52,9 +52,11 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
     def __init__(self, strategy_path: str, cluster_path: str, train_op=None, loss=None,
                  loss_reduction: Optional[str] = None):
         from tfplace.formats.cluster import load_cluster
-        from tfplace.formats.strategy import load_strategy
+        from tfplace.formats.strategy import load_strategy, validate_strategy
         self.strategy = load_strategy(strategy_path)
         self.cluster = load_cluster(cluster_path)
+        # a strategy made for another cluster is refused here, before a script starts its servers
+        validate_strategy(self.strategy, None, [d.name for d in self.cluster.devices])
         self._train_op, self._loss, self._reduction = train_op, loss, loss_reduction
         self.step = None
         self.loss = None
