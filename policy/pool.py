@@ -21,8 +21,9 @@ from tfplace.policy import actions as A
 
 @dataclasses.dataclass(frozen=True)
 class PoolEntry:
-    """One strategy with its simulated result. action is None for baselines (not every strategy
-    is in the policy's action space)."""
+    """One strategy with its simulated result. action: the policy's action that decodes to it, or
+    None (a baseline or a search result: not every strategy is in the action space; a baseline
+    whose nearest action times the same carries that action, StrategyPool.give_action)."""
     source: str
     strategy: Strategy
     time_s: float
@@ -110,6 +111,13 @@ class StrategyPool:
             drop = self.entries.pop()
             self._keys.discard(strategy_key(drop.strategy))
         return was_best and self.entries[0] is entry
+
+    def give_action(self, entry: PoolEntry, action: Dict[str, np.ndarray]) -> None:
+        """Lets the kept `entry` carry `action` (one that decodes to a strategy of the same time:
+        a start for action-level search and an imitation target), in place, keeping its rank."""
+        for i, e in enumerate(self.entries):
+            if e is entry:
+                self.entries[i] = dataclasses.replace(e, action=action)
 
     @property
     def best(self) -> PoolEntry:

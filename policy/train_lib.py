@@ -180,7 +180,7 @@ def build_task(label: str, bundle: str, batch_size: int, cluster_path: str, prof
 
 
 def seed_pool(task: PlacementTask, size: int) -> StrategyPool:
-    """A pool with every baseline, each baseline encoded as an action, and the proportional and
+    """A pool with every baseline, the best one encoded as an action, and the proportional and
     single-device actions (starts for local search and imitation targets)."""
     pool = StrategyPool(size)
     for name, factory in baseline_factories(task.graph, task.cluster, task.batch_size, task.max_groups,
@@ -190,11 +190,16 @@ def seed_pool(task: PlacementTask, size: int) -> StrategyPool:
         ev = task.evaluate_strategy(strategy)
         pool.add_baseline(PoolEntry(name, strategy, ev.time_s, ev.effective_time_s, ev.oom, 0))
     task.reference_time_s = pool.best_baseline().effective_time_s
-    # Every baseline in the action space too (actions.encode: the nearest share levels), timed as
-    # decoded: starts for the local search and, when best, what the policy imitates.
-    for b in list(pool.baselines):
-        act = A.encode(b.strategy, task.grouping.group_names, task.cluster.device_names, task.speeds)
-        ev = task.evaluate(act)
+    # The best baseline in the action space too (actions.encode: the nearest share levels), timed
+    # as decoded: a start for the local search and, while best, what the policy imitates. Where it
+    # times the same, the baseline's own entry carries the action (a copy would crowd the
+    # runner-ups the strategy search climbs from); else it joins as an entry of its own.
+    b = pool.best_baseline()
+    act = A.encode(b.strategy, task.grouping.group_names, task.cluster.device_names, task.speeds)
+    ev = task.evaluate(act)
+    if ev.effective_time_s == b.effective_time_s:
+        pool.give_action(b, act)
+    else:
         pool.add(PoolEntry(f"{b.source} as an action", task.decode(act), ev.time_s, ev.effective_time_s, ev.oom, 0,
                            act))
     # Plain starts in the action space.
