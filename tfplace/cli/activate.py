@@ -51,6 +51,7 @@ from tfplace.cli import common
 from tfplace.formats.cluster import Cluster, load_cluster
 from tfplace.formats.config import MEASURE, ActivateConfig, GraphEntry, load_activate_config
 from tfplace.formats.errors import InputError
+from tfplace.formats.jsonio import atomic_write
 from tfplace.formats.strategy import load_strategy, validate_strategy
 from tfplace.runtime import machine_speed
 
@@ -316,8 +317,7 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads, watch
     path = ""
     if config.trace:
         path = os.path.join(config.output_dir, f"{job['name']}.timeline.json")
-        with open(path, "w") as f:
-            f.write(trace)
+        atomic_write(path, lambda f: f.write(trace))
     return {"step_times_s": times, "simulated_s": sim, "timeline": path, "probes_s": [before, after]}
 
 
@@ -492,18 +492,13 @@ def _write_results(path: str, config_path: str, config: ActivateConfig, rows, co
     """results.json, replaced atomically; `complete` is false while entries are still to run.
     `core_quiet_s`: each probed core's quiet seconds in this run (machine_speed), which tell how
     fast this machine was against another run's."""
-    tmp = f"{path}.tmp{os.getpid()}"
     quiet = {str(c): s for c, s in sorted(watch.reference_s.items())}
     overheads = (os.path.abspath(os.path.join(config.output_dir, OVERHEADS_FILE)) if config.overheads == MEASURE
                  else config.overheads)
-    try:  # an interrupt while writing leaves the previous results.json, and no temporary file
-        with open(tmp, "w") as f:
-            json.dump({"config": os.path.abspath(config_path), "cluster": config.cluster, "complete": complete,
-                       "overheads": overheads, "core_quiet_s": quiet, "results": rows}, f, indent=1)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    # an interrupt while writing leaves the previous results.json, and no temporary file
+    atomic_write(path, lambda f: json.dump({"config": os.path.abspath(config_path), "cluster": config.cluster,
+                                            "complete": complete, "overheads": overheads, "core_quiet_s": quiet,
+                                            "results": rows}, f, indent=1))
 
 
 def print_table(rows, out=None) -> None:

@@ -552,9 +552,9 @@ def _parse(argv: Sequence[str], names: Sequence[str], doc: str, positional: Sequ
 def guarded(main: Callable[[List[str]], Optional[int]]) -> Callable[[List[str]], int]:
     """main, with bad input (InputError) reported as one line `error: ...` and exit status 2, and
     a run that tfplace stopped on purpose (any other TfplaceError: a dead worker, a failed Horovod
-    rank, no private network) or that the machine stopped (an OSError: no space left on the
-    device, a file system that refuses a file the checks let through) as `error: ...` and exit
-    status 1."""
+    rank, no private network) or that the machine stopped (an OSError: a file system that refuses
+    a file the checks let through) as `error: ...` and exit status 1. A full disk under an output
+    file is an InputError naming it (tfplace.formats.jsonio.atomic_write, which every writer uses)."""
     @functools.wraps(main)
     def wrapped(argv: List[str]) -> int:
         try:
