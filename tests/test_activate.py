@@ -498,6 +498,40 @@ def test_a_new_run_moves_the_earlier_results_aside_before_any_entry(tmp_path):
     assert now["complete"] is False and now["results"] == []
 
 
+@pytest.mark.parametrize("before, after", [
+    # the earlier run's timelines go aside with its results, which name them there
+    ({"results.json": ["a", "b"], "a.timeline.json": "A", "b.timeline.json": "B"},
+     {"results.previous.json": ["a.timeline.previous.json", "b.timeline.previous.json"],
+      "a.timeline.previous.json": "A", "b.timeline.previous.json": "B"}),
+    # the run before it: its results and timelines are replaced (c had no timeline in the earlier run)
+    ({"results.json": ["a"], "a.timeline.json": "A2", "results.previous.json": ["a", "c"],
+      "a.timeline.previous.json": "A1", "c.timeline.previous.json": "C1"},
+     {"results.previous.json": ["a.timeline.previous.json"], "a.timeline.previous.json": "A2"}),
+    # a timeline its (stopped) run did not record yet goes aside too
+    ({"results.json": [], "a.timeline.json": "A"}, {"results.previous.json": [], "a.timeline.previous.json": "A"}),
+])
+def test_a_new_run_moves_the_earlier_runs_timelines_aside_with_its_results(tmp_path, before, after):
+    from tfplace.cli import activate
+    from tfplace.formats.config import ActivateConfig
+    from tfplace.runtime import machine_speed
+
+    def results(entries):
+        return json.dumps({"complete": False, "results": [{"name": e, "timeline": str(tmp_path / f"{e}.timeline.json")}
+                                                          for e in entries]})
+    for name, body in before.items():
+        (tmp_path / name).write_text(body if isinstance(body, str) else results(body))
+    config = ActivateConfig(cluster=os.path.join(ROOT, "clusters", "local_cpu.json"), strategies=(), baselines=(),
+                            graphs=(), output_dir=str(tmp_path), trace=True)
+    activate._start_results(str(tmp_path / "results.json"), "a.txt", config, machine_speed.SpeedWatch([0]))
+    assert sorted(os.listdir(tmp_path)) == sorted(["results.json", *after])
+    for name, body in after.items():
+        text = (tmp_path / name).read_text()
+        if isinstance(body, str):
+            assert text == body, name
+        else:
+            assert [r["timeline"] for r in json.loads(text)["results"]] == [str(tmp_path / t) for t in body]
+
+
 def _rounds_row(*means_ms, disturbed=()):
     rounds = [{"mean_s": m / 1e3, "disturbed": i in disturbed} for i, m in enumerate(means_ms)]
     return {"rounds": rounds, "round_means_s": [m / 1e3 for m in means_ms], "mean_s": sorted(means_ms)[0] / 1e3}

@@ -14,11 +14,12 @@ once the graph is exported and grouped: exit 2 before any server starts); an ent
 it runs (out of memory, a graph that does not load) is reported (its error in the table and in
 results.json) and the others still run; a worker that died is replaced by a
 new cluster for the next entry. Results: `<output_dir>/results.json`, written empty when the run
-starts (an earlier run's moved to results.previous.json) and rewritten after every entry
-("complete": false until the last), so what ran survives an interrupt. Each core the run uses is
-probed just before and after every timed window (tfplace.runtime.machine_speed): a round during
-which the machine itself ran slow (a shared host) is marked "disturbed" in results.json and left
-out of the row's median unless every round of the row was; the table says how many were. With
+starts (an earlier run's moved to results.previous.json, its timelines to
+<entry>.timeline.previous.json) and rewritten after every entry ("complete": false until the last),
+so what ran survives an interrupt. Each core the run uses is probed just before and after every
+timed window (tfplace.runtime.machine_speed): a round during which the machine itself ran slow (a
+shared host) is marked "disturbed" in results.json and left out of the row's median unless every
+round of the row was; the table says how many were. With
 `"overheads": "measure"` the runtime overheads are measured on the cluster first (into
 <output_dir>/overheads.json); an overheads file measured on a machine whose cores ran more than
 1.3x faster or slower than this one's did in the run is named in a closing note
@@ -318,7 +319,7 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads, watch
         trace = runner.traced_step(feed) if config.trace else ""
     path = ""
     if config.trace:
-        path = os.path.join(config.output_dir, f"{job['name']}.timeline.json")
+        path = os.path.join(config.output_dir, job["name"] + TIMELINE)
         atomic_write(path, lambda f: f.write(trace))
     return {"step_times_s": times, "simulated_s": report.iteration_time_s, "simulated_oom": report.oom,
             "timeline": path, "probes_s": [before, after]}
@@ -348,8 +349,7 @@ def run(config_path: str, out=None) -> List[Dict[str, Any]]:
     jobs = _jobs(config)  # exports; its bad input, and check_groups', before the output folder or any server
     check_groups(jobs, cluster)
     if config.trace:
-        common.check_outputs_in(config.output_dir, [f"{j['name']}.timeline.json" for j in jobs], config_path,
-                                "output_dir")
+        common.check_outputs_in(config.output_dir, [j["name"] + TIMELINE for j in jobs], config_path, "output_dir")
     os.makedirs(config.output_dir, exist_ok=True)
     results_path = os.path.join(config.output_dir, "results.json")
     watch = machine_speed.SpeedWatch(machine_speed.cores_of(cluster))
@@ -483,15 +483,45 @@ def _running_cluster(lc, cluster: Cluster, out):
 
 
 PREVIOUS_RESULTS = "results.previous.json"  # an earlier run's results.json, kept when a new run starts
+TIMELINE, PREVIOUS_TIMELINE = ".timeline.json", ".timeline.previous.json"  # <entry>TIMELINE, and an earlier run's
 
 
 def _start_results(path: str, config_path: str, config: ActivateConfig, watch) -> None:
-    """Moves an earlier run's results.json aside (PREVIOUS_RESULTS, replacing an older one) and
-    writes this run's, empty and not complete: a run stopped before its first entry ends leaves no
-    earlier run's results marked complete beside its own files."""
+    """Moves an earlier run's results.json aside (PREVIOUS_RESULTS) and its timelines
+    (<entry>.timeline.json -> <entry>.timeline.previous.json, the moved results naming them),
+    replacing the run before it's, and writes this run's results, empty and not complete: a run
+    stopped before its first entry ends leaves no earlier run's results marked complete, nor its
+    timelines, beside its own files."""
+    folder = os.path.dirname(path)
+    previous = os.path.join(folder, PREVIOUS_RESULTS)
     if os.path.exists(path):
-        os.replace(path, os.path.join(os.path.dirname(path), PREVIOUS_RESULTS))
+        os.replace(path, previous)
+    older = [n for n in os.listdir(folder) if n.endswith(PREVIOUS_TIMELINE)]
+    earlier = [n for n in os.listdir(folder) if n.endswith(TIMELINE)]
+    if earlier or older:
+        for name in older:  # the run before the earlier one: replaced, as its results are
+            os.remove(os.path.join(folder, name))
+        moved = {os.path.abspath(os.path.join(folder, name)):
+                 os.path.abspath(os.path.join(folder, name[:-len(TIMELINE)] + PREVIOUS_TIMELINE)) for name in earlier}
+        for old, new in moved.items():
+            os.replace(old, new)
+        _rename_timelines(previous, moved)
     _write_results(path, config_path, config, [], False, watch)
+
+
+def _rename_timelines(results_path: str, moved: Dict[str, str]) -> None:
+    """Points the rows of the results file `results_path` (if it is one) at their moved timelines
+    (`moved`: old path -> new path); a file that does not read as results is left as it is."""
+    try:
+        with open(results_path, encoding="utf-8") as f:
+            data = json.load(f)
+        rows = data["results"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    for row in rows:
+        if isinstance(row, dict) and isinstance(row.get("timeline"), str):
+            row["timeline"] = moved.get(os.path.abspath(row["timeline"]), row["timeline"])
+    atomic_write(results_path, lambda f: json.dump(data, f, indent=1))
 
 
 def _write_results(path: str, config_path: str, config: ActivateConfig, rows, complete: bool, watch) -> None:
