@@ -8,12 +8,12 @@ table with measured time, simulated time and their ratio, then per graph the ent
 for real and whether the simulator ranked it first (verdict_lines), against the fastest Horovod row,
 and the simulator's simulated / real range. An entry the simulator says runs out of device memory
 (the cluster file's memory_bytes) is marked OOM in the table and `"simulated_oom": true` in
-results.json, and has no ratio: it is left out of the ranking and the range. Every entry is
-checked before any work (an unknown baseline, a strategy file that does not fit the cluster; a strategy deciding groups its graph lacks,
-once the graph is exported and grouped: exit 2 before any server starts); an entry that fails while
-it runs (out of memory, a graph that does not load) is reported (its error in the table and in
-results.json) and the others still run; a worker that died is replaced by a
-new cluster for the next entry. Results: `<output_dir>/results.json`, written empty when the run
+results.json, and has no ratio: it is left out of the ranking and the range. Every entry is checked
+before any work (an unknown baseline, a strategy file that does not fit the cluster; a strategy
+deciding groups its graph lacks, once the graph is exported and grouped: exit 2 before any server
+starts); an entry that fails while it runs (out of memory, a graph that does not load) is reported
+(its error in the table and in results.json) and the others still run; a worker that died is
+replaced by a new cluster for the next entry. Results: `<output_dir>/results.json`, written empty when the run
 starts (an earlier run's moved to results.previous.json, its timelines to
 <entry>.timeline.previous.json) and rewritten after every entry ("complete": false until the last),
 so what ran survives an interrupt. Each core the run uses is probed just before and after every
