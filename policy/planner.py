@@ -78,12 +78,15 @@ def _entry(task: PlacementTask, source: str, act) -> PoolEntry:
 
 
 MODES = ("both", "search", "policy")
+# progress(seconds since the search started, the best entry so far): plan_task calls it after each
+# round of the search and once at its end, for a command to show how the search goes
+Progress = Callable[[float, PoolEntry], None]
 ACTION_ROUND_EVERY = 4  # action-level moves (samples, mutations of the best action) in one round of this many
 
 
 def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_seconds: float = 0.0,
               samples: int = 8, seed: int = 0, mode: str = "both",
-              target_time_s: Optional[float] = None) -> PlanResult:
+              target_time_s: Optional[float] = None, progress: Optional[Progress] = None) -> PlanResult:
     """Plans one task. Zero-shot (modes "both" and "policy"): the best of the policy's greedy
     strategy, the greedy strategy restricted to each of the cluster's fastest parts (the fastest
     device, then the fastest speed classes) and to the k devices the policy most expects to use
@@ -98,7 +101,7 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
       "policy"  policy samples only.
     `target_time_s`: stop as soon as the best effective time is at most this (time-to-match).
     PlanResult.trace holds (seconds since start, best effective time, its source) at the start
-    and at every improvement."""
+    and at every improvement. `progress` (Progress), when given, hears of the search as it goes."""
     if mode not in MODES:
         raise InputError("argument", "mode", f"{mode!r} is not one of {MODES}", f"use one of {MODES}")
     if mode != "search" and learner is None:
@@ -122,6 +125,8 @@ def plan_task(learner: Optional[ReinforceLearner], task: PlacementTask, search_s
     def note():
         if pool.best.effective_time_s < trace[-1][1]:
             trace.append((time.time() - start, pool.best.effective_time_s, pool.best.source))
+        if progress is not None:
+            progress(time.time() - start, pool.best)
         return target_time_s is not None and pool.best.effective_time_s <= target_time_s
 
     guide = probs if mode == "both" else None  # the marginals that guided mutations and the sweep draw from
@@ -177,10 +182,11 @@ def load_any_policy(run_dir: Optional[str] = None, weights: Optional[str] = None
 def plan(run_dir: Optional[str], *, graph: Optional[str], model: Optional[str], batch_size: Optional[int],
          cluster: str, profile: Optional[str] = None, search_seconds: float = 0.0, samples: int = 8, seed: int = 0,
          out: Optional[str] = None, resolve_bundle=None, overheads: Optional[str] = None,
-         weights: Optional[str] = None, label: Optional[str] = None) -> PlanResult:
+         weights: Optional[str] = None, label: Optional[str] = None,
+         progress: Optional[Progress] = None) -> PlanResult:
     """Plans with the policy of `run_dir` (a training run), `weights` (a weights file) or, with
-    neither, the shipped pre-trained policy; policy-guided search for `search_seconds`. `label`
-    names the graph in the result (default: the bundle's file stem)."""
+    neither, the shipped pre-trained policy; policy-guided search for `search_seconds` (`progress`:
+    as plan_task's). `label` names the graph in the result (default: the bundle's file stem)."""
     learner, config, ckpt = load_any_policy(run_dir, weights)
     if model is not None:
         from tfplace.formats.config import GraphEntry
@@ -194,7 +200,7 @@ def plan(run_dir: Optional[str], *, graph: Optional[str], model: Optional[str], 
     learner.build(task.features.as_observation())
     if ckpt is not None:
         tf.train.Checkpoint(network=learner.network).read(ckpt).expect_partial()
-    result = plan_task(learner, task, search_seconds, samples, seed)
+    result = plan_task(learner, task, search_seconds, samples, seed, progress=progress)
     result.task, result.bundle = task, bundle
     if out:
         save_strategy(result.best.strategy, out)

@@ -114,6 +114,32 @@ def test_plan_task_modes_use_only_their_own_moves(mode, zero_shot, sources):
     assert r.best.effective_time_s == r.trace[-1][1]
 
 
+def test_plan_task_tells_its_progress_as_the_search_goes():
+    """`progress` hears of the search after each round and at its end: times that only grow up to
+    about the budget, a best that only improves, and the result's best last."""
+    from tfplace.policy.testing_fixtures import tiny_task
+    heard = []
+    r = planner.plan_task(None, tiny_task("cnn", "four", batch_size=16), 1.0, mode="search",
+                          progress=lambda elapsed_s, best: heard.append((elapsed_s, best)))
+    assert len(heard) >= 2 and heard[-1][1] is r.best and heard[-1][0] >= 1.0
+    assert all(b[0] >= a[0] and b[1].effective_time_s <= a[1].effective_time_s for a, b in zip(heard, heard[1:]))
+
+
+@pytest.mark.parametrize("flags, shown", [([], True), (["--noprogress"], False)])
+def test_plan_command_shows_the_search_progress_on_stderr(tmp_path, capsys, flags, shown):
+    from tfplace.cli import common
+    from tfplace.cli import plan as plan_cli
+    out = str(tmp_path / "s.json")
+    assert common.call(plan_cli, ["--model", "tiny_mlp", "--batch_size", "16", "--cluster",
+                                  os.path.join(REPO, "clusters/two_kind_4gpu.json"), "--search_seconds", "1",
+                                  "--out", out, *flags]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("search [")]
+    assert bool(lines) == shown, lines
+    if shown:  # the first round at once, the end at 100 %, each with the best so far and its source
+        assert len(lines) >= 2 and " 100% " in lines[-1] and all(" ms (" in line for line in lines), lines
+
+
 def test_plan_task_stops_at_the_target_and_refuses_a_policy_mode_without_policy():
     from tfplace.policy.testing_fixtures import tiny_task
     task = tiny_task("cnn", "four", batch_size=16)

@@ -32,10 +32,13 @@ to the search's wall-clock budget (a faster machine evaluates more candidates).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import signal
+import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -50,6 +53,61 @@ from tfplace.policy.environment import PlacementTask
 from tfplace.profiling.device_model import default_profile
 
 Log = Callable[[str], None]
+StopHere = Callable[[], None]
+
+
+def _no_stop() -> None:
+    """A safe point where nothing waits (the library called without stop_at_safe_points)."""
+
+
+@contextlib.contextmanager
+def stop_at_safe_points() -> Iterator[StopHere]:
+    """While pre-training: SIGINT and SIGTERM wait for the next safe point, the yielded
+    `stop_here()` (called between searches, imitation batches and REINFORCE steps), which hands
+    the signal to the handler that was there before (Ctrl-C: KeyboardInterrupt; the command lines'
+    SIGTERM: their Terminated), as training does after its step (tfplace.policy.train_lib). A
+    signal that lands inside a TensorFlow call leaves its tracing state half-updated, and the next
+    call fails with "AssertionError: Concurrent access?" instead of stopping. A second signal is
+    handed over at once. What was written (targets, round weights) is kept, so the same command
+    resumes. Signal handlers exist only in the main thread; elsewhere stop_here does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield _no_stop
+        return
+    pending: List[int] = []
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for s, h in previous.items():
+            if h is not None:  # None: set outside Python, cannot be put back
+                signal.signal(s, h)
+
+    def deliver(signum: int, frame=None) -> None:
+        restore()
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)
+        else:  # the default (ends the process) or ignored
+            signal.raise_signal(signum)
+
+    def defer(signum: int, frame) -> None:
+        if pending:
+            deliver(signum, frame)
+            return
+        pending.append(signum)
+        with contextlib.suppress(OSError):  # os.write, not the log: the handler may interrupt a write to it
+            os.write(2, f"\n{signal.Signals(signum).name}: stopping when the search or step under way ends; "
+                        "run the same command again to resume (send it again to stop at once)\n".encode())
+
+    def stop_here() -> None:
+        if pending:
+            deliver(pending.pop())
+
+    for s in previous:
+        signal.signal(s, defer)
+    try:
+        yield stop_here
+    finally:
+        restore()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +260,13 @@ def check_work_settings(config: PretrainConfig) -> None:
 
 def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, object]:
     """Runs (or resumes) pre-training; writes config.out; returns its provenance. `resolve_bundle`:
-    as for build_task (the policy does not depend on the model zoo)."""
+    as for build_task (the policy does not depend on the model zoo). SIGINT and SIGTERM stop
+    it at the next safe point (stop_at_safe_points)."""
+    with stop_at_safe_points() as stop_here:
+        return _pretrain(config, log, resolve_bundle, stop_here)
+
+
+def _pretrain(config: PretrainConfig, log: Log, resolve_bundle, stop_here: StopHere) -> Dict[str, object]:
     from tfplace.policy.train_lib import seed_everything
     split = distribution.load_split(config.split_path)  # a bad split leaves no work folder that records it
     drawn = draw_tasks(split, config.num_tasks + config.num_validation_tasks, config.seed)
@@ -214,6 +278,7 @@ def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, obje
     t0 = time.time()
     tasks: Dict[str, PlacementTask] = {}
     for i, spec in enumerate(drawn):
+        stop_here()
         tasks[spec.label] = build_task(spec, config.max_groups, resolve_bundle)
         log(f"[task {i + 1}/{len(drawn)}] {spec.label}: {tasks[spec.label].num_groups} groups, "
             f"{tasks[spec.label].num_devices} devices")
@@ -233,6 +298,7 @@ def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, obje
             key = f"{r}:{spec.label}"
             if key in targets.get("done", []):
                 continue
+            stop_here()
             task = tasks[spec.label]
             search_seed = int(np.random.SeedSequence([config.seed, r, i]).generate_state(1)[0])
             act, t, src = expert_target(learner, task, config.search_seconds, search_seed,
@@ -246,7 +312,7 @@ def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, obje
             log(f"[round {r} search {i + 1}/{len(drawn)}] {spec.label}: target {t * 1e3:.2f} ms ({src}); "
                 f"best baseline {task.reference_time_s * 1e3:.2f} ms")
         stats = _imitate(learner, specs, validation, tasks, targets, config, np.random.default_rng([config.seed, r]),
-                         log, r)
+                         log, r, stop_here)
         rounds_log.append(stats)
         save_optimizer(learner, _optimizer_path(round_path))  # first: a round file means both are there
         pretrained.save_weights(learner, round_path, config.network, config.max_groups, {"round": r})
@@ -255,7 +321,8 @@ def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, obje
     if config.rl_steps:
         kept = _snapshot(learner)
         val_before = _greedy_ratios(learner, validation, tasks, targets)
-        rl = _reinforce(learner, specs, tasks, targets, config, np.random.default_rng([config.seed, config.rounds]), log)
+        rl = _reinforce(learner, specs, tasks, targets, config, np.random.default_rng([config.seed, config.rounds]),
+                        log, stop_here)
         rl["validation_before"] = val_before
         rl["validation_after"] = _greedy_ratios(learner, validation, tasks, targets)
         rl["kept"] = rl["validation_after"] <= val_before
@@ -310,17 +377,22 @@ def _batches(rng, specs, size):
 VALIDATE_EVERY_EPOCHS = 5
 
 
-def _imitate(learner, specs, validation, tasks, targets, config, rng, log, r) -> Dict[str, object]:
+def _imitate(learner, specs, validation, tasks, targets, config, rng, log, r,
+             stop_here: StopHere = _no_stop) -> Dict[str, object]:
     """`config.epochs` of imitation over `specs`; every VALIDATE_EVERY_EPOCHS epochs the greedy
     strategies of the validation tasks are timed, and the weights that did best on them are kept
-    (early stopping: the training tasks alone reward memorising them)."""
+    (early stopping: the training tasks alone reward memorising them). `stop_here` runs before
+    each mini-batch (stop_at_safe_points)."""
     before = _greedy_ratios(learner, specs, tasks, targets)
     best_val, best_epoch = _greedy_ratios(learner, validation, tasks, targets), 0
     best_weights = _snapshot(learner)
     first = last = None
     for epoch in range(1, config.epochs + 1):
-        losses = [learner.imitate([(tasks[s.label].features.as_observation(), _target(targets, s.label))
-                                   for s in batch]) for batch in _batches(rng, specs, config.tasks_per_update)]
+        losses = []
+        for batch in _batches(rng, specs, config.tasks_per_update):
+            stop_here()
+            losses.append(learner.imitate([(tasks[s.label].features.as_observation(), _target(targets, s.label))
+                                           for s in batch]))
         last = float(np.mean(losses))
         first = last if first is None else first
         if epoch % VALIDATE_EVERY_EPOCHS == 0 or epoch == config.epochs:
@@ -339,9 +411,12 @@ def _imitate(learner, specs, validation, tasks, targets, config, rng, log, r) ->
             "validation_greedy_over_target": best_val}
 
 
-def _reinforce(learner, specs, tasks, targets, config, rng, log) -> Dict[str, object]:
+def _reinforce(learner, specs, tasks, targets, config, rng, log, stop_here: StopHere = _no_stop) -> Dict[str, object]:
+    """`config.rl_steps` REINFORCE steps, each followed by an imitation step on the same tasks;
+    `stop_here` runs before each step (stop_at_safe_points)."""
     before = _greedy_ratios(learner, specs, tasks, targets)
     for step in range(config.rl_steps):
+        stop_here()
         batch = _batches(rng, specs, config.tasks_per_update)[0]
         rl_batch, demo = [], []
         for s in batch:

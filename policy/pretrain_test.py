@@ -200,3 +200,58 @@ def test_a_bad_split_leaves_no_work_folder_so_the_corrected_command_runs(tmp_pat
     assert not os.path.exists(config.work)
     os.makedirs(config.work)  # as the corrected run makes it
     pretrain.check_work_settings(dataclasses.replace(config, split_path=None))  # not refused: nothing recorded
+
+
+class _Stopped(Exception):
+    """What the handler before pre-training raises (the command lines': KeyboardInterrupt, Terminated)."""
+
+
+@pytest.fixture
+def raising_handlers():
+    """SIGINT and SIGTERM raise _Stopped (with the signal) for the test, then are put back."""
+    import signal
+
+    def handler(signum, frame):
+        raise _Stopped(signum)
+    kept = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield handler
+    for s, h in kept.items():
+        signal.signal(s, h)
+
+
+@pytest.mark.parametrize("signame, signals_sent, finished", [
+    ("SIGINT", 1, 1),    # the update under way finishes; the next step's safe point stops
+    ("SIGTERM", 1, 1),
+    ("SIGINT", 2, 0),    # a second signal stops at once, inside the first update
+])
+def test_a_signal_during_a_reinforce_update_waits_for_the_next_step(raising_handlers, signame, signals_sent,
+                                                                     finished):
+    """Ctrl-C landing inside a TensorFlow update used to cut it half-way ("AssertionError: Concurrent
+    access?" from the next call); now the update finishes and the run stops before the next one."""
+    import signal
+    import tensorflow as tf
+    tf.keras.utils.set_random_seed(5)
+    task = tiny_task("mlp", "two", batch_size=8, max_groups=8)
+    learner = pretrained.new_learner(SMALL, RLConfig(learning_rate=0.01))
+    greedy = learner.greedy(task.features.as_observation())
+    targets = {task.label: {"action": A.action_to_json(greedy),
+                            "effective_time_s": task.evaluate(greedy).effective_time_s}}
+    spec = pretrain.TaskSpec(task.label, "tiny_mlp", 8, "two", {})
+    config = pretrain.PretrainConfig(out="", rl_steps=3, rl_samples=2, tasks_per_update=1)
+    update, calls = learner.update, []
+
+    def update_then_signalled(batch):
+        calls.append("started")
+        update(batch)
+        for _ in range(signals_sent):
+            os.kill(os.getpid(), getattr(signal, signame))
+            sum(range(1000))  # Python code after the signal: where its handler runs
+        calls.append("finished")
+    learner.update = update_then_signalled
+    with pytest.raises(_Stopped) as stopped:
+        with pretrain.stop_at_safe_points() as stop_here:
+            pretrain._reinforce(learner, [spec], {task.label: task}, targets, config, np.random.default_rng(0),
+                                lambda m: None, stop_here)
+    assert stopped.value.args == (getattr(signal, signame),)
+    assert calls.count("started") == 1 and calls.count("finished") == finished
+    assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is raising_handlers

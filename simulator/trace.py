@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Union
 
 import numpy as np
 
+from tfplace.formats.jsonio import atomic_write
 from tfplace.lowering.placed_graph import DEVICE_KINDS, TASK_COLLECTIVE, TASK_KIND_NAMES, PlacedGraph
 
 PID_DEVICES, PID_LINKS, PID_COLLECTIVES = 0, 1, 2
@@ -55,8 +56,6 @@ def chrome_trace(placed: PlacedGraph, start: np.ndarray, finish: np.ndarray) -> 
 
 
 def write_trace(trace: Dict[str, Any], path: Union[str, os.PathLike]) -> None:
-    """Writes the trace as one closed JSON document (atomically: temp file, then rename)."""
-    tmp = f"{os.fspath(path)}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(trace, f)
-    os.replace(tmp, path)
+    """Writes the trace as one closed JSON document (atomically: tfplace.formats.jsonio.atomic_write;
+    a file system that refuses it raises InputError naming `path`)."""
+    atomic_write(path, lambda f: json.dump(trace, f))

@@ -360,9 +360,10 @@ def test_activate_profile_takes_two_values(tmp_path, value):
         load_activate_config(cfg)
 
 
-def _verdict_row(name, real_ms, sim_ms=None, graph="g/tiny_mlp_b16_sgd.json", error=None, rounds_ms=None):
+def _verdict_row(name, real_ms, sim_ms=None, graph="g/tiny_mlp_b16_sgd.json", error=None, rounds_ms=None,
+                 oom=False):
     return {"name": name, "graph": graph, "error": error, "rounds": [{}] if error is None else [],
-            "horovod": name.startswith("horovod"),
+            "horovod": name.startswith("horovod"), "simulated_oom": oom if sim_ms else None,
             "mean_s": real_ms / 1e3 if real_ms else None, "simulated_s": sim_ms / 1e3 if sim_ms else None,
             "round_means_s": [m / 1e3 for m in rounds_ms] if rounds_ms else ([real_ms / 1e3] if real_ms else None)}
 
@@ -403,6 +404,10 @@ def _verdict_row(name, real_ms, sim_ms=None, graph="g/tiny_mlp_b16_sgd.json", er
       _verdict_row("d", 4.0, 2.0, graph="h.json")],
      ["h: fastest for real c (1.00 ms); the simulator ranked c first of its 2 entries too",
       "  simulated / real on its 2 simulated entries: 0.50-1.00 (median 0.75); 1 is exact"]),
+    # an entry the simulator says runs out of memory is neither ranked nor in the range
+    ([_verdict_row("a", 3.0, 1.0, oom=True), _verdict_row("b", 2.0, 1.5), _verdict_row("c", 2.5, 2.0)],
+     ["tiny_mlp_b16_sgd: fastest for real b (2.00 ms); the simulator ranked b first of its 2 entries too",
+      "  simulated / real on its 2 simulated entries: 0.75-0.80 (median 0.78); 1 is exact"]),
 ])
 def test_the_verdict_names_the_fastest_for_real_and_whether_the_simulator_agreed(rows, expected):
     from tfplace.cli.activate import verdict_lines
@@ -418,6 +423,47 @@ def test_the_table_lines_up_however_long_the_entry_names():
     lines = text.getvalue().splitlines()
     assert len({line.index("±") for line in lines[1:]}) == 1, lines
     assert lines[0].index("measured ms") + len("measured ms") == lines[1].index("±") + 7, lines
+
+
+def test_an_entry_the_simulator_says_runs_out_of_memory_is_marked_and_has_no_ratio():
+    from tfplace.cli.activate import _settle, print_table
+    rows = [{"name": n, "error": None, "simulated_s": 0.006, "simulated_oom": oom,
+             "rounds": [{"step_times_s": [0.012], "mean_s": 0.012, "std_s": 0.0, "probes_s": []}]}
+            for n, oom in (("single.tiny_cnn", True), ("dp_even_allreduce.tiny_cnn", False))]
+    for row in rows:
+        _settle(row, {})
+    assert [r["ratio"] for r in rows] == [None, pytest.approx(0.5)]
+    text = io.StringIO()
+    print_table(rows, text)
+    lines = text.getvalue().splitlines()
+    assert lines[1].split()[-3:] == ["OOM", "6.00", "-"], lines
+    assert lines[2].split()[-2:] == ["6.00", "0.500"], lines
+    assert lines[-1].startswith("OOM: the simulator says single.tiny_cnn runs out of device memory"), lines
+
+
+@pytest.mark.multiprocess
+def test_activate_marks_an_entry_the_simulator_says_runs_out_of_memory(tmp_path, monkeypatch):
+    """On a cluster whose devices hold 50 kB (under what tiny_mlp at batch 16 needs on one device)
+    the single baseline runs (a CPU task has more memory than the file says) but the simulator says
+    it runs out of memory: results.json and the table say so, and it has no sim/real ratio."""
+    from tfplace.cli.activate import run
+    from tfplace.formats import cluster as cluster_format
+    monkeypatch.setattr(cluster_format, "MIN_FILE_MEMORY_BYTES", 1)  # the file's floor against a unit slip
+    with open(os.path.join(ROOT, "clusters", "local_cpu.json")) as f:
+        cluster = json.load(f)
+    for device in cluster["devices"]:
+        device["memory_bytes"] = 50_000
+    cfg = _write(tmp_path / "activate_config.txt", {
+        "format": "tfplace.activate_config", "cluster": _write(tmp_path / "small.json", cluster),
+        "baselines": ["single"], "graphs": [{"model": "tiny_mlp", "batch_size": 16}],
+        "steps": 1, "warmup_steps": 1, "output_dir": str(tmp_path / "out"), "trace": False})
+    text = io.StringIO()
+    run(cfg, out=text)
+    with open(tmp_path / "out" / "results.json") as f:
+        (row,) = json.load(f)["results"]
+    assert row["error"] is None and row["simulated_oom"] is True and row["simulated_s"] > 0, row
+    assert row["ratio"] is None
+    assert "OOM: the simulator says single" in text.getvalue(), text.getvalue()
 
 
 @pytest.mark.parametrize("errors, status", [
@@ -450,6 +496,40 @@ def test_a_new_run_moves_the_earlier_results_aside_before_any_entry(tmp_path):
     assert json.loads((tmp_path / activate.PREVIOUS_RESULTS).read_text())["results"] == [{"name": "earlier"}]
     now = json.loads(results.read_text())
     assert now["complete"] is False and now["results"] == []
+
+
+@pytest.mark.parametrize("before, after", [
+    # the earlier run's timelines go aside with its results, which name them there
+    ({"results.json": ["a", "b"], "a.timeline.json": "A", "b.timeline.json": "B"},
+     {"results.previous.json": ["a.timeline.previous.json", "b.timeline.previous.json"],
+      "a.timeline.previous.json": "A", "b.timeline.previous.json": "B"}),
+    # the run before it: its results and timelines are replaced (c had no timeline in the earlier run)
+    ({"results.json": ["a"], "a.timeline.json": "A2", "results.previous.json": ["a", "c"],
+      "a.timeline.previous.json": "A1", "c.timeline.previous.json": "C1"},
+     {"results.previous.json": ["a.timeline.previous.json"], "a.timeline.previous.json": "A2"}),
+    # a timeline its (stopped) run did not record yet goes aside too
+    ({"results.json": [], "a.timeline.json": "A"}, {"results.previous.json": [], "a.timeline.previous.json": "A"}),
+])
+def test_a_new_run_moves_the_earlier_runs_timelines_aside_with_its_results(tmp_path, before, after):
+    from tfplace.cli import activate
+    from tfplace.formats.config import ActivateConfig
+    from tfplace.runtime import machine_speed
+
+    def results(entries):
+        return json.dumps({"complete": False, "results": [{"name": e, "timeline": str(tmp_path / f"{e}.timeline.json")}
+                                                          for e in entries]})
+    for name, body in before.items():
+        (tmp_path / name).write_text(body if isinstance(body, str) else results(body))
+    config = ActivateConfig(cluster=os.path.join(ROOT, "clusters", "local_cpu.json"), strategies=(), baselines=(),
+                            graphs=(), output_dir=str(tmp_path), trace=True)
+    activate._start_results(str(tmp_path / "results.json"), "a.txt", config, machine_speed.SpeedWatch([0]))
+    assert sorted(os.listdir(tmp_path)) == sorted(["results.json", *after])
+    for name, body in after.items():
+        text = (tmp_path / name).read_text()
+        if isinstance(body, str):
+            assert text == body, name
+        else:
+            assert [r["timeline"] for r in json.loads(text)["results"]] == [str(tmp_path / t) for t in body]
 
 
 def _rounds_row(*means_ms, disturbed=()):

@@ -220,15 +220,17 @@ def test_either_spelling_rewrites_only_the_other_spelling_of_a_flag(argv, expect
 
 def test_a_write_the_machine_refuses_is_one_line_and_tensorflow_stays_quiet(tmp_path):
     """A trace path under /proc passes the checks (root may write anywhere) and fails when written:
-    one error line with the system's reason, exit 1, no traceback; and without TF_CPP_MIN_LOG_LEVEL
-    set, TensorFlow's start-up log lines are not shown (common.run)."""
+    one error line naming the file with the system's reason, exit 2 (the atomic writer's InputError:
+    tfplace.formats.jsonio.atomic_write), no traceback; and without TF_CPP_MIN_LOG_LEVEL set,
+    TensorFlow's start-up log lines are not shown (common.run)."""
     strategy = os.path.join(REPO, "examples", "formats", "strategy_local_cpu.json")
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     result = subprocess.run([sys.executable, "-m", "tfplace.simulate", "--graph", TINY, "--cluster", CLUSTER,
                              "--strategy", strategy, "--trace", "/proc/tfplace_trace.json"],
                             capture_output=True, text=True, timeout=120, cwd=str(tmp_path), env=env)
     errors = _error_lines(result.stderr)
-    assert result.returncode == 1 and len(errors) == 1 and "/proc/tfplace_trace.json" in errors[0], result.stderr
+    assert result.returncode == 2 and len(errors) == 1 and "/proc/tfplace_trace.json: cannot be written" in errors[0], \
+        result.stderr
     assert "Traceback" not in result.stderr and "tensorflow/core" not in result.stderr, result.stderr
 
 

@@ -452,3 +452,84 @@ def test_a_train_config_asking_for_ppo_is_refused_when_loaded(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(InputError, match=r"rl\.algorithm.*reinforce"):
         load_train_config(str(path))
+
+
+def _full_disk(monkeypatch):
+    """Every file the atomic writer opens takes a few characters, then fails as a full disk does."""
+    import builtins
+    import errno
+
+    from tfplace.formats import jsonio
+    real_open = builtins.open
+
+    def full_open(path, mode="r", *args, **kwargs):
+        f = real_open(path, mode, *args, **kwargs)
+        real_write = f.write
+
+        def write(text):
+            real_write(text[:3])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        f.write = write
+        return f
+    monkeypatch.setattr(jsonio, "open", full_open, raising=False)
+
+
+def _simulate_cli(tmp_path, flag, fill_disk):
+    from tfplace import testing
+    from tfplace.cli import common, simulate
+    from tfplace.ir.loader import load_op_graph
+    meta = os.path.join(REPO, "graph_defs", "zoo", "tiny_mlp_b16_sgd.json")
+    save_profile(testing.uniform_profile(load_op_graph(meta), ["V100", "P100"]), tmp_path / "profile.json")
+    save_strategy(even_strategy(load_cluster(os.path.join(REPO, "clusters", "two_kind_4gpu.json")).device_names, 16, 8),
+                  tmp_path / "strategy.json")
+    fill_disk()
+    return common.call(simulate, ["--graph", meta, "--cluster", os.path.join(REPO, "clusters", "two_kind_4gpu.json"),
+                                  "--strategy", str(tmp_path / "strategy.json"), "--profile",
+                                  str(tmp_path / "profile.json"), flag, str(tmp_path / "out" / "t.json")])
+
+
+def _groups_cli(tmp_path, flag, fill_disk):
+    from tfplace.cli import common, groups
+    fill_disk()
+    return common.call(groups, ["--graph", os.path.join(REPO, "graph_defs", "zoo", "tiny_mlp_b16_sgd.json"),
+                                "--max-groups", "4", flag, str(tmp_path / "out" / "t.json")])
+
+
+def _write_json(path):
+    from tfplace.formats.jsonio import write_json
+    write_json(path, {"a": [1, 2, 3]})
+
+
+def _write_trace(path):
+    from tfplace.simulator import write_trace
+    write_trace({"traceEvents": [{"ph": "X"}]}, path)
+
+
+def _save_compact(path):
+    from tfplace import testing
+    from tfplace.profiling.profiler import save_compact
+    save_compact(testing.uniform_profile(testing.tiny_graph("mlp", 8), ["V100"]), path)
+
+
+@pytest.mark.parametrize("writer", [_write_json, _write_trace, _save_compact, lambda p: save_strategy(
+    even_strategy(load_cluster(os.path.join(REPO, "clusters", "two_kind_4gpu.json")).device_names, 16, 8), p)])
+def test_a_full_disk_is_one_error_naming_the_file_and_leaves_no_temporary_file(tmp_path, monkeypatch, writer):
+    (tmp_path / "out").mkdir()
+    path = str(tmp_path / "out" / "t.json")
+    _full_disk(monkeypatch)
+    with pytest.raises(InputError) as info:
+        writer(path)
+    assert info.value.source == path and "No space left on device" in info.value.problem
+    assert "free space" in info.value.fix
+    assert os.listdir(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("command, flag", [(_simulate_cli, "--trace"), (_simulate_cli, "--json"),
+                                           (_groups_cli, "--json")])
+def test_a_command_writing_to_a_full_disk_says_which_file_in_one_line(tmp_path, monkeypatch, capsys, command, flag):
+    (tmp_path / "out").mkdir()
+    capsys.readouterr()
+    assert command(tmp_path, flag, lambda: _full_disk(monkeypatch)) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("note:")]
+    assert len(err) == 1 and err[0].startswith(f"error: {tmp_path / 'out' / 't.json'}: cannot be written"), err
+    assert os.listdir(tmp_path / "out") == []

@@ -290,6 +290,30 @@ def test_missing_profile_entry_is_an_error_unless_listed():
     assert placed.task_seconds[g.index("train_op")] == 1e-6
 
 
+@pytest.mark.parametrize("profile_graph, graph_file, drop, field, says", [
+    # another graph's profile: said first, with both names (not "profile the graph on a V100")
+    ("tiny_mlp_sgd", "zoo/chain_b8_sgd.json", "all", "graph",
+     "the profile was measured on graph 'tiny_mlp_sgd', not 'chain_sgd'"),
+    # this graph's profile (at another batch: the same name), one op not measured
+    ("chain_sgd", "zoo/chain_b64_sgd.json", "all", "ops.train_op.V100", "not in the profile"),
+    # a renamed bundle (or a bare step) holding every op: a gap is a kind not measured, whatever its name
+    ("renamed", "zoo/chain_b8_sgd.json", "V100", "ops.train_op.V100", "not in the profile"),
+    # a profile that names no graph, or a graph from no file: nothing to compare
+    ("", "zoo/chain_b8_sgd.json", "all", "ops.train_op.V100", "not in the profile"),
+    ("tiny_mlp_sgd", "", "all", "ops.train_op.V100", "not in the profile"),
+])
+def test_a_profile_of_another_graph_is_named_as_such(profile_graph, graph_file, drop, field, says):
+    g = dataclasses.replace(testing.chain_graph(2, 4096, 8), source=graph_file)
+    prof = testing.uniform_profile(g, ["V100", "P100"])
+    ops = {op: {k: pts for k, pts in per.items() if op != "train_op" or drop not in ("all", k)}
+           for op, per in prof.ops.items()}
+    ops = {op: per for op, per in ops.items() if per}
+    st = Strategy(8, 1, decision({"v100_0": 8}), {})
+    with pytest.raises(InputError) as err:
+        lower(g, fk.grouping(g), fk.pair_cluster(), st, Profile(ops=ops, graph=profile_graph, source="p.json"))
+    assert err.value.field == field and says in err.value.problem, str(err.value)
+
+
 @pytest.mark.parametrize("batch", [1, 3, 8, 13, 64, 100])
 def test_vectorised_profile_lookup_matches_profile_seconds(batch):
     rng = np.random.default_rng(batch)

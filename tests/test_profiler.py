@@ -416,3 +416,33 @@ def test_a_placeholder_the_batch_feed_cannot_fill_is_refused_before_measuring():
     with pytest.raises(InputError, match=r"step.pb: placeholders: 'keep_prob' must be fed.*placeholder_with_default"):
         profiler.profile_graph(g.as_graph_def(), meta, profiler.ProfileOptions(batch_sizes=(2,), repeats=1, warmup=0),
                                source="step.pb")
+
+
+class _Measuring(Exception):
+    """Raised where the command would start measuring."""
+
+
+@pytest.mark.parametrize("out_holds, refused", [
+    ('{"format": "tfplace.profile", "version": 1, "graph": "tiny_cnn_s16_sgd", "ops": {"images": {"CPU": '
+     '{"8": 0.001}}}}', "--merge would add graph 'tiny_mlp_sgd' to a profile of graph 'tiny_cnn_s16_sgd'"),
+    ('{"format": "tfplace.profile", "ops": {', "not valid JSON"),
+    # the same graph's other batch sizes or kinds, or a comm-only file: merged into
+    ('{"format": "tfplace.profile", "version": 1, "graph": "tiny_mlp_sgd", "ops": {"x": {"V100": {"8": 0.001}}}}',
+     None),
+    ('{"format": "tfplace.profile", "version": 1, "graph": "", "ops": {}}', None),
+])
+def test_merge_reads_and_checks_the_existing_out_before_measuring(tmp_path, monkeypatch, capsys, out_holds, refused):
+    def measuring(*args, **kwargs):
+        raise _Measuring()
+    monkeypatch.setattr(profiler, "profile_bundle", measuring)
+    out = tmp_path / "p.json"
+    out.write_text(out_holds)
+    argv = ["--graph", _bundle("tiny_mlp"), "--batch-sizes", "8", "--merge", "--quiet", "--out", str(out)]
+    if refused is None:
+        with pytest.raises(_Measuring):
+            common.call(profiler_cli, argv)
+        return
+    assert common.call(profiler_cli, argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(out) in err[0] and refused in err[0], err
+    assert out.read_text() == out_holds

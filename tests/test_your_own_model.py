@@ -617,3 +617,18 @@ def test_export_keras_refuses_a_loop_as_every_command_would(tmp_path, unroll):
         export()
     assert info.value.source == "export_keras" and "contains a loop (" in info.value.problem
     assert "unroll=True for Keras RNNs" in info.value.fix and not list(tmp_path.glob("lstm*"))
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"TFPLACE_CACHE_DIR": "{tmp}/steps_here", "TFPLACE_CACHE": "{tmp}/all"}, "{tmp}/steps_here"),  # its own wins
+    ({"TFPLACE_CACHE": "{tmp}/all"}, "{tmp}/all/steps"),  # under tfplace's whole cache
+    ({}, "{home}/.cache/tfplace/steps"),
+])
+def test_the_imported_steps_cache_follows_tfplace_cache(tmp_path, monkeypatch, env, expected):
+    from tfplace.graph_defs.user_step import cache_dir
+    for name in ("TFPLACE_CACHE_DIR", "TFPLACE_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value.format(tmp=tmp_path))
+    assert cache_dir() == expected.format(tmp=tmp_path, home=tmp_path / "home")

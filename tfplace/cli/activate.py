@@ -6,17 +6,20 @@ times, round by round on fresh servers, and the median round counts), a Chrome t
 (`<output_dir>/<entry>.timeline.json`), the simulated time of the same PlacedGraph, and a final
 table with measured time, simulated time and their ratio, then per graph the entry that ran fastest
 for real and whether the simulator ranked it first (verdict_lines), against the fastest Horovod row,
-and the simulator's simulated / real range. Every entry is checked before any work (an unknown
-baseline, a strategy file that does not fit the cluster; a strategy deciding groups its graph lacks,
-once the graph is exported and grouped: exit 2 before any server starts); an entry that fails while
-it runs (out of memory, a graph that does not load) is reported (its error in the table and in
-results.json) and the others still run; a worker that died is replaced by a
-new cluster for the next entry. Results: `<output_dir>/results.json`, written empty when the run
-starts (an earlier run's moved to results.previous.json) and rewritten after every entry
-("complete": false until the last), so what ran survives an interrupt. Each core the run uses is
-probed just before and after every timed window (tfplace.runtime.machine_speed): a round during
-which the machine itself ran slow (a shared host) is marked "disturbed" in results.json and left
-out of the row's median unless every round of the row was; the table says how many were. With
+and the simulator's simulated / real range. An entry the simulator says runs out of device memory
+(the cluster file's memory_bytes) is marked OOM in the table and `"simulated_oom": true` in
+results.json, and has no ratio: it is left out of the ranking and the range. Every entry is checked
+before any work (an unknown baseline, a strategy file that does not fit the cluster; a strategy
+deciding groups its graph lacks, once the graph is exported and grouped: exit 2 before any server
+starts); an entry that fails while it runs (out of memory, a graph that does not load) is reported
+(its error in the table and in results.json) and the others still run; a worker that died is
+replaced by a new cluster for the next entry. Results: `<output_dir>/results.json`, written empty when the run
+starts (an earlier run's moved to results.previous.json, its timelines to
+<entry>.timeline.previous.json) and rewritten after every entry ("complete": false until the last),
+so what ran survives an interrupt. Each core the run uses is probed just before and after every
+timed window (tfplace.runtime.machine_speed): a round during which the machine itself ran slow (a
+shared host) is marked "disturbed" in results.json and left out of the row's median unless every
+round of the row was; the table says how many were. With
 `"overheads": "measure"` the runtime overheads are measured on the cluster first (into
 <output_dir>/overheads.json); an overheads file measured on a machine whose cores ran more than
 1.3x faster or slower than this one's did in the run is named in a closing note
@@ -51,6 +54,7 @@ from tfplace.cli import common
 from tfplace.formats.cluster import Cluster, load_cluster
 from tfplace.formats.config import MEASURE, ActivateConfig, GraphEntry, load_activate_config
 from tfplace.formats.errors import InputError
+from tfplace.formats.jsonio import atomic_write
 from tfplace.formats.strategy import load_strategy, validate_strategy
 from tfplace.runtime import machine_speed
 
@@ -295,8 +299,8 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads, watch
         res = run_horovod(job["graph"], per, steps=config.steps, warmup_steps=config.warmup_steps,
                           emulation_per_rank=emulation, source=config.cluster, device_names=cluster.device_names,
                           host_links=checked_layout(cluster, per="device"))
-        return {"step_times_s": list(res.report.step_times_s), "simulated_s": None, "timeline": "",
-                "probes_s": [before, watch.probe()]}
+        return {"step_times_s": list(res.report.step_times_s), "simulated_s": None, "simulated_oom": None,
+                "timeline": "", "probes_s": [before, watch.probe()]}
     profile = job.get("profile") or cluster_profile(graph, cluster)  # measured_profiles' when measured
     strategy, grouping = job.get("strategy"), job.get("grouping")  # check_groups' or a plan's (real_check)
     if strategy is None:
@@ -304,7 +308,7 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads, watch
                                            overheads=overheads)
     step = rewrite_step(graph, strategy, cluster, profile=profile, grouping=grouping)
     # the PlacedGraph the rewrite emitted, with what the runtime adds when the config gives it
-    sim = simulate(with_overheads(step.placed, cluster, overheads), cluster).iteration_time_s
+    report = simulate(with_overheads(step.placed, cluster, overheads), cluster)
     feed = random_feed(step.inputs, strategy.global_batch_size, 0)
     with StepRunner(lc, step) as runner:
         runner.initialize()
@@ -315,10 +319,10 @@ def _run_one(job, cluster: Cluster, lc, config: ActivateConfig, overheads, watch
         trace = runner.traced_step(feed) if config.trace else ""
     path = ""
     if config.trace:
-        path = os.path.join(config.output_dir, f"{job['name']}.timeline.json")
-        with open(path, "w") as f:
-            f.write(trace)
-    return {"step_times_s": times, "simulated_s": sim, "timeline": path, "probes_s": [before, after]}
+        path = os.path.join(config.output_dir, job["name"] + TIMELINE)
+        atomic_write(path, lambda f: f.write(trace))
+    return {"step_times_s": times, "simulated_s": report.iteration_time_s, "simulated_oom": report.oom,
+            "timeline": path, "probes_s": [before, after]}
 
 
 def run(config_path: str, out=None) -> List[Dict[str, Any]]:
@@ -345,8 +349,7 @@ def run(config_path: str, out=None) -> List[Dict[str, Any]]:
     jobs = _jobs(config)  # exports; its bad input, and check_groups', before the output folder or any server
     check_groups(jobs, cluster)
     if config.trace:
-        common.check_outputs_in(config.output_dir, [f"{j['name']}.timeline.json" for j in jobs], config_path,
-                                "output_dir")
+        common.check_outputs_in(config.output_dir, [j["name"] + TIMELINE for j in jobs], config_path, "output_dir")
     os.makedirs(config.output_dir, exist_ok=True)
     results_path = os.path.join(config.output_dir, "results.json")
     watch = machine_speed.SpeedWatch(machine_speed.cores_of(cluster))
@@ -428,15 +431,17 @@ def run_rounds(jobs: List[Dict[str, Any]], cluster: Cluster, config: ActivateCon
 
 def _add_round(row: Dict[str, Any], result: Dict[str, Any], watch) -> None:
     """Adds one round's result to an entry's row (its machine slowdown judged by `watch` as known
-    now) and settles the row's figures (_settle). simulated_s comes from the first round (every
-    round simulates the same PlacedGraph), and the timeline file holds the last round's traced
-    step."""
+    now) and settles the row's figures (_settle). simulated_s and simulated_oom (the simulator
+    says the entry does not fit in device memory; None: not simulated) come from the first round
+    (every round simulates the same PlacedGraph), and the timeline file holds the last round's
+    traced step."""
     t = result["step_times_s"]
     probes = [{str(c): s for c, s in p.items()} for p in result["probes_s"]]
     row["rounds"].append({"step_times_s": t, "mean_s": statistics.fmean(t), "std_s": statistics.pstdev(t),
                           "probes_s": probes})
     if "simulated_s" not in row:
         row["simulated_s"], row["timeline"] = result["simulated_s"], result["timeline"]
+        row["simulated_oom"] = result.get("simulated_oom")
     _settle(row, watch.reference_s)
 
 
@@ -445,7 +450,8 @@ def _settle(row: Dict[str, Any], reference_s: Dict[int, float]) -> None:
     (machine_speed.DISTURBED_SLOWDOWN), then sets the row's step_times_s, mean_s and std_s to
     those of its median round among the undisturbed ones (all rounds when every one was
     disturbed; by mean, the lower middle one of an even count), round_means_s to every round's
-    mean, and the simulated / real ratio."""
+    mean, and the simulated / real ratio (None for an entry the simulator says runs out of memory:
+    its time is no prediction of a run that fits)."""
     for rnd in row["rounds"]:
         probes = [{int(c): s for c, s in p.items()} for p in rnd["probes_s"]]
         rnd["machine_slowdown"] = machine_speed.slowdown_of(probes, reference_s)
@@ -456,7 +462,7 @@ def _settle(row: Dict[str, Any], reference_s: Dict[int, float]) -> None:
     row["round_means_s"] = [x["mean_s"] for x in row["rounds"]]
     row["disturbed_rounds"] = sum(x["disturbed"] for x in row["rounds"])
     sim = row["simulated_s"]
-    row["ratio"] = sim / row["mean_s"] if sim else None
+    row["ratio"] = sim / row["mean_s"] if sim and not row.get("simulated_oom") else None
 
 
 def median_rounds(rounds: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -477,37 +483,70 @@ def _running_cluster(lc, cluster: Cluster, out):
 
 
 PREVIOUS_RESULTS = "results.previous.json"  # an earlier run's results.json, kept when a new run starts
+TIMELINE, PREVIOUS_TIMELINE = ".timeline.json", ".timeline.previous.json"  # <entry>TIMELINE, and an earlier run's
 
 
 def _start_results(path: str, config_path: str, config: ActivateConfig, watch) -> None:
-    """Moves an earlier run's results.json aside (PREVIOUS_RESULTS, replacing an older one) and
-    writes this run's, empty and not complete: a run stopped before its first entry ends leaves no
-    earlier run's results marked complete beside its own files."""
+    """Moves an earlier run's results.json aside (PREVIOUS_RESULTS) and its timelines
+    (<entry>.timeline.json -> <entry>.timeline.previous.json, the moved results naming them),
+    replacing the run before it's, and writes this run's results, empty and not complete: a run
+    stopped before its first entry ends leaves no earlier run's results marked complete, nor its
+    timelines, beside its own files."""
+    folder = os.path.dirname(path)
+    previous = os.path.join(folder, PREVIOUS_RESULTS)
     if os.path.exists(path):
-        os.replace(path, os.path.join(os.path.dirname(path), PREVIOUS_RESULTS))
+        os.replace(path, previous)
+    older = [n for n in os.listdir(folder) if n.endswith(PREVIOUS_TIMELINE)]
+    earlier = [n for n in os.listdir(folder) if n.endswith(TIMELINE)]
+    if earlier or older:
+        for name in older:  # the run before the earlier one: replaced, as its results are
+            os.remove(os.path.join(folder, name))
+        moved = {os.path.abspath(os.path.join(folder, name)):
+                 os.path.abspath(os.path.join(folder, name[:-len(TIMELINE)] + PREVIOUS_TIMELINE)) for name in earlier}
+        for old, new in moved.items():
+            os.replace(old, new)
+        _rename_timelines(previous, moved)
     _write_results(path, config_path, config, [], False, watch)
+
+
+def _rename_timelines(results_path: str, moved: Dict[str, str]) -> None:
+    """Points the rows of the results file `results_path` (if it is one) at their moved timelines
+    (`moved`: old path -> new path); a file that does not read as results is left as it is."""
+    try:
+        with open(results_path, encoding="utf-8") as f:
+            data = json.load(f)
+        rows = data["results"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    for row in rows:
+        if isinstance(row, dict) and isinstance(row.get("timeline"), str):
+            row["timeline"] = moved.get(os.path.abspath(row["timeline"]), row["timeline"])
+    atomic_write(results_path, lambda f: json.dump(data, f, indent=1))
 
 
 def _write_results(path: str, config_path: str, config: ActivateConfig, rows, complete: bool, watch) -> None:
     """results.json, replaced atomically; `complete` is false while entries are still to run.
     `core_quiet_s`: each probed core's quiet seconds in this run (machine_speed), which tell how
     fast this machine was against another run's."""
-    tmp = f"{path}.tmp{os.getpid()}"
     quiet = {str(c): s for c, s in sorted(watch.reference_s.items())}
     overheads = (os.path.abspath(os.path.join(config.output_dir, OVERHEADS_FILE)) if config.overheads == MEASURE
                  else config.overheads)
-    try:  # an interrupt while writing leaves the previous results.json, and no temporary file
-        with open(tmp, "w") as f:
-            json.dump({"config": os.path.abspath(config_path), "cluster": config.cluster, "complete": complete,
-                       "overheads": overheads, "core_quiet_s": quiet, "results": rows}, f, indent=1)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    # an interrupt while writing leaves the previous results.json, and no temporary file
+    atomic_write(path, lambda f: json.dump({"config": os.path.abspath(config_path), "cluster": config.cluster,
+                                            "complete": complete, "overheads": overheads, "core_quiet_s": quiet,
+                                            "results": rows}, f, indent=1))
+
+
+def simulated_fits(row: Dict[str, Any]) -> bool:
+    """Whether a result row has a simulated time that predicts its run: simulated, and not out of
+    memory in the simulator (such a row's time is left out of every simulated / real figure)."""
+    return bool(row.get("simulated_s")) and not row.get("simulated_oom")
 
 
 def print_table(rows, out=None) -> None:
-    """The result table: an entry column as wide as its longest name, so the numbers line up."""
+    """The result table: an entry column as wide as its longest name, so the numbers line up. An
+    entry the simulator says runs out of memory shows "OOM" before its simulated time, no ratio,
+    and a note under the table."""
     w = max([40] + [len(r["name"]) for r in rows])
     print(f"{'entry':{w}s} {'measured ms':>16s} {'simulated ms':>13s} {'sim/real':>9s}", file=out)
     for r in rows:
@@ -515,6 +554,8 @@ def print_table(rows, out=None) -> None:
             print(f"{r['name']:{w}s} FAILED: {r['error'].splitlines()[0][:100]}", file=out)
             continue
         sim = f"{r['simulated_s'] * 1e3:13.2f}" if r.get("simulated_s") else f"{'-':>13s}"
+        if r.get("simulated_s") and r.get("simulated_oom"):
+            sim = f"{'OOM ' + format(r['simulated_s'] * 1e3, '.2f'):>13s}"
         ratio = f"{r['ratio']:9.3f}" if r.get("ratio") else f"{'-':>9s}"
         means = r.get("round_means_s") or []
         spread = f"  rounds {min(means) * 1e3:.2f}–{max(means) * 1e3:.2f}" if len(means) > 1 else ""
@@ -523,6 +564,11 @@ def print_table(rows, out=None) -> None:
             spread += (f"  ({slow} of {len(means)} rounds on a slowed machine" +
                        (", left out)" if slow < len(means) else ": none was quiet)"))
         print(f"{r['name']:{w}s} {r['mean_s'] * 1e3:8.2f} ± {r['std_s'] * 1e3:5.2f} {sim} {ratio}{spread}", file=out)
+    oom = [r["name"] for r in rows if not r["error"] and r.get("simulated_oom")]
+    if oom:
+        print(f"OOM: the simulator says {', '.join(oom)} run{'s' if len(oom) == 1 else ''} out of device memory "
+              "(the cluster file's memory_bytes): no sim/real for it, and it is left out of the simulator's ranking "
+              "and range below", file=out)
 
 
 def ran(row: Dict[str, Any]) -> bool:
@@ -548,7 +594,7 @@ def verdict_lines(rows: List[Dict[str, Any]]) -> List[str]:
         best = min(entries, key=lambda r: r["mean_s"])
         stem = os.path.splitext(os.path.basename(graph))[0]
         line = f"{stem}: fastest for real {best['name']} ({best['mean_s'] * 1e3:.2f} ms)"
-        simulated = [r for r in entries if r.get("simulated_s")]
+        simulated = [r for r in entries if simulated_fits(r)]
         if len(simulated) >= 2:
             pick = min(simulated, key=lambda r: r["simulated_s"])
             fastest_simulated = min(simulated, key=lambda r: r["mean_s"])

@@ -595,9 +595,10 @@ def not_a_command(module: str, fix: str) -> None:
 def guarded(main: Callable[[List[str]], Optional[int]]) -> Callable[[List[str]], int]:
     """main, with bad input (InputError) reported as one line `error: ...` and exit status 2, and
     a run that tfplace stopped on purpose (any other TfplaceError: a dead worker, a failed Horovod
-    rank, no private network) or that the machine stopped (an OSError: no space left on the
-    device, a file system that refuses a file the checks let through) as `error: ...` and exit
-    status 1."""
+    rank, no private network) or that the machine stopped (an OSError the writers do not turn into
+    an InputError) as `error: ...` and exit status 1. An output file the file system refuses (a
+    full disk, a folder that takes no files) is an InputError naming it, exit status 2
+    (tfplace.formats.jsonio.atomic_write, which the writers use)."""
     @functools.wraps(main)
     def wrapped(argv: List[str]) -> int:
         try:
@@ -608,7 +609,7 @@ def guarded(main: Callable[[List[str]], Optional[int]]) -> Callable[[List[str]],
         except TfplaceError as err:
             print(f"error: {err}", file=sys.stderr)
             return FAILED_EXIT
-        except OSError as err:  # the machine refused, not the input: a full disk, a file system that takes no files
+        except OSError as err:  # the machine refused, not the input (a writer's refusal is an InputError)
             print(f"error: {err}", file=sys.stderr)
             return FAILED_EXIT
         except KeyboardInterrupt as err:

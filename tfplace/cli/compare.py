@@ -37,6 +37,7 @@ from absl import flags
 
 from tfplace.cli import common
 from tfplace.formats.errors import InputError
+from tfplace.formats.jsonio import atomic_write
 
 
 def define_flags() -> None:
@@ -237,10 +238,9 @@ def execute(args) -> int:
         strategy = r.pop("_strategy", None)
         if strategy is not None and not r.get("file"):  # a file's row is that file already
             save_strategy(strategy, os.path.join(out, "strategies", f"{r['strategy']}.json"))
-    with open(os.path.join(out, "table.txt"), "w", encoding="utf-8") as f:
-        f.write(table + "\n")
-    with open(os.path.join(out, "compare.json"), "w", encoding="utf-8") as f:
-        json.dump(dict(result, title=title, graph=args.graph, cluster=args.cluster), f, indent=1)
+    atomic_write(os.path.join(out, "table.txt"), lambda f: f.write(table + "\n"))
+    atomic_write(os.path.join(out, "compare.json"),
+                 lambda f: json.dump(dict(result, title=title, graph=args.graph, cluster=args.cluster), f, indent=1))
     if not args.no_plot:
         plot(result, float(cluster.memory_bytes.min()), title, os.path.join(out, "compare.png"))
     print(f"wrote {out}/table.txt, compare.json{'' if args.no_plot else ', compare.png'}, strategies/")

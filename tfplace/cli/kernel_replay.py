@@ -20,6 +20,7 @@ from absl import flags
 from tfplace.cli import common
 from tfplace.formats.config import SIZE_LIMIT
 from tfplace.formats.errors import InputError
+from tfplace.formats.jsonio import atomic_write
 
 POSITIONAL = ("STEP",)  # export | replay | to-profile
 STEPS = {"export": ("graph",), "replay": ("ops", "batch-sizes"), "to-profile": ("replay", "kind")}
@@ -64,15 +65,13 @@ def main(argv) -> int:
     if step == "export":
         from tfplace.ir.loader import load_op_graph
         table = kernel_replay.export_op_table(load_op_graph(common.resolve_graph(args.graph, "argument --graph")))
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(table, f)
+        atomic_write(args.out, lambda f: json.dump(table, f))
         print(f"{len(table['ops'])} ops -> {args.out}")
     elif step == "replay":
         table = kernel_replay.read_op_table(args.ops)
         result = kernel_replay.replay(table, [int(b) for b in args.batch_sizes], reps=args.reps,
                                       progress=lambda m: print(m, file=sys.stderr, flush=True))
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(result, f)
+        atomic_write(args.out, lambda f: json.dump(result, f))
         print(f"{len(result['seconds'])} ops timed, {len(result['skipped'])} skipped on {result['device']}")
     else:
         from tfplace.formats.profile import save_profile

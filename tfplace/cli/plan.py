@@ -8,7 +8,8 @@ The policy: the pre-trained one shipped with tfplace (policy/pretrained/policy.j
 network sizes and max_groups, its state.json the checkpoint) or --policy FILE (a weights file of
 `python -m tfplace.pretrain`) names another. The result is the best of: the policy's greedy
 strategy, `--samples` policy samples, every baseline, and (with --search_seconds) the
-policy-guided search (tfplace.policy.planner.plan_task); it is never worse than the best baseline.
+policy-guided search (tfplace.policy.planner.plan_task; its progress and best time so far on
+stderr unless --noprogress); it is never worse than the best baseline.
 An out-of-memory strategy is never written: when the best by penalised time does not fit, the
 fastest that fits is planned instead; when none fits, one error line gives each device's need
 against its memory, exit status 1, and nothing is written.
@@ -53,6 +54,8 @@ def define_flags() -> None:
     flags.DEFINE_string("profile", None, "profile .json (default: derived by the device model)")
     flags.DEFINE_float("search_seconds", 0.0, "seconds of sampling + local search after the zero-shot plan",
                        lower_bound=0.0)
+    flags.DEFINE_boolean("progress", True, "with --search_seconds: show the search's progress and the best "
+                         "strategy so far on stderr (a line every 5 s, or one updated in place on a terminal)")
     flags.DEFINE_integer("samples", 8, "policy samples evaluated zero-shot", lower_bound=0)
     flags.DEFINE_integer("seed", 0, "sampling / search seed", lower_bound=0)
     flags.DEFINE_string("out", "strategy.json", "where to write the strategy")
@@ -135,7 +138,9 @@ def main(argv) -> int:
         result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
                               cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
                               samples=FLAGS.samples, seed=FLAGS.seed, out=None, resolve_bundle=bundle_for_entry,
-                              overheads=overheads_path, weights=FLAGS.policy, label=_step_label(FLAGS.graph))
+                              overheads=overheads_path, weights=FLAGS.policy, label=_step_label(FLAGS.graph),
+                              progress=search_progress(FLAGS.search_seconds)
+                              if FLAGS.progress and FLAGS.search_seconds else None)
     except InputError as err:  # the zoo export's error about --model's options: the flags gave them
         from tfplace.formats.config import GraphEntry
         if not FLAGS.model or err.source != GraphEntry(FLAGS.batch_size, model=FLAGS.model).error_source:
@@ -166,6 +171,23 @@ def main(argv) -> int:
         save_strategy(check.strategy, FLAGS.out)
     print(f"strategy written to {FLAGS.out}")
     return 0
+
+
+def search_progress(search_seconds: float, stream=None):
+    """A planner.Progress that shows a search of `search_seconds` on a progress bar
+    (tfplace.profiling.profiler.ProgressBar, on stderr: redrawn in place on a terminal, a line every
+    5 s otherwise) with the best time so far and where it came from."""
+    import time
+    from tfplace.profiling.profiler import ProgressBar
+    bars = []
+
+    def show(elapsed_s: float, best) -> None:
+        if not bars:  # made when the search reports first: its clock starts with the search's, not before
+            bars.append(ProgressBar(search_seconds, "search", stream=stream))
+            bars[0].start = time.monotonic() - elapsed_s
+        bars[0].update(elapsed_s - bars[0].done,
+                       f"best {best.time_s * 1e3:.3f} ms ({best.source}{', OOM' if best.oom else ''})")
+    return show
 
 
 def out_of_memory_problem(result) -> str:

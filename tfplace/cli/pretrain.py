@@ -8,7 +8,8 @@ task's target and trains the policy to imitate the targets; REINFORCE steps foll
 (tfplace.policy.pretrain). Progress goes to stderr. Running the same command again resumes from
 the folder --work_dir (default: OUT.work), where targets and per-round weights are kept; a work
 folder resumes only the settings it was made with (more --rounds or other --rl_steps aside),
-another is refused before any work.
+another is refused before any work. Ctrl-C (or SIGTERM) stops it when the search or training step
+under way ends (a second one at once), with exit status 130 (143); the same command resumes.
 The shipped policy is made by exactly the command above.
 """
 

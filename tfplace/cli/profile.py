@@ -16,7 +16,7 @@ Writes profile.json (format: tfplace.formats.profile). Progress goes to stderr, 
 stdout. Bad arguments and bad input exit with status 2 and one line naming the argument (or the
 file and field) and the fix (tfplace.cli.common); --out, the numbers, device and kind names and
 --graph (a regular file or a zoo model name, exported on demand) are checked before anything is
-measured.
+measured; with --merge, so is the profile already in --out (a profile of another graph is refused).
 """
 
 from __future__ import annotations
@@ -237,6 +237,7 @@ def _run(args) -> int:
     emulation = _limit_self(args)  # before TensorFlow starts threads: they inherit the pinning
     progress = None if args.quiet else (lambda total: profiler.ProgressBar(total, "profile"))
     result: Optional[Profile] = None
+    existing: Optional[Profile] = None
     if args.comm_only:
         result = load_profile(args.out) if os.path.exists(args.out) else Profile(ops={})
     else:
@@ -244,6 +245,7 @@ def _run(args) -> int:
             raise InputError("arguments", "--graph", "is required", "give the bundle JSON, e.g. graph_defs/zoo/tiny_mlp_b16_sgd.json")
         # a zoo name or a bare step (.pb/.pbtxt/.meta): its bundle
         args.graph = common.resolve_graph(args.graph, "argument --graph", bundle=True, **common.step_options(args))
+        existing = merged_into(args.out, args.graph) if args.merge else None  # before anything is measured
         batches = [int(b) for b in args.batch_sizes]
         if args.roofline:  # (never with --derive: refused at parse time)
             result = _roofline_only(args, batches)
@@ -279,8 +281,8 @@ def _run(args) -> int:
         result = _with_conditions(result, emulation=emulation)
     if allocator and not args.comm_only:
         result = _with_conditions(result, allocator=allocator)
-    if args.merge and not args.comm_only and os.path.exists(args.out):
-        result = profiler.merge_profiles(load_profile(args.out), result)
+    if existing is not None:
+        result = profiler.merge_profiles(existing, result)
     final = profiler.rounded(result, args.digits)
     if args.compact:
         profiler.save_compact(final, args.out)
@@ -288,6 +290,23 @@ def _run(args) -> int:
         save_profile(final, args.out)
     print(f"wrote {args.out} ({os.path.getsize(args.out) / 1024:.0f} KiB) in {time.monotonic() - started:.1f} s")
     return 0
+
+
+def merged_into(out: str, graph: str):
+    """The profile in `out` that --merge adds to (None when there is none yet), read before
+    anything is measured: a file that is no profile, or a profile of another graph than the
+    bundle `graph` (tfplace.profiling.profiler.graph_name; the graph's other batch sizes and kinds
+    merge), raises InputError naming both graphs."""
+    if not os.path.exists(out):
+        return None
+    from tfplace.formats.profile import load_profile
+    from tfplace.profiling.profiler import graph_name
+    existing = load_profile(out)
+    given = graph_name(graph)
+    if existing.graph and existing.ops and existing.graph != given:
+        raise InputError(out, "graph", f"--merge would add graph {given!r} to a profile of graph {existing.graph!r}",
+                         "give --out another file for this graph, or leave out --merge to replace the file")
+    return existing
 
 
 def _limit_self(args) -> dict:

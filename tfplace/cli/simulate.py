@@ -28,6 +28,7 @@ import sys
 from absl import flags
 
 from tfplace.cli import common
+from tfplace.formats.jsonio import atomic_write
 
 
 def define_flags() -> None:
@@ -92,8 +93,7 @@ def execute(args) -> int:
         write_trace(report.trace, args.trace)
         print(f"trace: {args.trace}")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report.to_json(), f, indent=1)
+        atomic_write(args.json, lambda f: json.dump(report.to_json(), f, indent=1))
     return 0
 
 

@@ -21,11 +21,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import errno
 import json
 import math
 import os
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Type, Union
+from typing import IO, Any, Callable, Iterator, List, Optional, Sequence, Tuple, Type, Union
 
 from tfplace.formats.errors import InputError
 from tfplace.formats.files import TOP_LEVEL, input_problem, require_regular_file
@@ -270,17 +272,32 @@ def resolve_path(value: str, source: str, field: str, base_dirs: Sequence[str], 
                      f"check the path{rel}")
 
 
-def write_json(path: Union[str, os.PathLike], data: Any) -> None:
-    """Writes `data` as indented JSON atomically (write to a temp file, then rename), so an
-    interrupted write never leaves a truncated file behind. NaN/Infinity are refused: they are
-    not JSON and other readers would reject the file."""
+def atomic_write(path: Union[str, os.PathLike], write: Callable[[IO[str]], None]) -> None:
+    """Calls `write(f)` on a temporary file beside `path` (<path>.tmp<pid>), then renames it to
+    `path`, so an interrupted or failed write never leaves a truncated file behind, nor the
+    temporary one (it is removed on any error, Ctrl-C included). A file system that refuses the
+    write (full, read-only, over quota) raises InputError naming `path`, not a bare OSError."""
     path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=False, allow_nan=False)
-            f.write("\n")
+            write(f)
         os.replace(tmp, path)
+    except OSError as err:
+        full = err.errno in (errno.ENOSPC, errno.EDQUOT)
+        raise InputError(path, "", f"cannot be written ({err.strerror or err})",
+                         "free space or choose another folder" if full else "choose another folder") from None
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        if os.path.lexists(tmp):
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+
+
+def write_json(path: Union[str, os.PathLike], data: Any) -> None:
+    """Writes `data` as indented JSON atomically (atomic_write), so an interrupted write never
+    leaves a truncated file behind. NaN/Infinity are refused: they are not JSON and other readers
+    would reject the file."""
+    def dump(f) -> None:
+        json.dump(data, f, indent=1, sort_keys=False, allow_nan=False)
+        f.write("\n")
+    atomic_write(path, dump)

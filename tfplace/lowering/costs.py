@@ -39,6 +39,7 @@ class ComputeCosts:
         self.dev_kind = np.array([kind_index[d.kind] for d in cluster.devices], dtype=np.int64)
         self.names = graph.names
         self.source = profile.source or "profile"
+        self.graph_source, self.profile = graph.source, profile
         self.missing_op_s = float(missing_op_s)
         listed_missing = set(profile.missing_ops)
         clone_of = graph.meta.get("tfplace_clone_of", {})  # metadata clones cost as their original
@@ -92,9 +93,26 @@ class ComputeCosts:
         if bad.any():
             i = int(np.argmax(bad))
             kind = self.kinds[int(self.dev_kind[dev[i]])]
+            self._check_graph(self.names[int(op[i])])
             raise InputError(self.source, f"ops.{self.names[int(op[i])]}.{kind}", "not in the profile",
                              f"profile the graph on a {kind} device, derive {kind} from a measured kind, "
                              "or list the op in missing_ops")
+
+    def _check_graph(self, missing_op: str) -> None:
+        """Raises InputError when the profile was measured on another graph (by name,
+        tfplace.profiling.profiler.graph_name) and lacks `missing_op` on every kind: a gap of a
+        profile of this graph is a kind to measure, but another graph's is the wrong file. A
+        renamed bundle or a bare step may be named otherwise and still be this graph, so a
+        name alone never refuses."""
+        from tfplace.profiling.profiler import graph_name
+        measured = self.profile.graph
+        applied = graph_name(self.graph_source) if self.graph_source else ""
+        if not measured or not applied or measured == applied or missing_op in self.profile.ops:
+            return
+        raise InputError(self.source, "graph", f"the profile was measured on graph {measured!r}, not {applied!r} "
+                         f"(it has no op {missing_op!r} of it)",
+                         f"give a profile measured on {applied} (python -m tfplace.profile --graph "
+                         f"{self.graph_source} --out P), or none: the device model's")
 
     def _lookup(self, k: int, o: np.ndarray, x: np.ndarray) -> np.ndarray:
         y = _interpolate(self.bat[k][o], self.sec[k][o], self.npts[k][o], x, self.missing_op_s)

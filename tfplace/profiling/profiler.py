@@ -75,6 +75,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import numpy as np
 
 from tfplace.formats.errors import InputError
+from tfplace.formats.jsonio import atomic_write
 from tfplace.formats.profile import Profile
 
 STATISTIC_FUNCTIONS = {"min": np.min, "median": np.median, "mean": np.mean}
@@ -650,10 +651,7 @@ def save_compact(profile: Profile, path: str) -> None:
     lines = [json.dumps(op, allow_nan=False) + ":" + json.dumps(v, separators=(",", ":"), allow_nan=False)
              for op, v in ops.items()]
     text = head[:-1] + ',"ops":{\n' + ",\n".join(lines) + "\n}}\n"
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: f.write(text))
 
 
 def scaled_kind(profile: Profile, kind: str, factor: float) -> Profile:
