@@ -512,7 +512,8 @@ def plot(run: TaskRun, path: str) -> None:
         ax.plot(rows[:, 0], rows[:, 2] * 1e3, lw=0.8, label="best sampled in step")
         ax.plot(rows[:, 0], rows[:, 3] * 1e3, lw=2, label="best so far (pool: search and policy)")
         if rows.shape[1] > 4:
-            ax.plot(rows[:, 0], rows[:, 4] * 1e3, lw=1.2, label="policy's plan (greedy, or restricted to its top devices)")
+            ax.plot(rows[:, 0], rows[:, 4] * 1e3, lw=1.2,
+                    label="policy's plan (greedy, or restricted to its top devices)")
     ax.axhline(run.pool.best_baseline().effective_time_s * 1e3, color="k", ls="--",
                label=f"best baseline ({run.pool.best_baseline().source})")
     ax.set_xlabel("step")

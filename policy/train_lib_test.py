@@ -171,7 +171,8 @@ def test_the_pool_starts_with_the_best_baseline_in_the_action_space(tmp_path):
     prop = A.proportional_action(task.num_groups, task.num_devices)
     plain = min(task.evaluate(a).effective_time_s for a in (prop, {k: 0 * v for k, v in prop.items()}))
     assert best_encoded < plain  # the case where the encoded baselines matter: better than the plain starts
-    holder = next(e for e in pool.entries if e.source in (b.source, f"{b.source} as an action") and e.action is not None)
+    holder = next(e for e in pool.entries
+                  if e.source in (b.source, f"{b.source} as an action") and e.action is not None)
     assert task.evaluate(holder.action).effective_time_s == best_encoded
 
 
