@@ -36,7 +36,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import threading
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -50,6 +49,7 @@ from tfplace.ir.loader import load_op_graph
 from tfplace.policy import actions as A
 from tfplace.policy import distribution, pretrained
 from tfplace.policy.environment import PlacementTask
+from tfplace.policy.stop_signals import STOP_SIGNALS, held_stop_signals
 from tfplace.profiling.device_model import default_profile
 
 Log = Callable[[str], None]
@@ -65,49 +65,29 @@ def stop_at_safe_points() -> Iterator[StopHere]:
     """While pre-training: SIGINT and SIGTERM wait for the next safe point, the yielded
     `stop_here()` (called between searches, imitation batches and REINFORCE steps), which hands
     the signal to the handler that was there before (Ctrl-C: KeyboardInterrupt; the command lines'
-    SIGTERM: their Terminated), as training does after its step (tfplace.policy.train_lib). A
+    SIGTERM: their Terminated), as training does after its step (tfplace.policy.stop_signals). A
     signal that lands inside a TensorFlow call leaves its tracing state half-updated, and the next
     call fails with "AssertionError: Concurrent access?" instead of stopping. A second signal is
     handed over at once. What was written (targets, round weights) is kept, so the same command
-    resumes. Signal handlers exist only in the main thread; elsewhere stop_here does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield _no_stop
-        return
-    pending: List[int] = []
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    resumes."""
+    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
 
-    def restore() -> None:
+    def deliver(signum: int, frame=None) -> None:
         for s, h in previous.items():
             if h is not None:  # None: set outside Python, cannot be put back
                 signal.signal(s, h)
-
-    def deliver(signum: int, frame=None) -> None:
-        restore()
         handler = previous[signum]
         if callable(handler):
             handler(signum, frame)
         else:  # the default (ends the process) or ignored
             signal.raise_signal(signum)
 
-    def defer(signum: int, frame) -> None:
-        if pending:
-            deliver(signum, frame)
-            return
-        pending.append(signum)
-        with contextlib.suppress(OSError):  # os.write, not the log: the handler may interrupt a write to it
-            os.write(2, f"\n{signal.Signals(signum).name}: stopping when the search or step under way ends; "
-                        "run the same command again to resume (send it again to stop at once)\n".encode())
-
-    def stop_here() -> None:
-        if pending:
-            deliver(pending.pop())
-
-    for s in previous:
-        signal.signal(s, defer)
-    try:
+    with held_stop_signals("stopping when the search or step under way ends; run the same command again to "
+                           "resume (send it again to stop at once)", deliver) as held:
+        def stop_here() -> None:
+            if held:
+                deliver(held.pop())
         yield stop_here
-    finally:
-        restore()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,7 +50,6 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
@@ -74,6 +73,7 @@ from tfplace.formats.strategy import save_strategy
 from tfplace.policy import actions as A
 from tfplace.policy.agent import ReinforceLearner
 from tfplace.policy.environment import PlacementEnvironment, PlacementTask, evaluate_many
+from tfplace.policy.stop_signals import held_stop_signals
 from tfplace.baselines.registry import baseline_factories
 from tfplace.policy.network import PlacementNetwork
 from tfplace.policy.pool import PoolEntry, StrategyPool
@@ -251,27 +251,15 @@ def seed_everything(seed: int) -> None:
 
 @contextlib.contextmanager
 def _stop_after_step(trainer: "Trainer") -> Iterator[None]:
-    """While training: the first SIGTERM or SIGINT sets `trainer.stop_signal`, so that the loop
-    stops after the step under way; a second one raises TrainingInterrupted at once. Signal
-    handlers exist only in the main thread; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
+    """While training: the first SIGTERM or SIGINT is held in `trainer.held_signals`, so that the
+    loop stops after the step under way; a second one raises TrainingInterrupted at once
+    (tfplace.policy.stop_signals)."""
+    def at_once(signum: int, frame) -> None:
+        raise TrainingInterrupted(signum, trainer.last_saved_step, saved=False)
+    with held_stop_signals("stopping when the step under way ends, with a checkpoint (send it again to stop at "
+                           "once, keeping the last checkpoint)", at_once) as held:
+        trainer.held_signals = held
         yield
-        return
-
-    def handler(signum, frame):
-        if trainer.stop_signal is not None:
-            raise TrainingInterrupted(signum, trainer.last_saved_step, saved=False)
-        trainer.stop_signal = signum
-        with contextlib.suppress(OSError):  # os.write, not the log: the handler may interrupt a write to it
-            os.write(2, f"\n{signal.Signals(signum).name}: stopping when the step under way ends, with a "
-                        "checkpoint (send it again to stop at once, keeping the last checkpoint)\n".encode())
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 # ---- trainer -----------------------------------------------------------------------------------
@@ -295,7 +283,7 @@ class Trainer:
         self.rng = np.random.default_rng(config.seed)
         self.step, self.elapsed_s = 0, 0.0
         self.last_saved_step: Optional[int] = None
-        self.stop_signal: Optional[int] = None
+        self.held_signals: List[int] = []  # a stop signal held until the step under way ends
         if saved or rejected:
             self._apply(train_state.resume(self.out, saved, rejected, self._read_checkpoint, log))
         else:
@@ -397,13 +385,13 @@ class Trainer:
                 self._progress()
                 if self.step % every == 0:
                     self.save()
-                if self.stop_signal is not None and not self._done():
+                if self.held_signals and not self._done():
                     if self.last_saved_step != self.step:
                         self.save()
-                    name = signal.Signals(self.stop_signal).name
-                    self.log(f"\nstopped by {name} at step {self.step}: checkpoint saved; "
+                    signum = self.held_signals[0]
+                    self.log(f"\nstopped by {signal.Signals(signum).name} at step {self.step}: checkpoint saved; "
                              "run the same command again to resume")
-                    raise TrainingInterrupted(self.stop_signal, self.step, saved=True)
+                    raise TrainingInterrupted(signum, self.step, saved=True)
             if self.step % every != 0 or not os.path.exists(os.path.join(self.out, train_state.STATE_FILE)):
                 self.save()
         if self.show_progress and sys.stderr.isatty():

@@ -461,8 +461,7 @@ def _settle(row: Dict[str, Any], reference_s: Dict[int, float]) -> None:
     row["step_times_s"], row["mean_s"], row["std_s"] = median["step_times_s"], median["mean_s"], median["std_s"]
     row["round_means_s"] = [x["mean_s"] for x in row["rounds"]]
     row["disturbed_rounds"] = sum(x["disturbed"] for x in row["rounds"])
-    sim = row["simulated_s"]
-    row["ratio"] = sim / row["mean_s"] if sim and not row.get("simulated_oom") else None
+    row["ratio"] = row["simulated_s"] / row["mean_s"] if simulated_fits(row) else None
 
 
 def median_rounds(rounds: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

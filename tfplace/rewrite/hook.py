@@ -56,7 +56,7 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         self.strategy = load_strategy(strategy_path)
         self.cluster = load_cluster(cluster_path)
         # a strategy made for another cluster is refused here, before a script starts its servers
-        validate_strategy(self.strategy, None, [d.name for d in self.cluster.devices])
+        validate_strategy(self.strategy, None, self.cluster.device_names)
         self._train_op, self._loss, self._reduction = train_op, loss, loss_reduction
         self.step = None
         self.loss = None
