@@ -16,7 +16,8 @@ order of size (trainable weights of at least HEAVY_FRACTION of the trainable byt
 MAX_LAYERS) and, for each, the groups of its layer (`layer_groups`: the variable, its reads and
 their consumers, its updates and the ops that make their gradients); it tries the layer whole on
 each device and keeps the fastest simulated step that fits (first-improvement per layer, greedy
-over the layers). Costs at most 2 x MAX_LAYERS x devices simulations.
+over the layers). Of devices that are interchangeable and treated alike so far, it tries one
+(candidate_devices). Costs at most 2 x MAX_LAYERS x devices simulations.
 """
 
 from __future__ import annotations
@@ -68,12 +69,38 @@ def _with_layer_on(problem: Problem, strategy: Strategy, groups: Sequence[int], 
                             default=strategy.default)
 
 
+def _role(strategy: Strategy, device: str, group_names: Sequence[str]) -> tuple:
+    """What `strategy` gives `device` in every group: its micro-batches and whether it is the
+    group's parameter server."""
+    out = []
+    for name in group_names:
+        d = strategy.groups.get(name, strategy.default)
+        out.append((tuple(mb for dev, mb in d.shares if dev == device), d.ps_device == device))
+    return tuple(out)
+
+
+def candidate_devices(problem: Problem, strategy: Strategy) -> List[str]:
+    """The devices a layer is tried on, in device order: of the devices the cluster can swap
+    (Cluster.interchangeable_devices) and `strategy` treats alike, the first; its image under the
+    swap would simulate the same step. 16 devices of 5 kinds-and-hosts: 5 tries, not 16."""
+    names = problem.device_names
+    keep = []
+    for members in problem.cluster.interchangeable_devices():
+        seen = set()
+        for i in members:
+            role = _role(strategy, names[i], problem.group_names)
+            if role not in seen:
+                seen.add(role)
+                keep.append(i)
+    return [names[i] for i in sorted(keep)]
+
+
 def _greedy(problem: Problem, start: Strategy, layers: Sequence[Tuple[int, ...]]) -> Tuple[Strategy, tuple]:
     report = problem.evaluate(start)
     best, best_key = start, (report.oom, report.iteration_time_s)
     for groups in layers:
         base = best
-        for device in problem.device_names:
+        for device in candidate_devices(problem, base):
             candidate = _with_layer_on(problem, base, groups, device)
             report = problem.evaluate(candidate)
             key = (report.oom, report.iteration_time_s)

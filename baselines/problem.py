@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # the overhead pass is imported only where a problem has over
 # Planners rank strategies by their expected step over the cluster's straggler draws (a plan that
 # gives less work to a device that often runs slow is the better plan).
 PLANNING_SIM_OPTIONS = SimOptions(seed=0, stragglers="expected")
+EVALUATIONS_KEPT = 256  # reports a Problem keeps (a few MB at most: no traces unless sim_options asks)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -123,8 +124,21 @@ class Problem:
         return with_overheads(self.lowerer.lower(self.lowerer.legalize(strategy)), self.cluster, self.overheads)
 
     def evaluate(self, strategy: Strategy) -> SimReport:
-        """Simulated iteration of `strategy` (lowering, overheads, simulator; OOM is in the report)."""
-        return simulate(self.placed(strategy), self.cluster, self.sim_options)
+        """Simulated iteration of `strategy` (lowering, overheads, simulator; OOM is in the report).
+        The last EVALUATIONS_KEPT reports are kept: the baselines share starts (the best subset of
+        devices is both a baseline and the hybrid's start), about a quarter of their strategies."""
+        key = (strategy.global_batch_size, strategy.max_groups, strategy.default, tuple(sorted(strategy.groups.items())),
+               strategy.bucket_bytes, strategy.min_batch_per_replica)
+        kept = self._evaluations
+        if key not in kept:
+            if len(kept) >= EVALUATIONS_KEPT:
+                del kept[next(iter(kept))]
+            kept[key] = simulate(self.placed(strategy), self.cluster, self.sim_options)
+        return kept[key]
+
+    @functools.cached_property
+    def _evaluations(self) -> Dict[tuple, SimReport]:
+        return {}
 
     def strategy(self, groups: Dict[str, object] = None, default=None) -> Strategy:
         """A Strategy for this problem from per-group decisions and/or a default."""

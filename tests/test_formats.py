@@ -1,6 +1,7 @@
 """File formats: every bundled and example file loads; save + load gives an equal value;
 cluster topology, profile interpolation and batch-splitting rules match hand-computed tables."""
 
+import dataclasses
 import glob
 import json
 import os
@@ -288,6 +289,32 @@ def test_matrix_cluster_paths():
     assert c.path_bandwidth_bytes_per_s(0, 1) == 2e9 and c.path_bandwidth_bytes_per_s(1, 0) == 3e9
     assert c.path_latency_s(0, 1) == 0.0
     assert "latency_s" not in c.to_json()["links"]
+
+
+def _three_v100s(**change):
+    """Three V100s on one host; `change` = {device index: Device field overrides}."""
+    devices = [Device(f"v{i}", "V100", "h0", 16 * 10**9) for i in range(3)]
+    for i, fields in change.pop("devices", {}).items():
+        devices[i] = dataclasses.replace(devices[i], **fields)
+    return build_cluster("three", [Host("h0")], devices, **change)
+
+
+SKEWED_LINK = np.full((3, 3), 1e10)
+SKEWED_LINK[0, 2] = SKEWED_LINK[2, 0] = 5e9  # device 0 reaches device 2 at half the rate
+
+
+@pytest.mark.parametrize("cluster, classes", [
+    ("heterog_testbed.json", ((0, 1), (2, 3), (4, 5), (6, 7))),  # same kind, but another host: apart
+    ("heldout/d16_k3_h4_IB200_NVLink.json", ((0, 1, 2, 3, 4), (5,), (6, 7, 8, 9), (10,), (11, 12, 13, 14, 15))),
+    ("local_cpu.json", ((0,), (1,), (2,))),  # a task each
+    (dict(), ((0, 1, 2),)),
+    (dict(devices={1: dict(memory_bytes=8 * 10**9)}), ((0, 2), (1,))),
+    (dict(devices={2: dict(straggle_probability=0.1, straggle_factor=2.0)}), ((0, 1), (2,))),
+    (dict(bandwidth_matrix=SKEWED_LINK), ((0, 2), (1,))),  # 1 sees 0 and 2 alike; 0 and 2 swap too
+])
+def test_interchangeable_devices_share_kind_host_memory_straggling_and_links(cluster, classes):
+    c = load_cluster(os.path.join(REPO, "clusters", cluster)) if isinstance(cluster, str) else _three_v100s(**cluster)
+    assert c.interchangeable_devices() == classes
 
 
 def test_local_cpu_cluster_has_one_task_per_device():

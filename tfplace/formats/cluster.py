@@ -221,6 +221,34 @@ class Cluster:
     def has_emulation(self) -> bool:
         return any(d.emulation is not None for d in self.devices)
 
+    def interchangeable_devices(self) -> Tuple[Tuple[int, ...], ...]:
+        """The devices in classes that swapping two members of maps the cluster onto itself, each
+        class in device order, singletons included: same kind, host, task, memory, straggling and
+        CPU quota, and the same path bandwidth and latency to and from every other device (so a
+        strategy and its image under the swap simulate alike). Planners try one device per class
+        where the strategy treats its members alike."""
+        classes: Dict[tuple, List[List[int]]] = {}
+        for i, d in enumerate(self.devices):
+            quota = d.emulation.cpu_fraction if d.emulation is not None else None
+            key = (d.kind, d.host, d.task, d.memory_bytes, d.straggle_probability, d.straggle_factor, quota)
+            for members in classes.setdefault(key, []):
+                if self._swappable(members[0], i):
+                    members.append(i)
+                    break
+            else:
+                classes[key].append([i])
+        return tuple(sorted(tuple(m) for ms in classes.values() for m in ms))
+
+    def _swappable(self, i: int, j: int) -> bool:
+        """Whether devices i and j have the same links: to each other both ways, and to and from
+        every third device."""
+        def figures(a: int, b: int) -> Tuple[float, float]:
+            return self.path_bandwidth_bytes_per_s(a, b), self.path_latency_s(a, b)
+        if figures(i, j) != figures(j, i):
+            return False
+        return all(figures(i, k) == figures(j, k) and figures(k, i) == figures(k, j)
+                   for k in range(self.num_devices) if k not in (i, j))
+
     def device_index(self, name: str, source: str = "", field: str = "device") -> int:
         try:
             return self._index[name]
