@@ -311,6 +311,43 @@ def test_activate_refuses_an_ambiguous_step_before_any_server_or_folder(tmp_path
     assert not (tmp_path / "out").exists()
 
 
+def _step_with_a_learning_rate_placeholder():
+    """A step whose learning rate is a placeholder with no default: a run that feeds the batch
+    alone cannot run it."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float32, [None, 8], name="x")
+        y = v1.placeholder(tf.int32, [None], name="y")
+        lr = v1.placeholder(tf.float32, [], name="lr")
+        logits = v1.layers.Dense(4, name="head")(x)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits), name="loss")
+        v1.train.GradientDescentOptimizer(lr).minimize(loss, name="train")
+        v1.global_variables_initializer()
+    return graph
+
+
+@pytest.mark.parametrize("command, args", [
+    # one child per kind used to fail, and the parent died with a RuntimeError traceback (exit 1)
+    ("tfplace.profile", ["--cluster", "clusters/local_cpu.json", "--batch-sizes", "4", "--repeats", "1",
+                         "--out", "p.json"]),
+    # used to search and measure first, then fail every real run (exit 1)
+    ("tfplace.plan", ["--cluster", "clusters/local_cpu.json", "--overheads", "clusters/local_cpu.overheads.json",
+                      "--confirm_real", "1", "--confirm_rounds", "1", "--confirm_steps", "2", "--out", "s.json"]),
+])
+def test_a_placeholder_the_batch_cannot_feed_is_refused_before_any_run(tmp_path, command, args):
+    """docs/your_own_model.md: profile and plan --confirm_real feed only the batch, so they refuse a
+    step with a placeholder that has no default, naming it: one line, exit 2, nothing started."""
+    path = _write(_step_with_a_learning_rate_placeholder(), tmp_path, ".pb")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT, TFPLACE_CACHE_DIR=str(tmp_path / "cache"))
+    run = subprocess.run([sys.executable, "-m", command, "--graph", path, *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stderr[-2000:]
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert "'lr' must be fed" in lines[0] and "placeholder_with_default" in lines[0]
+    assert "checking" not in run.stdout and "search" not in run.stdout
+
+
 # ---- the page: a Keras model outside the zoo -------------------------------------------------
 def _page_commands():
     text = open(os.path.join(ROOT, "docs", "your_own_model.md"), encoding="utf-8").read()

@@ -120,6 +120,9 @@ def main(argv) -> int:
     from tfplace.policy import planner
     graph = FLAGS.graph and common.resolve_graph(FLAGS.graph, "argument --graph", FLAGS.batch_size, bundle=True,
                                                  **common.step_options(common.args()))
+    if FLAGS.confirm_real and graph:  # the real runs feed the batch alone: refused before any measuring or search
+        from tfplace.profiling.profiler import check_bundle_feedable
+        check_bundle_feedable(graph)
     overheads_path = FLAGS.overheads
     if measure:
         from tfplace.cli.activate import measure_cluster_overheads

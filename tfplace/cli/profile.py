@@ -193,10 +193,12 @@ def profile_cluster(graph: str, cluster, out: str, batch_sizes, *, repeats: int 
     """Measures every kind of `cluster` (cluster_kind_settings) for the bundle `graph` into the
     profile file `out`, one child `python -m tfplace.profile` per kind (a process is pinned for
     good, so each kind gets its own), the first writing `out`, the others merging into it.
-    Raises InputError for an unusable cluster (before anything runs), RuntimeError naming the
-    kind when a child fails. Returns out."""
+    Raises InputError for an unusable cluster or a step that needs feeds beyond the batch (before
+    anything runs), RuntimeError naming the kind when a child fails. Returns out."""
     import subprocess
+    from tfplace.profiling.profiler import check_bundle_feedable
     settings = cluster_kind_settings(cluster)
+    check_bundle_feedable(graph)  # a step the children cannot feed: one error line, before any child
     for i, (kind, cpus, fraction) in enumerate(settings):
         cmd = [sys.executable, "-m", "tfplace.profile", "--graph", graph, "--kind", kind, "--out", out,
                "--batch-sizes", ",".join(str(b) for b in batch_sizes), "--repeats", str(repeats),

@@ -419,6 +419,35 @@ def _unbatched(graph_def, inputs: Sequence[Mapping[str, Any]]):
     return gd
 
 
+def check_feedable(graph_def, meta: Mapping[str, Any], source: str = "graph") -> List[str]:
+    """Raises InputError unless the step of `graph_def` (bundle metadata `meta`) runs on the batch
+    alone: metadata without "sink", "init_op" or "inputs", or a placeholder of the step that is
+    not a batch input and has no default (a learning rate, keep_prob: a run without the script's
+    feeds cannot know it). Returns the step's op names (step_op_names of the sink and the loss)."""
+    for field in ("sink", "init_op", "inputs"):
+        if field not in meta:
+            raise InputError(source, field, "missing from the graph metadata",
+                             "use a bundle from tfplace.graph_defs.export")
+    fetches = [meta["sink"]] + ([meta["loss"]] if meta.get("loss") else [])
+    step_ops = step_op_names(graph_def, fetches)
+    op_types = {n.name: n.op for n in graph_def.node}
+    fed = {i["name"] for i in meta["inputs"]}
+    unfed = [n for n in step_ops if op_types.get(n) == "Placeholder" and n not in fed]
+    if unfed:  # the profiler and the real runs feed the batch only
+        from tfplace.ir.step_roles import unfed_placeholders_error
+        raise unfed_placeholders_error(source, unfed)
+    return step_ops
+
+
+def check_bundle_feedable(meta_path: str) -> None:
+    """check_feedable on the bundle `meta_path` (<stem>.json beside <stem>.pb): what a command
+    that runs the step on the batch alone (profile --cluster, plan --confirm_real) checks before
+    it starts any process, so that such a step is one error line, not a failed child."""
+    from tfplace.ir.loader import read_graph_source
+    graph_def, meta, _ = read_graph_source(os.fspath(meta_path), None)
+    check_feedable(graph_def, meta, os.fspath(meta_path))
+
+
 def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, name: str = "",
                   source: str = "graph", progress: Optional[Callable[[int], ProgressBar]] = None) -> ProfileResult:
     """Measures every op of the step of `graph_def` (bundle metadata `meta`). See the module doc.
@@ -436,17 +465,10 @@ def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, n
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
-    for field in ("sink", "init_op", "inputs"):
-        if field not in meta:
-            raise InputError(source, field, "missing from the graph metadata", "use a bundle from tfplace.graph_defs.export")
+    step_ops = check_feedable(graph_def, meta, source)
     fetches = [meta["sink"]] + ([meta["loss"]] if meta.get("loss") else [])
-    step_ops = step_op_names(graph_def, fetches)
     op_types = {n.name: n.op for n in graph_def.node}
     fed = {i["name"] for i in meta["inputs"]}
-    unfed = [n for n in step_ops if op_types.get(n) == "Placeholder" and n not in fed]
-    if unfed:  # the profiler feeds the batch only
-        from tfplace.ir.step_roles import unfed_placeholders_error
-        raise unfed_placeholders_error(source, unfed)
     gd = _unbatched(graph_def, meta["inputs"])
     graph = tf.Graph()
     with graph.as_default(), tf.device(options.device):
