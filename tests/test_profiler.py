@@ -399,6 +399,17 @@ def test_a_profile_of_another_graph_is_noted(profiled, applied, noted):
         assert note.startswith(f"note: the profile p.json was measured on graph {profile.graph!r}")
 
 
+@pytest.mark.parametrize("ops, missing_ops, noted", [
+    ({"a": {}, "b": {}}, (), True),     # covers the graph's ops: applied, with the note
+    ({"a": {}}, ("b",), True),          # b listed as unmeasured: still this profile's business
+    ({"a": {}}, (), False),             # lacks b: the lowering refuses it, a note would contradict that
+])
+def test_no_note_that_a_profile_is_applied_when_it_lacks_ops_of_the_graph(ops, missing_ops, noted):
+    from tfplace.formats.profile import Profile
+    profile = Profile(ops=ops, graph="other_model", missing_ops=missing_ops)
+    assert bool(profiler.profile_graph_note(profile, "x/step.json", "p.json", ("a", "b"))) == noted
+
+
 def test_a_placeholder_the_batch_feed_cannot_fill_is_refused_before_measuring():
     """The profiler feeds the batch only: a required keep_prob is one InputError naming it and
     the fix (was TensorFlow's 'You must feed a value for placeholder tensor' traceback)."""

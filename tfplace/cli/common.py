@@ -126,12 +126,13 @@ def overheads_machine_note(cluster, cluster_path: str, overheads, overheads_path
     return note(watch)
 
 
-def print_profile_note(profile, graph_source: str, profile_path: Optional[str]) -> None:
+def print_profile_note(profile, graph_source: str, profile_path: Optional[str], op_names=()) -> None:
     """Prints to stderr tfplace.profiling.profiler.profile_graph_note's line when the profile read
-    from `profile_path` (None: the device model's, nothing to say) was measured on another graph."""
+    from `profile_path` (None: the device model's, nothing to say) was measured on another graph
+    (`op_names`: the graph's ops, see profile_graph_note)."""
     if profile_path:
         from tfplace.profiling.profiler import profile_graph_note
-        note = profile_graph_note(profile, graph_source, profile_path)
+        note = profile_graph_note(profile, graph_source, profile_path, op_names)
         if note:
             print(note, file=sys.stderr)
 

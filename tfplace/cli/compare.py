@@ -209,7 +209,7 @@ def execute(args) -> int:
     elif args.profile:
         profile = load_profile(args.profile)
         profile_label = args.profile
-        common.print_profile_note(profile, graph.source, args.profile)
+        common.print_profile_note(profile, graph.source, args.profile, graph.names)
     else:
         from tfplace.profiling.device_model import cluster_profile, default_profile_label
         profile = cluster_profile(graph, cluster)

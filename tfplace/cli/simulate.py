@@ -79,7 +79,7 @@ def execute(args) -> int:
     if mismatch:
         print(mismatch, file=sys.stderr)
     profile = load_profile(args.profile) if args.profile else cluster_profile(graph, cluster)
-    common.print_profile_note(profile, graph.source, args.profile)
+    common.print_profile_note(profile, graph.source, args.profile, graph.names)
     grouping = make_grouping(graph, strategy.max_groups)
     validate_strategy(strategy, grouping.group_names, cluster.device_names)
     placed = with_overheads(lower(graph, grouping, cluster, strategy, profile), cluster, overheads)

@@ -167,11 +167,17 @@ def graph_name(meta_path: str) -> str:
     return _IMPORT_HASH_RE.sub("", _BATCH_STEM_RE.sub("", stem, count=1))
 
 
-def profile_graph_note(profile: Profile, graph_source: str, profile_path: str) -> Optional[str]:
+def profile_graph_note(profile: Profile, graph_source: str, profile_path: str,
+                       op_names: Sequence[str] = ()) -> Optional[str]:
     """A line to print when `profile` (read from `profile_path`) was measured on another graph than
     the one at `graph_source` (by graph_name: the model with its sizes and optimizer): its per-op
-    costs may still cover every op (e.g. another image size), so nothing else would say so."""
+    costs may still cover every op (e.g. another image size), so nothing else would say so. None
+    as well when the profile lacks one of `op_names` (the graph's ops) altogether: the lowering
+    then refuses it with the reason (tfplace.lowering.costs), and a note that it is applied would
+    contradict that."""
     if not profile.graph or not graph_source:
+        return None
+    if any(n not in profile.ops and n not in profile.missing_ops for n in op_names):
         return None
     applied = graph_name(graph_source)
     if profile.graph == applied:
