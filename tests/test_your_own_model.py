@@ -345,6 +345,7 @@ def test_a_placeholder_the_batch_cannot_feed_is_refused_before_any_run(tmp_path,
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in run.stderr, run.stderr[-2000:]
     assert "'lr' must be fed" in lines[0] and "placeholder_with_default" in lines[0]
+    assert lines[0].startswith(f"error: {path}: placeholders:")  # the user's file, not its imported copy
     assert "checking" not in run.stdout and "search" not in run.stdout
 
 

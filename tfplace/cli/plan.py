@@ -122,7 +122,7 @@ def main(argv) -> int:
                                                  **common.step_options(common.args()))
     if FLAGS.confirm_real and graph:  # the real runs feed the batch alone: refused before any measuring or search
         from tfplace.profiling.profiler import check_bundle_feedable
-        check_bundle_feedable(graph)
+        check_bundle_feedable(graph, FLAGS.graph)
     overheads_path = FLAGS.overheads
     if measure:
         from tfplace.cli.activate import measure_cluster_overheads

@@ -189,16 +189,17 @@ def cluster_kind_settings(cluster) -> List[Tuple[str, Optional[List[int]], Optio
 
 def profile_cluster(graph: str, cluster, out: str, batch_sizes, *, repeats: int = 5, warmup: int = 2,
                     statistic: str = "min", threads: int = 0, inter_threads: int = 1, quiet: bool = True,
-                    stdout=None) -> str:
+                    stdout=None, source: Optional[str] = None) -> str:
     """Measures every kind of `cluster` (cluster_kind_settings) for the bundle `graph` into the
     profile file `out`, one child `python -m tfplace.profile` per kind (a process is pinned for
     good, so each kind gets its own), the first writing `out`, the others merging into it.
     Raises InputError for an unusable cluster or a step that needs feeds beyond the batch (before
-    anything runs), RuntimeError naming the kind when a child fails. Returns out."""
+    anything runs; `source`: the file it names, default `graph`), RuntimeError naming the kind
+    when a child fails. Returns out."""
     import subprocess
     from tfplace.profiling.profiler import check_bundle_feedable
     settings = cluster_kind_settings(cluster)
-    check_bundle_feedable(graph)  # a step the children cannot feed: one error line, before any child
+    check_bundle_feedable(graph, source)  # a step the children cannot feed: one error line, before any child
     for i, (kind, cpus, fraction) in enumerate(settings):
         cmd = [sys.executable, "-m", "tfplace.profile", "--graph", graph, "--kind", kind, "--out", out,
                "--batch-sizes", ",".join(str(b) for b in batch_sizes), "--repeats", str(repeats),
@@ -226,7 +227,7 @@ def _run(args) -> int:
         started = time.monotonic()
         profile_cluster(graph, cluster, args.out, [int(b) for b in args.batch_sizes], repeats=args.repeats,
                         warmup=args.warmup, statistic=args.statistic, threads=args.threads,
-                        inter_threads=args.inter_threads, quiet=args.quiet, stdout=sys.stdout)
+                        inter_threads=args.inter_threads, quiet=args.quiet, stdout=sys.stdout, source=args.graph)
         print(f"profiled {len(cluster.kinds)} kinds of {args.cluster} into {args.out} "
               f"in {time.monotonic() - started:.1f} s")
         return 0

@@ -445,13 +445,15 @@ def check_feedable(graph_def, meta: Mapping[str, Any], source: str = "graph") ->
     return step_ops
 
 
-def check_bundle_feedable(meta_path: str) -> None:
+def check_bundle_feedable(meta_path: str, source: Optional[str] = None) -> None:
     """check_feedable on the bundle `meta_path` (<stem>.json beside <stem>.pb): what a command
     that runs the step on the batch alone (profile --cluster, plan --confirm_real) checks before
-    it starts any process, so that such a step is one error line, not a failed child."""
+    it starts any process, so that such a step is one error line, not a failed child. `source`:
+    the file the error names (the user's own step, which the bundle was imported from), default
+    meta_path."""
     from tfplace.ir.loader import read_graph_source
     graph_def, meta, _ = read_graph_source(os.fspath(meta_path), None)
-    check_feedable(graph_def, meta, os.fspath(meta_path))
+    check_feedable(graph_def, meta, source or os.fspath(meta_path))
 
 
 def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, name: str = "",
