@@ -204,16 +204,14 @@ def search_progress(search_seconds: float, stream=None):
     """A planner.Progress that shows a search of `search_seconds` on a progress bar
     (tfplace.profiling.profiler.ProgressBar, on stderr: redrawn in place on a terminal, a line every
     5 s otherwise) with the best time so far and where it came from."""
-    import time
     from tfplace.profiling.profiler import ProgressBar
     bars = []
 
     def show(elapsed_s: float, best) -> None:
-        if not bars:  # made when the search reports first: its clock starts with the search's, not before
+        if not bars:  # made when the search reports first
             bars.append(ProgressBar(search_seconds, "search", stream=stream))
-            bars[0].start = time.monotonic() - elapsed_s
-        bars[0].update(elapsed_s - bars[0].done,
-                       f"best {best.time_s * 1e3:.3f} ms ({best.source}{', OOM' if best.oom else ''})")
+        bars[0].update_to(elapsed_s, f"best {best.time_s * 1e3:.3f} ms ({best.source}{', OOM' if best.oom else ''})",
+                          elapsed_s=elapsed_s)  # the search's clock, not the bar's
     return show
 
 
