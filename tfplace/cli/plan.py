@@ -258,8 +258,11 @@ def _step_label(graph):
 def run() -> None:
     """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract; with
     --confirm_real or --overheads measure the command starts servers, so it runs in a private
-    network (common.run decides once the flags are parsed)."""
-    common.run(main, define_flags, __doc__, servers=starts_servers)
+    network (common.run decides once the flags are parsed); TensorFlow's temporary files go to a
+    folder of this process (tfplace.runtime.tmpdir)."""
+    from tfplace.runtime.tmpdir import private_tmpdir
+    with private_tmpdir():
+        common.run(main, define_flags, __doc__, servers=starts_servers)
 
 
 if __name__ == "__main__":
