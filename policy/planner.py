@@ -180,17 +180,21 @@ def load_any_policy(run_dir: Optional[str] = None, weights: Optional[str] = None
 
 
 def plan(run_dir: Optional[str], *, graph: Optional[str], model: Optional[str], batch_size: Optional[int],
-         cluster: str, profile: Optional[str] = None, search_seconds: float = 0.0, samples: int = 8, seed: int = 0,
+         cluster: str, image_size: Optional[int] = None, seq_len: Optional[int] = None,
+         profile: Optional[str] = None, search_seconds: float = 0.0, samples: int = 8, seed: int = 0,
          out: Optional[str] = None, resolve_bundle=None, overheads: Optional[str] = None,
          weights: Optional[str] = None, label: Optional[str] = None,
          progress: Optional[Progress] = None) -> PlanResult:
     """Plans with the policy of `run_dir` (a training run), `weights` (a weights file) or, with
     neither, the shipped pre-trained policy; policy-guided search for `search_seconds` (`progress`:
-    as plan_task's). `label` names the graph in the result (default: the bundle's file stem)."""
+    as plan_task's). `label` names the graph in the result (default: the bundle's file stem).
+    `image_size` (pixels) and `seq_len` (tokens): the zoo `model`'s sizes, as a config's graph
+    entry gives them (None: the model's default)."""
     learner, config, ckpt = load_any_policy(run_dir, weights)
     if model is not None:
         from tfplace.formats.config import GraphEntry
-        bundle = train_lib.graph_bundle(GraphEntry(batch_size, model=model), resolve_bundle)  # None: the zoo's
+        entry = GraphEntry(batch_size, model=model, image_size=image_size, seq_len=seq_len)
+        bundle = train_lib.graph_bundle(entry, resolve_bundle)  # resolve_bundle None: the zoo's
     else:
         bundle = graph
     from tfplace.ir.loader import load_op_graph

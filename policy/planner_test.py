@@ -259,3 +259,47 @@ def test_plan_writes_its_strategy_when_its_output_pipe_is_closed(tmp_path):
     proc.stdout.close()  # nobody reads: the first print breaks the pipe
     proc.wait(timeout=300)
     assert out.exists() and load_strategy(str(out)).global_batch_size == 16
+
+
+@pytest.mark.parametrize("argv, flag, says", [
+    (["--model", "tiny_cnn", "--image_size", "2"], "--image_size", "give an image side of at least 4 pixels"),
+    (["--model", "bert_base", "--seq_len", "1000"], "--seq_len", "give a sequence length of at most 512 tokens"),
+    (["--model", "tiny_mlp", "--image_size", "32"], "--image_size", "does not apply to this model"),
+    (["--model", "tiny_transformer", "--image-size", "8"], "--image_size", "does not apply to this model"),  # - or _
+    (["--model", "tiny_cnn", "--image_size", "0"], "--image_size", "give an integer >= 1"),
+    (["--graph", os.path.join(REPO, "graph_defs/zoo/tiny_mlp_b16_sgd.json"), "--seq_len", "8"], "--seq_len",
+     "give --model NAME"),
+])
+def test_plan_refuses_a_zoo_size_the_model_does_not_take_naming_the_flag(tmp_path, capsys, argv, flag, says):
+    """--image_size and --seq_len are checked as the export checks them (resolve_options), before
+    anything loads: one line naming the flag and the fix, exit status 2, nothing written."""
+    from tfplace.cli import common
+    from tfplace.cli import plan as plan_cli
+    out = tmp_path / "s.json"
+    status = common.call(plan_cli, [*argv, "--cluster", os.path.join(REPO, "clusters/two_kind_4gpu.json"),
+                                    "--out", str(out)])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert status == 2 and len(errors) == 1, errors
+    assert flag in errors[0] and "Fix:" in errors[0] and says in errors[0], errors[0]
+    assert not out.exists()
+
+
+def test_plan_gives_the_zoo_sizes_to_the_export_and_names_its_error_as_the_flag(tmp_path, capsys, monkeypatch):
+    """The sizes reach the export as a config's graph entry gives them; an error the export finds
+    about the entry (here: a batch TensorFlow's int32 sizes cannot take) names the flag."""
+    from tfplace.cli import common
+    from tfplace.cli import plan as plan_cli
+    from tfplace.graph_defs import export
+    heard = []
+
+    def refuse(entry):
+        heard.append(entry)
+        raise InputError(entry.error_source, "batch_size", "too large for int32 sizes", "use a smaller batch size")
+    monkeypatch.setattr(export, "bundle_for_entry", refuse)
+    status = common.call(plan_cli, ["--model", "tiny_cnn", "--image_size", "8", "--batch_size", "16", "--samples",
+                                    "0", "--cluster", os.path.join(REPO, "clusters/two_kind_4gpu.json"),
+                                    "--out", str(tmp_path / "s.json")])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert [(e.model, e.batch_size, e.image_size, e.seq_len) for e in heard] == [("tiny_cnn", 16, 8, None)]
+    assert status == 2 and errors == ["error: arguments: --batch_size: too large for int32 sizes. Fix: use a smaller "
+                                      "batch size"], errors

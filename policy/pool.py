@@ -80,11 +80,21 @@ def placement_key(s: Strategy, group_names: Sequence[str]) -> tuple:
     return s.global_batch_size, (s.bucket_bytes if bucketed else None), per_group
 
 
-def _rank(entry: PoolEntry) -> float:
-    """The pool's order: effective time to 12 significant digits, so that two strategies whose
+def rank_time_s(time_s: float) -> float:
+    """A time (s) as the pool orders it: to 12 significant digits, so that two strategies whose
     simulated times differ only by rounding (1e-16 relative) tie, and the one found first stays
     ahead (a stable sort) instead of a later one taking its place and its credit."""
-    return float(f"{entry.effective_time_s:.12g}")
+    return float(f"{time_s:.12g}")
+
+
+def same_time(a_s: float, b_s: float) -> bool:
+    """Whether two times (s) tie in the pool's order (rank_time_s)."""
+    return rank_time_s(a_s) == rank_time_s(b_s)
+
+
+def _rank(entry: PoolEntry) -> float:
+    """The pool's order: effective time as rank_time_s has it."""
+    return rank_time_s(entry.effective_time_s)
 
 
 class StrategyPool:

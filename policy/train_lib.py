@@ -76,7 +76,7 @@ from tfplace.policy.environment import PlacementEnvironment, PlacementTask, eval
 from tfplace.policy.stop_signals import held_stop_signals
 from tfplace.baselines.registry import baseline_factories
 from tfplace.policy.network import PlacementNetwork
-from tfplace.policy.pool import PoolEntry, StrategyPool
+from tfplace.policy.pool import PoolEntry, StrategyPool, same_time
 from tfplace.policy import train_state
 from tfplace.policy.train_state import SavedState
 
@@ -197,7 +197,7 @@ def seed_pool(task: PlacementTask, size: int) -> StrategyPool:
     b = pool.best_baseline()
     act = A.encode(b.strategy, task.grouping.group_names, task.cluster.device_names, task.speeds)
     ev = task.evaluate(act)
-    if ev.effective_time_s == b.effective_time_s:
+    if same_time(ev.effective_time_s, b.effective_time_s):  # the pool's tie: times apart only by rounding
         pool.give_action(b, act)
     else:
         pool.add(PoolEntry(f"{b.source} as an action", task.decode(act), ev.time_s, ev.effective_time_s, ev.oom, 0,

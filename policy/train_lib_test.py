@@ -390,3 +390,31 @@ def test_a_bare_steps_fingerprint_is_its_own_file_not_the_cached_import(tmp_path
     assert train_state.run_fingerprint(config, [str(imported)])["graphs[0]"] != parts[0]
     roles = dataclasses.replace(config, graphs=(dataclasses.replace(config.graphs[0], train_ops=("b",)),))
     assert train_state.run_fingerprint(roles, [str(imported)])["graphs[0]"] != parts[0]
+
+
+
+@pytest.mark.parametrize("relative_gap, carried", [
+    (0.0, True),     # the encoded best baseline times as the baseline: the baseline's entry carries the action
+    (1e-15, True),   # apart only by rounding: a tie in the pool's order (pool.same_time), so the same
+    (1e-9, False),   # apart for real: not the baseline's action
+])
+def test_seed_pool_ties_the_best_baseline_and_its_action_as_the_pool_ranks(relative_gap, carried, monkeypatch):
+    from tfplace.policy import train_lib
+    from tfplace.policy.environment import Evaluation
+    from tfplace.policy.testing_fixtures import tiny_task
+    task = tiny_task("cnn", "four", batch_size=16)
+    evaluate, calls = task.evaluate, []
+
+    def encoded_at_the_gap(action):
+        """The first action seed_pool times is the encoded best baseline (whose effective time it
+        has just set as the task's reference): timed `relative_gap` slower."""
+        calls.append(action)
+        if len(calls) > 1:
+            return evaluate(action)
+        time_s = task.reference_time_s * (1 + relative_gap)
+        return Evaluation(time_s, time_s, False, 0.0)
+    monkeypatch.setattr(task, "evaluate", encoded_at_the_gap)
+    pool = train_lib.seed_pool(task, 16)
+    best = pool.best_baseline()
+    (kept,) = [e for e in pool.entries if e.source == best.source]
+    assert (kept.action is not None) == carried, kept

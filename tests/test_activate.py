@@ -361,11 +361,14 @@ def test_activate_profile_takes_two_values(tmp_path, value):
 
 
 def _verdict_row(name, real_ms, sim_ms=None, graph="g/tiny_mlp_b16_sgd.json", error=None, rounds_ms=None,
-                 oom=False):
+                 oom=False, ratio=None):
+    """A settled result row; its simulated / real `ratio` is sim_ms / real_ms unless given."""
+    fits = bool(sim_ms and real_ms) and not oom
     return {"name": name, "graph": graph, "error": error, "rounds": [{}] if error is None else [],
             "horovod": name.startswith("horovod"), "simulated_oom": oom if sim_ms else None,
             "mean_s": real_ms / 1e3 if real_ms else None, "simulated_s": sim_ms / 1e3 if sim_ms else None,
-            "round_means_s": [m / 1e3 for m in rounds_ms] if rounds_ms else ([real_ms / 1e3] if real_ms else None)}
+            "round_means_s": [m / 1e3 for m in rounds_ms] if rounds_ms else ([real_ms / 1e3] if real_ms else None),
+            "ratio": (ratio or sim_ms / real_ms) if fits else None}
 
 
 @pytest.mark.parametrize("rows, expected", [
@@ -408,6 +411,10 @@ def _verdict_row(name, real_ms, sim_ms=None, graph="g/tiny_mlp_b16_sgd.json", er
     ([_verdict_row("a", 3.0, 1.0, oom=True), _verdict_row("b", 2.0, 1.5), _verdict_row("c", 2.5, 2.0)],
      ["tiny_mlp_b16_sgd: fastest for real b (2.00 ms); the simulator ranked b first of its 2 entries too",
       "  simulated / real on its 2 simulated entries: 0.75-0.80 (median 0.78); 1 is exact"]),
+    # the range reads the rows' own ratios (one computation: _settle's, which the table shows), not its own
+    ([_verdict_row("a", 2.0, 1.0, ratio=0.6), _verdict_row("b", 3.0, 1.5, ratio=0.9)],
+     ["tiny_mlp_b16_sgd: fastest for real a (2.00 ms); the simulator ranked a first of its 2 entries too",
+      "  simulated / real on its 2 simulated entries: 0.60-0.90 (median 0.75); 1 is exact"]),
 ])
 def test_the_verdict_names_the_fastest_for_real_and_whether_the_simulator_agreed(rows, expected):
     from tfplace.cli.activate import verdict_lines

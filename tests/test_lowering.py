@@ -314,6 +314,32 @@ def test_a_profile_of_another_graph_is_named_as_such(profile_graph, graph_file, 
     assert err.value.field == field and says in err.value.problem, str(err.value)
 
 
+def _missing_op_by_seconds(g, prof):
+    prof.seconds("train_op", "V100", 8)
+
+
+def _missing_op_by_lowering(g, prof):
+    lower(g, fk.grouping(g), fk.pair_cluster(), Strategy(8, 1, decision({"v100_0": 8}), {}), prof)
+
+
+@pytest.mark.parametrize("profile_graph", ["chain_sgd", ""])
+def test_an_op_missing_from_the_profile_reads_the_same_from_the_lookup_and_the_lowering(profile_graph):
+    """Profile.seconds and the lowering's costs say one thing: the profile file, the op and kind,
+    the graph the profile was measured on, and the fixes (profile this graph, or the device model)."""
+    g = dataclasses.replace(testing.chain_graph(2, 4096, 8), source="zoo/chain_b8_sgd.json")
+    ops = {op: per for op, per in testing.uniform_profile(g, ["V100"]).ops.items() if op != "train_op"}
+    prof = Profile(ops=ops, graph=profile_graph, source="p.json")
+    said = []
+    for reach in (_missing_op_by_seconds, _missing_op_by_lowering):
+        with pytest.raises(InputError) as err:
+            reach(g, prof)
+        said.append(str(err.value))
+    assert said[0] == said[1], said
+    assert said[0].startswith("p.json: ops.train_op.V100: op 'train_op' on V100 is not in the profile"), said[0]
+    assert ("(measured on graph 'chain_sgd')" in said[0]) == bool(profile_graph), said[0]
+    assert "python -m tfplace.profile --graph" in said[0] and "the device model's times" in said[0], said[0]
+
+
 @pytest.mark.parametrize("batch", [1, 3, 8, 13, 64, 100])
 def test_vectorised_profile_lookup_matches_profile_seconds(batch):
     rng = np.random.default_rng(batch)

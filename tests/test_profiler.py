@@ -457,3 +457,22 @@ def test_merge_reads_and_checks_the_existing_out_before_measuring(tmp_path, monk
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(out) in err[0] and refused in err[0], err
     assert out.read_text() == out_holds
+
+
+@pytest.mark.parametrize("steps, last_line", [
+    # work that started before the bar: its own elapsed seconds set the bar's clock (and so the time left)
+    ([("to", 4, 2.0)], "search [###########                 ]  40%     2s elapsed, ~3s left  n"),
+    ([("to", 4, 60.0), ("add", 2, None)], "search [#################           ]  60%    60s elapsed, ~40s left  n"),
+    # clipped to the total
+    ([("to", 25, 9.0)], "search [############################] 100%     9s elapsed, ~0s left  n"),
+])
+def test_a_progress_bar_takes_the_work_done_and_elapsed_seconds_of_work_it_did_not_start(steps, last_line):
+    import io
+    text = io.StringIO()
+    bar = profiler.ProgressBar(10, "search", stream=text, min_interval_s=0.0)
+    for how, amount, elapsed_s in steps:
+        if how == "to":
+            bar.update_to(amount, "n", elapsed_s=elapsed_s)
+        else:
+            bar.update(amount, "n")
+    assert text.getvalue().splitlines()[-1] == last_line

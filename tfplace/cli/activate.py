@@ -580,8 +580,8 @@ def verdict_lines(rows: List[Dict[str, Any]]) -> List[str]:
     (median round) and whether the simulator ranked the same one first among the entries it
     simulates (Horovod rows are not simulated), and when not, how much slower its pick ran; then,
     indented, how the fastest other entry compares with the fastest Horovod row (when both ran)
-    and how far the simulator was off on the entries it simulated (simulated / real: its range
-    and median)."""
+    and how far the simulator was off on the entries it simulated (the rows' simulated / real
+    ratios, as the table shows them: their range and median)."""
     by_graph: Dict[str, List[Dict[str, Any]]] = {}
     for r in rows:
         if ran(r) and r.get("graph"):
@@ -615,7 +615,7 @@ def verdict_lines(rows: List[Dict[str, Any]]) -> List[str]:
             lines.append(f"  against Horovod: {o['name']} ran {_compared(h['mean_s'], o['mean_s'])} {h['name']}, "
                          f"the fastest Horovod row")
         if simulated:
-            ratios = sorted(r["simulated_s"] / r["mean_s"] for r in simulated)
+            ratios = sorted(r["ratio"] for r in simulated)  # each row's own, as _settle sets it and the table shows
             spread = (f"{ratios[0]:.2f}-{ratios[-1]:.2f} (median {statistics.median(ratios):.2f})"
                       if len(ratios) > 1 else f"{ratios[0]:.2f}")
             lines.append(f"  simulated / real on its {len(ratios)} simulated "

@@ -35,7 +35,7 @@ import re
 import signal
 import sys
 import types
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from absl import app, flags
 
@@ -300,6 +300,22 @@ def check_zoo_model(name: str, source: str = "argument --model") -> None:
 def zoo_model_flag(name: str) -> None:
     """Validates flag `name` at parse time as a zoo model name."""
     flag_check(name, lambda v: check_zoo_model(v, f"argument --{name}"))
+
+
+def check_zoo_options(model: str, option_flags: Mapping[str, str], batch_size: Optional[int] = None,
+                      **options) -> None:
+    """Raises InputError naming the flag of the option at fault unless the zoo model `model` takes
+    `batch_size` and `options` (tfplace.graph_defs.export.resolve_options' keywords; it imports no
+    TensorFlow). `option_flags`: resolve_options' option name -> this command's flag, e.g.
+    {"image_size": "--image_size"}; an option it does not map is named as --model."""
+    from tfplace.graph_defs.export import option_field, resolve_options
+    try:
+        resolve_options(model, batch_size, **options)
+    except ValueError as err:
+        given = [k for k, v in options.items() if v is not None] + (["batch_size"] if batch_size else [])
+        flag = option_flags.get(option_field(str(err), given), "--model")
+        fix = getattr(err, "fix", "give options this model takes")  # export.OptionError's
+        raise InputError(f"argument {flag}", "", str(err), fix) from None
 
 
 def _bare_name(spec: str) -> bool:

@@ -21,7 +21,7 @@ import tfplace.cli.common as common
 from tfplace.graph_defs import bundle, models
 from tfplace.formats.errors import InputError
 from tfplace.graph_defs.export import (DEFAULT_LR, MANIFEST_PATH, ZOO_DIR, _human_bytes, export_all, export_model,
-                                       option_field, resolve_options, write_manifest)
+                                       write_manifest)
 
 
 def define_flags():
@@ -107,16 +107,10 @@ def main(argv):
 
 def _check_options(args) -> None:
     """Raises InputError naming the flag unless the model takes the options given (before TF loads)."""
-    opts = dict(image_size=args.image_size, seq_len=args.seq_len, num_layers=args.num_layers,
-                num_classes=args.num_classes, variant=args.variant, optimizer=args.optimizer,
-                learning_rate=args.learning_rate, seed=args.seed)
-    try:
-        resolve_options(args.model, args.batch_size, **opts)
-    except ValueError as err:
-        given = [k for k, v in opts.items() if v is not None] + (["batch_size"] if args.batch_size else [])
-        flag = _OPTION_FLAGS[option_field(str(err), given)]
-        fix = getattr(err, "fix", "give options this model takes")
-        raise InputError(f"argument {flag}", "", str(err), fix) from None
+    common.check_zoo_options(args.model, _OPTION_FLAGS, args.batch_size, image_size=args.image_size,
+                             seq_len=args.seq_len, num_layers=args.num_layers, num_classes=args.num_classes,
+                             variant=args.variant, optimizer=args.optimizer, learning_rate=args.learning_rate,
+                             seed=args.seed)
 
 
 def run() -> None:

@@ -1,7 +1,10 @@
 """One strategy for a graph and cluster from a trained policy, zero-shot, optionally improved by
 search: `python -m tfplace.plan --graph bundle.json|step.pb|--model NAME --batch_size B
 --cluster cluster.json [--profile profile.json] [--search_seconds N] --out strategy.json`.
-Every flag (numbers, the zoo model name, input files and --out) is checked before anything loads.
+A zoo model's sizes are its defaults unless --image_size (image models) or --seq_len (sequence
+models) says otherwise, as an export (tfplace.cli.export) or a config's graph entry does.
+Every flag (numbers, the zoo model name and the sizes it takes, input files and --out) is checked
+before anything loads.
 
 The policy: the pre-trained one shipped with tfplace (policy/pretrained/policy.json), unless
 --checkpoint RUN_DIR (the output_dir of `python -m tfplace.train`: its config.json gives the
@@ -50,6 +53,10 @@ def define_flags() -> None:
     common.define_step_flags()
     flags.DEFINE_string("model", None, "zoo model name (exported on demand)")
     common.batch_size_flag("batch_size", None, "global batch size (default: the bundle's, or the zoo model's)")
+    flags.DEFINE_integer("image_size", None, "with --model: image side in pixels (image models; default: the "
+                         "model's)", lower_bound=1)
+    flags.DEFINE_integer("seq_len", None, "with --model: sequence length in tokens (sequence models; default: the "
+                         "model's)", lower_bound=1)
     flags.DEFINE_string("cluster", None, "cluster .json", required=True)
     flags.DEFINE_string("profile", None, "profile .json (default: derived by the device model)")
     flags.DEFINE_float("search_seconds", 0.0, "seconds of sampling + local search after the zero-shot plan",
@@ -106,6 +113,7 @@ def main(argv) -> int:
     """Plans as the parsed flags say (absl main: argv holds the program name only); bad input
     (InputError) becomes one line and exit status 2 in tfplace.cli.common."""
     del argv
+    check_model_options()
     from tfplace.formats.cluster import load_cluster
     cluster = load_cluster(FLAGS.cluster)
     measure = FLAGS.overheads == MEASURE
@@ -139,6 +147,7 @@ def main(argv) -> int:
         check_bundle_batch(graph, FLAGS.batch_size, "arguments", "--batch_size")  # a real step runs at the bundle's
     try:
         result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
+                              image_size=FLAGS.image_size, seq_len=FLAGS.seq_len,
                               cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
                               samples=FLAGS.samples, seed=FLAGS.seed, out=None, resolve_bundle=bundle_for_entry,
                               overheads=overheads_path, weights=FLAGS.policy, label=_step_label(FLAGS.graph),
@@ -146,10 +155,10 @@ def main(argv) -> int:
                               if FLAGS.progress and FLAGS.search_seconds else None)
     except InputError as err:  # the zoo export's error about --model's options: the flags gave them
         from tfplace.formats.config import GraphEntry
-        if not FLAGS.model or err.source != GraphEntry(FLAGS.batch_size, model=FLAGS.model).error_source:
+        entry = GraphEntry(FLAGS.batch_size, model=FLAGS.model, image_size=FLAGS.image_size, seq_len=FLAGS.seq_len)
+        if not FLAGS.model or err.source != entry.error_source:
             raise
-        raise InputError("arguments", f"--{err.field}" if err.field == "batch_size" else "--model", err.problem,
-                         err.fix) from None
+        raise InputError("arguments", _MODEL_OPTION_FLAGS.get(err.field, "--model"), err.problem, err.fix) from None
     if FLAGS.profile:
         common.print_profile_note(result.task.profile, result.bundle, FLAGS.profile)
     from tfplace.formats.strategy import save_strategy
@@ -176,20 +185,36 @@ def main(argv) -> int:
     return 0
 
 
+# resolve_options' option names -> this command's flags (tfplace.cli.export spells them with "-"; either reaches them)
+_MODEL_OPTION_FLAGS = {"batch_size": "--batch_size", "image_size": "--image_size", "seq_len": "--seq_len"}
+
+
+def check_model_options() -> None:
+    """Raises InputError naming the flag unless --model takes --batch_size, --image_size and
+    --seq_len as given (tfplace.graph_defs.export.resolve_options, as the export checks them);
+    the sizes without --model are refused: a bundle or step has its sizes built in."""
+    sizes = {"image_size": FLAGS.image_size, "seq_len": FLAGS.seq_len}
+    if not FLAGS.model:
+        given = [_MODEL_OPTION_FLAGS[k] for k, v in sizes.items() if v is not None]
+        if given:
+            raise InputError(f"argument {given[0]}", "", "sets a zoo model's size, but --graph was given "
+                             "(its sizes are built into the graph)", f"drop {given[0]}, or give --model NAME")
+        return
+    common.check_zoo_options(FLAGS.model, _MODEL_OPTION_FLAGS, FLAGS.batch_size, **sizes)
+
+
 def search_progress(search_seconds: float, stream=None):
     """A planner.Progress that shows a search of `search_seconds` on a progress bar
     (tfplace.profiling.profiler.ProgressBar, on stderr: redrawn in place on a terminal, a line every
     5 s otherwise) with the best time so far and where it came from."""
-    import time
     from tfplace.profiling.profiler import ProgressBar
     bars = []
 
     def show(elapsed_s: float, best) -> None:
-        if not bars:  # made when the search reports first: its clock starts with the search's, not before
+        if not bars:  # made when the search reports first
             bars.append(ProgressBar(search_seconds, "search", stream=stream))
-            bars[0].start = time.monotonic() - elapsed_s
-        bars[0].update(elapsed_s - bars[0].done,
-                       f"best {best.time_s * 1e3:.3f} ms ({best.source}{', OOM' if best.oom else ''})")
+        bars[0].update_to(elapsed_s, f"best {best.time_s * 1e3:.3f} ms ({best.source}{', OOM' if best.oom else ''})",
+                          elapsed_s=elapsed_s)  # the search's clock, not the bar's
     return show
 
 
@@ -236,8 +261,11 @@ def _step_label(graph):
 def run() -> None:
     """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract; with
     --confirm_real or --overheads measure the command starts servers, so it runs in a private
-    network (common.run decides once the flags are parsed)."""
-    common.run(main, define_flags, __doc__, servers=starts_servers)
+    network (common.run decides once the flags are parsed); TensorFlow's temporary files go to a
+    folder of this process (tfplace.runtime.tmpdir)."""
+    from tfplace.runtime.tmpdir import private_tmpdir
+    with private_tmpdir():
+        common.run(main, define_flags, __doc__, servers=starts_servers)
 
 
 if __name__ == "__main__":

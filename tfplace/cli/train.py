@@ -125,8 +125,11 @@ def _summary_line(label: str, t: dict) -> str:
 
 
 def run() -> None:
-    """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract."""
-    common.run(main, define_flags, __doc__)
+    """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract, with
+    TensorFlow's temporary files in a folder of this process (tfplace.runtime.tmpdir)."""
+    from tfplace.runtime.tmpdir import private_tmpdir
+    with private_tmpdir():
+        common.run(main, define_flags, __doc__)
 
 
 if __name__ == "__main__":

@@ -99,9 +99,18 @@ class Profile:
         try:
             batches, secs = self.ops[op_name][kind]
         except KeyError:
-            raise InputError(self.source or "profile", f"ops.{op_name}.{kind}", "not in the profile",
-                             f"profile the graph on a {kind} device or derive {kind} from a measured kind") from None
+            raise self.missing_op_error(op_name, kind) from None
         return interpolate_seconds(batches, secs, batch_size)
+
+    def missing_op_error(self, op_name: str, kind: str) -> InputError:
+        """The error of an op this profile has no time for on `kind`, naming its file, the op and the
+        fixes (what seconds() and the lowering's costs, tfplace.lowering.costs, both raise)."""
+        measured = f" (measured on graph {self.graph!r})" if self.graph else ""
+        return InputError(self.source or "profile", f"ops.{op_name}.{kind}",
+                          f"op {op_name!r} on {kind} is not in the profile{measured}",
+                          f"profile this graph on a {kind} device (python -m tfplace.profile --graph G --out P; "
+                          f"--derive {kind} derives it from a measured kind), or give no profile to use the device "
+                          "model's times")
 
     def to_json(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"format": FORMAT, "version": 1, "graph": self.graph,

@@ -94,9 +94,7 @@ class ComputeCosts:
             i = int(np.argmax(bad))
             kind = self.kinds[int(self.dev_kind[dev[i]])]
             self._check_graph(self.names[int(op[i])])
-            raise InputError(self.source, f"ops.{self.names[int(op[i])]}.{kind}", "not in the profile",
-                             f"profile the graph on a {kind} device, derive {kind} from a measured kind, "
-                             "or list the op in missing_ops")
+            raise self.profile.missing_op_error(self.names[int(op[i])], kind)
 
     def _check_graph(self, missing_op: str) -> None:
         """Raises InputError when the profile was measured on another graph (by name,

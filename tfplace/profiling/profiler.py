@@ -378,8 +378,17 @@ class ProgressBar:
         self.min_interval_s = 0.1 if self.tty else min_interval_s
 
     def update(self, n: float = 1, note: str = "") -> None:
-        self.done = min(self.total, self.done + n)
+        """Adds `n` to the work done and redraws (at most every min_interval_s, and at the end)."""
+        self.update_to(self.done + n, note)
+
+    def update_to(self, done: float, note: str = "", elapsed_s: Optional[float] = None) -> None:
+        """Sets the work done to `done` (clipped to the total) and redraws as update() does.
+        `elapsed_s`: how long the work has run, when its clock is not this bar's (work that
+        started before the bar was made, e.g. a search that reports its own elapsed seconds)."""
         now = time.monotonic()
+        if elapsed_s is not None:
+            self.start = now - elapsed_s
+        self.done = min(self.total, done)
         if now - self.last < self.min_interval_s and self.done < self.total:
             return
         self.last = now
