@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -90,3 +91,21 @@ def test_a_temp_folder_that_takes_no_folder_leaves_the_temp_folder_as_it_was(tmp
     before = tempfile.tempdir
     with tmpdir.private_tmpdir(str(not_a_folder)) as path:
         assert path is None and tempfile.tempdir == before
+
+
+def test_an_ended_process_its_parent_has_not_reaped_yet_is_not_running():
+    from tfplace.emulation.cpu_quota import pid_alive
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        assert pid_alive(child.pid)
+        os.kill(child.pid, signal.SIGKILL)
+        for _ in range(200):  # until it is a zombie: ended, not waited for
+            with open(f"/proc/{child.pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    break
+            time.sleep(0.05)
+        assert not pid_alive(child.pid)
+    finally:
+        child.kill()
+        child.wait(timeout=60)
+    assert not pid_alive(child.pid)

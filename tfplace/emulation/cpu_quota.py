@@ -75,14 +75,19 @@ def _v1_parent() -> Optional[str]:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process `pid` exists (one we may not signal counts as alive)."""
+    """Whether process `pid` runs: one we may not signal counts as running, a zombie (ended, not
+    yet reaped by its parent) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"  # the state follows the command's name
+    except (OSError, IndexError):
+        return True  # no /proc: os.kill's answer
 
 
 _LEAF = re.compile(r"tfplace-.+-(\d+)-\d+")  # CpuQuota's cgroup names: tfplace-<name>-<pid>-<n>

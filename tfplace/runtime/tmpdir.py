@@ -24,6 +24,8 @@ import stat
 import tempfile
 from typing import Iterator, List, Optional
 
+from tfplace.emulation.cpu_quota import pid_alive
+
 PREFIX = "tfplace-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)-(\d+)-")
 
@@ -34,22 +36,6 @@ def pid_namespace() -> int:
         return int(os.readlink("/proc/self/ns/pid").strip("pid:[]"))
     except (OSError, ValueError):
         return 0
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process `pid` runs (a zombie, ended but not yet reaped by its parent, does not).
-    Another user's process counts as running."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"  # the state follows the command's name
-    except (OSError, IndexError):
-        return True  # no /proc: os.kill's answer
 
 
 def remove_stale(base: str) -> List[str]:
@@ -71,7 +57,7 @@ def remove_stale(base: str) -> List[str]:
             info = os.lstat(path)
         except OSError:
             continue
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or process_alive(int(match.group(1))):
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or pid_alive(int(match.group(1))):
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
