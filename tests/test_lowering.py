@@ -340,6 +340,27 @@ def test_an_op_missing_from_the_profile_reads_the_same_from_the_lookup_and_the_l
     assert "python -m tfplace.profile --graph" in said[0] and "the device model's times" in said[0], said[0]
 
 
+@pytest.mark.parametrize("profile_graph", ["chain_renamed", "chain_sgd"])
+def test_a_metadata_clone_missing_from_the_profile_reads_as_its_original(profile_graph):
+    """A clone costs as its original (tfplace_clone_of): when the original lacks a kind, the
+    clone's gap is that gap, named by the original, not "a profile of another graph"."""
+    from tfplace.lowering.meta import CLONE_SUFFIX
+    g = testing.chain_graph(2, 4096, 8)
+    names = list(g.names)
+    names[3] = "input" + CLONE_SUFFIX + "1"  # lr stands as input's clone
+    g = dataclasses.replace(g, names=tuple(names), source="zoo/chain_b8_sgd.json",
+                            meta={**g.meta, "tfplace_clone_of": {names[3]: "input"}})
+    ops = {op: per for op, per in testing.uniform_profile(g, ["V100", "P100"]).ops.items() if op != names[3]}
+    ops["input"] = {"P100": ops["input"]["P100"]}  # measured, but not on a V100
+    costs = ComputeCosts(g, fk.pair_cluster(), Profile(ops=ops, graph=profile_graph, source="p.json"), 0.0)
+    said = []
+    for op in (0, 3):  # the original, then its clone
+        with pytest.raises(InputError) as err:
+            costs.check(np.array([np.nan]), np.array([op]), np.array([0]))
+        said.append(str(err.value))
+    assert said[0] == said[1] and said[0].startswith("p.json: ops.input.V100: op 'input' on V100"), said
+
+
 @pytest.mark.parametrize("batch", [1, 3, 8, 13, 64, 100])
 def test_vectorised_profile_lookup_matches_profile_seconds(batch):
     rng = np.random.default_rng(batch)

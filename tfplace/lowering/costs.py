@@ -43,6 +43,7 @@ class ComputeCosts:
         self.missing_op_s = float(missing_op_s)
         listed_missing = set(profile.missing_ops)
         clone_of = graph.meta.get("tfplace_clone_of", {})  # metadata clones cost as their original
+        self.clone_of = clone_of
         listed_missing |= {c for c, o in clone_of.items() if o in listed_missing}
         n = graph.num_ops
         self.bat, self.sec, self.npts, self.ok = [], [], [], []
@@ -93,8 +94,10 @@ class ComputeCosts:
         if bad.any():
             i = int(np.argmax(bad))
             kind = self.kinds[int(self.dev_kind[dev[i]])]
-            self._check_graph(self.names[int(op[i])])
-            raise self.profile.missing_op_error(self.names[int(op[i])], kind)
+            name = self.names[int(op[i])]
+            name = self.clone_of.get(name, name)  # a metadata clone's gap is its original's
+            self._check_graph(name)
+            raise self.profile.missing_op_error(name, kind)
 
     def _check_graph(self, missing_op: str) -> None:
         """Raises InputError when the profile was measured on another graph (by name,
