@@ -351,11 +351,28 @@ def test_kernel_replay_op_table_and_profile():
     assert conv["in"][0][0] == [16, 16, 16, 3] and conv["in"][0][2] == 0 and conv["attrs"]["padding"] == "SAME"
     means = [op for op in table["ops"] if op["type"] == "Mean"]
     assert means and all(op["in"][1][3] is not None for op in means)  # reduction axes are constants
-    result = {"graph": "tiny_cnn_s16_sgd", "device": "NVIDIA H100", "batch_sizes": [4, 8],
+    assert table["graph"] == "tiny_cnn_s16_sgd"  # as the profiler names it: no batch part
+    result = {"graph": table["graph"], "device": "NVIDIA H100", "batch_sizes": [4, 8],
               "seconds": {"conv_0/Conv2D": {"4": 2e-6, "8": 3e-6}}, "skipped": {"images": "host op: no device kernel"}}
     prof = kernel_replay.replay_to_profile(result, "H100")
     assert prof.ops["conv_0/Conv2D"]["H100"] == ((4, 8), (2e-6, 3e-6))
     assert prof.missing_ops == ("images",) and prof.conditions["device"] == "NVIDIA H100"
+
+
+@pytest.mark.parametrize("stem, name", [
+    ("tiny_cnn_b16_s16_sgd", "tiny_cnn_s16_sgd"),   # a zoo bundle: the batch is a profile's key, not its name
+    ("mystep_0123456789ab", "mystep"),              # a bare step's cached bundle: without the cache's hash
+])
+def test_every_profile_maker_names_the_graph_alike(stem, name, tmp_path):
+    """profile --merge and the lowering's "profile of another graph" compare these names: the
+    profiler, the device model and the kernel replay's op table must agree."""
+    import dataclasses
+    from tfplace.ir.loader import load_op_graph
+    from tfplace.profiling import device_model, kernel_replay
+    graph = dataclasses.replace(load_op_graph(_bundle("tiny_cnn")), source=str(tmp_path / f"{stem}.json"))
+    assert profiler.graph_name(graph.source) == name
+    assert kernel_replay.export_op_table(graph)["graph"] == name
+    assert device_model.roofline_profile(graph, ["V100"]).graph == name
 
 
 @pytest.mark.parametrize("keys", [{"format": "tfplace.profiling.kernel_replay_ops", "version": 1},

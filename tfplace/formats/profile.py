@@ -41,6 +41,16 @@ from tfplace.formats.errors import InputError
 from tfplace.formats.jsonio import FieldReader, write_json
 
 FORMAT = "tfplace.profile"
+_BATCH_STEM_RE = re.compile(r"_b\d+(?=_|$)")  # <model>_b<batch>_...: per-device batches are a profile's keys
+_IMPORT_HASH_RE = re.compile(r"_[0-9a-f]{12}$")  # a bare step's cached bundle: <step>_<hash> (graph_defs.user_step)
+
+
+def graph_name(graph_source: str) -> str:
+    """The name a profile gives the graph of the bundle at `graph_source` (Profile.graph): its stem
+    without the batch part, and a bare step's by its own name, without the hash of the cache it is
+    imported into. Every profile maker (profiler, device model, kernel replay) names graphs so."""
+    stem = os.path.splitext(os.path.basename(graph_source))[0]
+    return _IMPORT_HASH_RE.sub("", _BATCH_STEM_RE.sub("", stem, count=1))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -40,7 +39,7 @@ import numpy as np
 
 from tfplace.formats.errors import InputError
 from tfplace.ir.graph_ir import DTYPE_BYTES, OpGraph
-from tfplace.formats.profile import Profile
+from tfplace.formats.profile import Profile, graph_name
 
 # ---------------------------------------------------------------------------------------------
 # Device table
@@ -566,9 +565,9 @@ def _kinds(kinds: Sequence[str], source: str) -> List[DeviceSpec]:
 
 
 def _graph_label(graph: OpGraph) -> str:
+    """Profile.graph of a profile made for `graph`: as every profile names it (formats.profile.graph_name)."""
     if graph.source:
-        stem = os.path.splitext(os.path.basename(graph.source))[0]
-        return re.sub(r"_b\d+(?=_|$)", "", stem, count=1)
+        return graph_name(graph.source)
     return str(graph.meta.get("model", ""))
 
 

@@ -29,7 +29,6 @@ they carried "format" and "version" are read too).
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any, Dict, List, Sequence
 
@@ -92,7 +91,8 @@ def export_op_table(graph) -> Dict[str, Any]:
         attrs = {k: _attr_value(node.attr[k]) for k in _ATTR_KEYS if node is not None and k in node.attr}
         ops.append({"name": name, "type": op_type, "in": [tensor(t, True) for _, t in sorted(ins[i])],
                     "out": [tensor(t, False) for _, t in sorted(outs[i])], "attrs": attrs})
-    return {"format": OPS_FORMAT, "version": VERSION, "graph": os.path.splitext(os.path.basename(graph.source))[0],
+    from tfplace.formats.profile import graph_name  # here: the replay side imports no tfplace module
+    return {"format": OPS_FORMAT, "version": VERSION, "graph": graph_name(graph.source),
             "reference_batch_size": graph.reference_batch_size, "ops": ops}
 
 

@@ -76,14 +76,13 @@ import numpy as np
 
 from tfplace.formats.errors import InputError
 from tfplace.formats.jsonio import atomic_write
-from tfplace.formats.profile import Profile
+from tfplace.formats.profile import Profile, graph_name  # graph_name: re-exported, the profile's own rule
 
 STATISTIC_FUNCTIONS = {"min": np.min, "median": np.median, "mean": np.mean}
 STATISTICS = tuple(STATISTIC_FUNCTIONS)
 UNTRACED_PER_TRACED = 3  # untraced (and empty) steps timed per traced repeat: cheap, and noisier
 TRACE_FLOOR_FRACTION = 0.1  # a record keeps at least this share of itself: every op costs its dispatch
 _DEVICE_RE = re.compile(r"^(?:/device:)?(CPU|GPU)(?::(\d+))?$", re.IGNORECASE)
-_BATCH_STEM_RE = re.compile(r"_b\d+(?=_|$)")
 
 FED_REASON = "fed input: the fed tensor replaces the node, no kernel runs"
 UNTRACED_REASON = "no record in any traced step (no kernel ran: pruned, folded or host-only)"
@@ -155,16 +154,6 @@ def parse_device(device: str, source: str = "argument --device") -> Tuple[str, i
         raise InputError(source, "device", f"unknown device {device!r}",
                          "use CPU, GPU, GPU:<index> or /device:GPU:<index>")
     return m.group(1).upper(), int(m.group(2) or 0)
-
-
-_IMPORT_HASH_RE = re.compile(r"_[0-9a-f]{12}$")  # a bare step's cached bundle: <step>_<hash> (graph_defs.user_step)
-
-
-def graph_name(meta_path: str) -> str:
-    """Profile name of a bundle: its stem without the batch part (per-device batches are keys),
-    and a bare step's by its own name, without the hash of the cache it is imported into."""
-    stem = os.path.splitext(os.path.basename(meta_path))[0]
-    return _IMPORT_HASH_RE.sub("", _BATCH_STEM_RE.sub("", stem, count=1))
 
 
 def profile_graph_note(profile: Profile, graph_source: str, profile_path: str,
