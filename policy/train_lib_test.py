@@ -2,6 +2,7 @@
 seeds (one seed, one run), and the fingerprint a resumed run is checked against. Faults (damaged
 checkpoints, changed configs, SIGTERM, an infeasible best) are in tests/test_faults_unit_resume.py."""
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -418,3 +419,31 @@ def test_seed_pool_ties_the_best_baseline_and_its_action_as_the_pool_ranks(relat
     best = pool.best_baseline()
     (kept,) = [e for e in pool.entries if e.source == best.source]
     assert (kept.action is not None) == carried, kept
+
+
+@pytest.mark.parametrize("lock_held_elsewhere, bad_input, folder_left", [
+    (True, False, True),    # another run holds the folder (and may have just made it): never removed
+    (False, True, False),   # this run made it, bad input before any checkpoint: removed
+    (False, False, True),   # the run went well: kept
+])
+def test_only_a_run_that_holds_the_folder_removes_it_on_bad_input(tmp_path, lock_held_elsewhere, bad_input,
+                                                                 folder_left):
+    from tfplace.cli import common
+    from tfplace.cli import train as train_cli
+    from tfplace.formats.errors import InputError
+    out = tmp_path / "run"
+    out.mkdir()
+
+    def work():
+        if bad_input:
+            raise InputError("c.json", "graphs[0]", "bad", "fix it")
+        return 0
+    other = common.OutputLock(str(out), "other.json", "output_dir")
+    if lock_held_elsewhere:
+        other.__enter__()
+    try:
+        with pytest.raises(InputError) if lock_held_elsewhere or bad_input else contextlib.nullcontext():
+            train_cli.in_output_dir(str(out), True, "c.json", work)
+    finally:
+        other.__exit__(None, None, None)
+    assert out.exists() == folder_left

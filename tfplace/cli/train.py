@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+from typing import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads (binary only)
 
@@ -67,14 +68,22 @@ def main(argv) -> int:
     bundles = train_lib.config_bundles(config, bundle_for_entry)  # exports: their bad input before any folder
     created = not os.path.isdir(config.output_dir)
     os.makedirs(config.output_dir, exist_ok=True)
-    try:
-        with common.OutputLock(config.output_dir, FLAGS.config, "output_dir"):  # one run per folder
-            return _train(config, bundles)
-    except InputError:
-        from tfplace.policy.train_state import state_files
-        if created and not state_files(config.output_dir):  # bad input before any checkpoint: no folder left
-            shutil.rmtree(config.output_dir, ignore_errors=True)
-        raise
+    return in_output_dir(config.output_dir, created, FLAGS.config, lambda: _train(config, bundles))
+
+
+def in_output_dir(output_dir: str, created: bool, config_path: str, work: Callable[[], int]) -> int:
+    """work() with `output_dir` locked (one run per folder); bad input (InputError) before any
+    checkpoint removes the folder when this run `created` it. Only a held lock makes the folder
+    this run's: a refusal of the lock (another run holds it, and may have made the folder at the
+    same moment) leaves it as it is."""
+    with common.OutputLock(output_dir, config_path, "output_dir"):
+        try:
+            return work()
+        except InputError:
+            from tfplace.policy.train_state import state_files
+            if created and not state_files(output_dir):  # bad input before any checkpoint: no folder left
+                shutil.rmtree(output_dir, ignore_errors=True)
+            raise
 
 
 def _train(config, bundles) -> int:
