@@ -19,8 +19,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 def held_stop_signals(notice: str, at_once: Callable[[int, object], None]) -> Iterator[List[int]]:
     """While inside: the first SIGTERM or SIGINT is appended to the yielded list, for the caller to
     act on at its next safe point, with the line "<SIGNAME>: <notice>" on stderr; a second calls
-    at_once(signum, frame) at once. The handlers there before are put back on leaving. Signal
-    handlers exist only in the main thread; elsewhere nothing is held (the list stays empty)."""
+    at_once(signum, frame) at once. The handlers there before are put back on leaving; an ignored
+    signal stays ignored. Signal handlers exist only in the main thread; elsewhere nothing is held
+    (the list stays empty)."""
     held: List[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield held
@@ -34,10 +35,12 @@ def held_stop_signals(notice: str, at_once: Callable[[int, object], None]) -> It
         with contextlib.suppress(OSError):  # os.write, not a logger: the handler may interrupt a write to it
             os.write(2, f"\n{signal.Signals(signum).name}: {notice}\n".encode())
 
-    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    # A signal ignored (a background job's SIGINT) stays ignored, and one whose handler was set
+    # outside Python (getsignal None) is left alone: neither could be put back as it was.
+    taken = [s for s in STOP_SIGNALS if signal.getsignal(s) not in (signal.SIG_IGN, None)]
+    previous = {s: signal.signal(s, handler) for s in taken}
     try:
         yield held
     finally:
         for s, h in previous.items():
-            if h is not None:  # None: set outside Python, cannot be put back
-                signal.signal(s, h)
+            signal.signal(s, h)
