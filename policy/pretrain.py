@@ -243,7 +243,9 @@ def pretrain(config: PretrainConfig, log: Log, resolve_bundle) -> Dict[str, obje
     as for build_task (the policy does not depend on the model zoo). SIGINT and SIGTERM stop
     it at the next safe point (stop_at_safe_points)."""
     with stop_at_safe_points() as stop_here:
-        return _pretrain(config, log, resolve_bundle, stop_here)
+        provenance = _pretrain(config, log, resolve_bundle, stop_here)
+        stop_here()  # a signal held through the last stretch still ends the run as that signal (130 / 143)
+        return provenance
 
 
 def _pretrain(config: PretrainConfig, log: Log, resolve_bundle, stop_here: StopHere) -> Dict[str, object]:

@@ -255,3 +255,18 @@ def test_a_signal_during_a_reinforce_update_waits_for_the_next_step(raising_hand
     assert stopped.value.args == (getattr(signal, signame),)
     assert calls.count("started") == 1 and calls.count("finished") == finished
     assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is raising_handlers
+
+
+def test_a_signal_held_through_the_last_stretch_still_ends_the_run_as_that_signal(raising_handlers, monkeypatch):
+    """After the last safe point (the last step, the last round's imitation) a held signal is not
+    dropped: the run ends with it (the command lines: exit 130 / 143), as its notice said."""
+    import signal
+
+    def last_stretch(config, log, resolve_bundle, stop_here):
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(1000))  # Python code after the signal: where its handler runs
+        return {"written": True}
+    monkeypatch.setattr(pretrain, "_pretrain", last_stretch)
+    with pytest.raises(_Stopped) as stopped:
+        pretrain.pretrain(pretrain.PretrainConfig(out=""), lambda m: None, None)
+    assert stopped.value.args == (signal.SIGTERM,)
