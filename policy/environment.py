@@ -101,7 +101,10 @@ class PlacementTask:
         return A.canonical_device_order(action, *self._canonical_inputs())
 
     def simulate(self, strategy: Strategy, trace: bool = False) -> SimReport:
-        self.num_simulations += 1
+        """Simulated step of `strategy`; counted in num_simulations (strategies scored) unless it
+        is a re-run for the Chrome trace of a strategy scored before (`trace`)."""
+        if not trace:
+            self.num_simulations += 1
         return simulate(with_overheads(self.lowerer.lower(strategy), self.cluster, self.overheads), self.cluster,
                         dataclasses.replace(self.sim_options, trace=trace))
 
