@@ -62,7 +62,7 @@ from tfplace.formats.errors import InputError
 from tfplace.formats.files import STEP_SUFFIXES
 from tfplace.ir.loader import load_op_graph
 from tfplace.ir.grouping import make_grouping
-from tfplace.formats.jsonio import write_json
+from tfplace.formats.jsonio import atomic_write, write_json
 from tfplace.formats.profile import load_profile
 from tfplace.profiling.profiler import profile_graph_note
 from tfplace.profiling.device_model import cluster_profile
@@ -446,11 +446,12 @@ def infeasible_tasks(summary: Dict[str, object]) -> List[str]:
 def write_outputs(run: TaskRun, folder: str) -> None:
     os.makedirs(folder, exist_ok=True)
     best, bb = run.best, run.pool.best_baseline()
-    with open(os.path.join(folder, "time.log"), "w", encoding="utf-8") as f:
+    def time_log(f) -> None:
         f.write("# step, mean sampled time s, min sampled time s, best time so far s, the policy's own plan's "
                 "time s (OOM penalty folded in)\n")
         for row in run.log_rows:
             f.write(", ".join([str(int(row[0]))] + [f"{x:.6e}" for x in row[1:]]) + "\n")
+    atomic_write(os.path.join(folder, "time.log"), time_log)
     save_strategy(best.strategy, os.path.join(folder, "best_strategy.json"))
     report = run.task.simulate(best.strategy, trace=True)
     run.best_report = dataclasses.replace(report, trace=None)  # the summary's memory figures
@@ -482,9 +483,7 @@ def write_rewritten_graph(run: TaskRun, best: PoolEntry, path: str) -> str:
                                     grouping=run.task.grouping, profile=run.task.profile)
     except InputError as e:  # a rewrite limitation must not stop training; it is reported
         return f"not written: the rewrite pass refused the strategy: {e}"
-    with open(path + ".tmp", "wb") as f:
-        f.write(graph_def.SerializeToString())
-    os.replace(path + ".tmp", path)
+    atomic_write(path, lambda f: f.write(graph_def.SerializeToString()), binary=True)
     run._rewritten_key = key
     return "best_graph.pb"
 
@@ -510,7 +509,7 @@ def plot(run: TaskRun, path: str) -> None:
     ax.set_title(run.label)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    atomic_write(path, lambda f: fig.savefig(f, dpi=90, format="png"), binary=True)
     plt.close(fig)
 
 

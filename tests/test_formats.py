@@ -2,6 +2,7 @@
 cluster topology, profile interpolation and batch-splitting rules match hand-computed tables."""
 
 import dataclasses
+import errno
 import glob
 import json
 import os
@@ -610,3 +611,26 @@ def test_a_command_writing_to_a_full_disk_says_which_file_in_one_line(tmp_path, 
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("note:")]
     assert len(err) == 1 and err[0].startswith(f"error: {tmp_path / 'out' / 't.json'}: cannot be written"), err
     assert os.listdir(tmp_path / "out") == []
+
+
+def _failing_write(f):
+    f.write(b"half" if "b" in f.mode else "half")
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("binary, write, expected", [
+    (False, lambda f: f.write("text é\n"), b"text \xc3\xa9\n"),      # UTF-8 text
+    (True, lambda f: f.write(b"\x89PNG\x00\xff"), b"\x89PNG\x00\xff"),  # bytes (a plot, a GraphDef)
+    (False, _failing_write, None),                                   # a full disk: one InputError, no file
+    (True, _failing_write, None),
+])
+def test_an_atomic_write_leaves_the_whole_file_or_none(tmp_path, binary, write, expected):
+    from tfplace.formats.jsonio import atomic_write
+    path = tmp_path / "out.bin"
+    if expected is None:
+        with pytest.raises(InputError, match="out.bin: cannot be written .*Fix: free space"):
+            atomic_write(path, write, binary=binary)
+        assert os.listdir(tmp_path) == []  # neither the file nor its temporary
+    else:
+        atomic_write(path, write, binary=binary)
+        assert path.read_bytes() == expected and os.listdir(tmp_path) == ["out.bin"]

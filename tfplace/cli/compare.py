@@ -173,7 +173,7 @@ def plot(result: Dict[str, Any], min_capacity_bytes: float, title: str, path: st
     ax_m.legend(loc="lower right", fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"), binary=True)
     plt.close(fig)
 
 

@@ -272,15 +272,16 @@ def resolve_path(value: str, source: str, field: str, base_dirs: Sequence[str], 
                      f"check the path{rel}")
 
 
-def atomic_write(path: Union[str, os.PathLike], write: Callable[[IO[str]], None]) -> None:
-    """Calls `write(f)` on a temporary file beside `path` (<path>.tmp<pid>), then renames it to
-    `path`, so an interrupted or failed write never leaves a truncated file behind, nor the
-    temporary one (it is removed on any error, Ctrl-C included). A file system that refuses the
-    write (full, read-only, over quota) raises InputError naming `path`, not a bare OSError."""
+def atomic_write(path: Union[str, os.PathLike], write: Callable[[IO], None], binary: bool = False) -> None:
+    """Calls `write(f)` on a temporary file beside `path` (<path>.tmp<pid>; text in UTF-8, or bytes
+    when `binary`), then renames it to `path`, so an interrupted or failed write never leaves a
+    truncated file behind, nor the temporary one (it is removed on any error, Ctrl-C included). A
+    file system that refuses the write (full, read-only, over quota) raises InputError naming
+    `path`, not a bare OSError."""
     path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with (open(tmp, "wb") if binary else open(tmp, "w", encoding="utf-8")) as f:
             write(f)
         os.replace(tmp, path)
     except OSError as err:
