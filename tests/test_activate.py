@@ -516,15 +516,18 @@ def test_a_new_run_moves_the_earlier_results_aside_before_any_entry(tmp_path):
      {"results.previous.json": ["a.timeline.previous.json"], "a.timeline.previous.json": "A2"}),
     # a timeline its (stopped) run did not record yet goes aside too
     ({"results.json": [], "a.timeline.json": "A"}, {"results.previous.json": [], "a.timeline.previous.json": "A"}),
+    # no results.json (removed by hand): the older results keep their own timelines, nothing moves
+    ({"results.previous.json": ["a"], "a.timeline.previous.json": "A1", "a.timeline.json": "A2"},
+     {"results.previous.json": ["a.timeline.json"], "a.timeline.previous.json": "A1", "a.timeline.json": "A2"}),
 ])
 def test_a_new_run_moves_the_earlier_runs_timelines_aside_with_its_results(tmp_path, before, after):
     from tfplace.cli import activate
     from tfplace.formats.config import ActivateConfig
     from tfplace.runtime import machine_speed
 
-    def results(entries):
-        return json.dumps({"complete": False, "results": [{"name": e, "timeline": str(tmp_path / f"{e}.timeline.json")}
-                                                          for e in entries]})
+    def results(entries):  # rows naming their timelines as written (<entry>.timeline.json)
+        return json.dumps({"complete": False, "results": [
+            {"name": e, "timeline": str(tmp_path / f"{e}.timeline.json")} for e in entries]})
     for name, body in before.items():
         (tmp_path / name).write_text(body if isinstance(body, str) else results(body))
     config = ActivateConfig(cluster=os.path.join(ROOT, "clusters", "local_cpu.json"), strategies=(), baselines=(),
@@ -537,6 +540,25 @@ def test_a_new_run_moves_the_earlier_runs_timelines_aside_with_its_results(tmp_p
             assert text == body, name
         else:
             assert [r["timeline"] for r in json.loads(text)["results"]] == [str(tmp_path / t) for t in body]
+
+
+def test_a_timeline_that_a_new_run_would_move_onto_a_folder_is_refused_before_any_work(tmp_path):
+    """<entry>.timeline.previous.json as a folder: moving the earlier timeline there would fail after
+    results.json was moved aside; the pre-flight check names it instead (exit 2, nothing moved)."""
+    (tmp_path / "results.json").write_text(json.dumps({"complete": True, "results": []}))
+    (tmp_path / "a.timeline.json").write_text("A")
+    (tmp_path / "a.timeline.previous.json").mkdir()
+    config = tmp_path / "activate.txt"
+    config.write_text(json.dumps({"format": "tfplace.activate_config", "version": 1,
+                                  "cluster": os.path.join(ROOT, "clusters", "local_cpu.json"),
+                                  "graphs": [{"model": "tiny_mlp", "batch_size": 12}], "baselines": ["dp_even_allreduce"],
+                                  "output_dir": str(tmp_path)}))
+    from tfplace.cli import activate
+    from tfplace.formats.errors import InputError
+    with pytest.raises(InputError, match="a.timeline.previous.json"):
+        activate.run(str(config))
+    assert sorted(os.listdir(tmp_path)) == ["a.timeline.json", "a.timeline.previous.json", "activate.txt",
+                                            "results.json"]
 
 
 def _rounds_row(*means_ms, disturbed=()):

@@ -333,8 +333,8 @@ def run(config_path: str, out=None) -> List[Dict[str, Any]]:
     from tfplace.runtime.local_cluster import LocalCluster
     config = load_activate_config(config_path, check_model=resolve_options)  # every entry: before any work
     common.check_outputs_in(config.output_dir, ["results.json", PREVIOUS_RESULTS, ".tfplace.lock"] +
-                            ([OVERHEADS_FILE] if config.overheads == MEASURE else []), config_path,
-                            "output_dir")  # before any work
+                            ([OVERHEADS_FILE] if config.overheads == MEASURE else []) +
+                            _rotated_timelines(config.output_dir), config_path, "output_dir")  # before any work
     cluster = load_cluster(config.cluster)
     measure_overheads = config.overheads == MEASURE
     # before any work: its errors name the file
@@ -486,15 +486,17 @@ TIMELINE, PREVIOUS_TIMELINE = ".timeline.json", ".timeline.previous.json"  # <en
 
 
 def _start_results(path: str, config_path: str, config: ActivateConfig, watch) -> None:
-    """Moves an earlier run's results.json aside (PREVIOUS_RESULTS) and its timelines
-    (<entry>.timeline.json -> <entry>.timeline.previous.json, the moved results naming them),
-    replacing the run before it's, and writes this run's results, empty and not complete: a run
+    """Moves an earlier run's results.json aside (PREVIOUS_RESULTS) and, when there was one, its
+    timelines (<entry>.timeline.json -> <entry>.timeline.previous.json, the moved results naming
+    them), replacing the run before it's, and writes this run's results, empty and not complete: a run
     stopped before its first entry ends leaves no earlier run's results marked complete, nor its
     timelines, beside its own files."""
     folder = os.path.dirname(path)
     previous = os.path.join(folder, PREVIOUS_RESULTS)
-    if os.path.exists(path):
-        os.replace(path, previous)
+    if not os.path.exists(path):  # no earlier run's results: no timelines of theirs to move either
+        _write_results(path, config_path, config, [], False, watch)
+        return
+    os.replace(path, previous)
     older = [n for n in os.listdir(folder) if n.endswith(PREVIOUS_TIMELINE)]
     earlier = [n for n in os.listdir(folder) if n.endswith(TIMELINE)]
     if earlier or older:
@@ -506,6 +508,19 @@ def _start_results(path: str, config_path: str, config: ActivateConfig, watch) -
             os.replace(old, new)
         _rename_timelines(previous, moved)
     _write_results(path, config_path, config, [], False, watch)
+
+
+def _rotated_timelines(folder: str) -> List[str]:
+    """The timeline files of `folder` that _start_results moves or replaces when an earlier run's
+    results.json is there (each must turn out to be a file, checked before any work), and where
+    the moved ones go."""
+    if not os.path.isfile(os.path.join(folder, "results.json")):
+        return []
+    names = [n for n in os.listdir(folder) if n.endswith(PREVIOUS_TIMELINE)]
+    for n in os.listdir(folder):
+        if n.endswith(TIMELINE):
+            names += [n, n[:-len(TIMELINE)] + PREVIOUS_TIMELINE]
+    return sorted(set(names))
 
 
 def _rename_timelines(results_path: str, moved: Dict[str, str]) -> None:
