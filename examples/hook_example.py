@@ -61,9 +61,12 @@ def cli(argv):
     if any(arg in ("-h", "--help") for arg in argv):
         print(__doc__.strip())
         return 0
-    if len(argv) > 3 or (len(argv) > 1 and not argv[1].isdigit()):
-        print("error: usage: python examples/hook_example.py [strategy.json] [steps] [checkpoint_dir]. "
-              "Fix: give steps as a whole number, e.g. 5", file=sys.stderr)
+    usage = "error: usage: python examples/hook_example.py [strategy.json] [steps] [checkpoint_dir]. Fix: "
+    if len(argv) > 3:
+        print(usage + f"give at most these three arguments ({len(argv)} given)", file=sys.stderr)
+        return 2
+    if len(argv) > 1 and not argv[1].isdigit():
+        print(usage + "give steps as a whole number, e.g. 5", file=sys.stderr)
         return 2
     try:
         main(argv[0] if argv else os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json"),

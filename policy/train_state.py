@@ -7,7 +7,8 @@ On disk, under the run's output_dir:
   checkpoints/ckpt-N.state.json   the state of step N
 A state file is JSON (never pickle): format, version, step, elapsed seconds, the TF checkpoint it
 goes with (`ckpt-<step>`), the task labels, the run's fingerprint, the numpy RNG state, the reward
-baselines, and per task its strategy pool, log rows (step, mean, min, best time in s) and the
+baselines, and per task its strategy pool, log rows (step, mean and min sampled time, best time so
+far, the policy's own plan's time; times in s) and the
 number of simulations the run has made for it.
 
 Checkpoint N is written in this order, each file atomic: the TensorFlow files, then

@@ -420,6 +420,7 @@ EXAMPLE_ARGS = [
     ([os.path.join(ROOT, "examples", "formats", "strategy.json")], 2, "default.shares.v100_0: unknown device"),
     (["nope.json"], 2, "nope.json"),
     ([os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json"), "five"], 2, "steps as a whole number"),
+    (["s.json", "5", "ckpt", "extra"], 2, "give at most these three arguments (4 given)"),
 ]
 
 
