@@ -181,6 +181,7 @@ def load_any_policy(run_dir: Optional[str] = None, weights: Optional[str] = None
 
 def plan(run_dir: Optional[str], *, graph: Optional[str], model: Optional[str], batch_size: Optional[int],
          cluster: str, image_size: Optional[int] = None, seq_len: Optional[int] = None,
+         num_layers: Optional[int] = None, optimizer: Optional[str] = None,
          profile: Optional[str] = None, search_seconds: float = 0.0, samples: int = 8, seed: int = 0,
          out: Optional[str] = None, resolve_bundle=None, overheads: Optional[str] = None,
          weights: Optional[str] = None, label: Optional[str] = None,
@@ -188,12 +189,13 @@ def plan(run_dir: Optional[str], *, graph: Optional[str], model: Optional[str], 
     """Plans with the policy of `run_dir` (a training run), `weights` (a weights file) or, with
     neither, the shipped pre-trained policy; policy-guided search for `search_seconds` (`progress`:
     as plan_task's). `label` names the graph in the result (default: the bundle's file stem).
-    `image_size` (pixels) and `seq_len` (tokens): the zoo `model`'s sizes, as a config's graph
-    entry gives them (None: the model's default)."""
+    `image_size` (pixels), `seq_len` (tokens), `num_layers` and `optimizer`: the zoo `model`'s
+    options, as a config's graph entry gives them (None: the model's default)."""
     learner, config, ckpt = load_any_policy(run_dir, weights)
     if model is not None:
         from tfplace.formats.config import GraphEntry
-        entry = GraphEntry(batch_size, model=model, image_size=image_size, seq_len=seq_len)
+        entry = GraphEntry(batch_size, model=model, image_size=image_size, seq_len=seq_len, num_layers=num_layers,
+                           optimizer=optimizer)
         bundle = train_lib.graph_bundle(entry, resolve_bundle)  # resolve_bundle None: the zoo's
     else:
         bundle = graph

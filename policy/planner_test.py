@@ -269,6 +269,9 @@ def test_plan_writes_its_strategy_when_its_output_pipe_is_closed(tmp_path):
     (["--model", "tiny_cnn", "--image_size", "0"], "--image_size", "give an integer >= 1"),
     (["--graph", os.path.join(REPO, "graph_defs/zoo/tiny_mlp_b16_sgd.json"), "--seq_len", "8"], "--seq_len",
      "give --model NAME"),
+    (["--model", "tiny_cnn", "--num_layers", "2"], "--num_layers", "does not apply to this model"),
+    (["--graph", os.path.join(REPO, "graph_defs/zoo/tiny_mlp_b16_sgd.json"), "--optimizer", "adam"], "--optimizer",
+     "give --model NAME"),
 ])
 def test_plan_refuses_a_zoo_size_the_model_does_not_take_naming_the_flag(tmp_path, capsys, argv, flag, says):
     """--image_size and --seq_len are checked as the export checks them (resolve_options), before
@@ -297,9 +300,10 @@ def test_plan_gives_the_zoo_sizes_to_the_export_and_names_its_error_as_the_flag(
         raise InputError(entry.error_source, "batch_size", "too large for int32 sizes", "use a smaller batch size")
     monkeypatch.setattr(export, "bundle_for_entry", refuse)
     status = common.call(plan_cli, ["--model", "tiny_cnn", "--image_size", "8", "--batch_size", "16", "--samples",
-                                    "0", "--cluster", os.path.join(REPO, "clusters/two_kind_4gpu.json"),
-                                    "--out", str(tmp_path / "s.json")])
+                                    "0", "--optimizer", "adam", "--cluster",
+                                    os.path.join(REPO, "clusters/two_kind_4gpu.json"), "--out", str(tmp_path / "s.json")])
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert [(e.model, e.batch_size, e.image_size, e.seq_len) for e in heard] == [("tiny_cnn", 16, 8, None)]
+    assert [(e.model, e.batch_size, e.image_size, e.seq_len, e.num_layers, e.optimizer) for e in heard] == [
+        ("tiny_cnn", 16, 8, None, None, "adam")]
     assert status == 2 and errors == ["error: arguments: --batch_size: too large for int32 sizes. Fix: use a smaller "
                                       "batch size"], errors

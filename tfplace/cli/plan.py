@@ -1,8 +1,9 @@
 """One strategy for a graph and cluster from a trained policy, zero-shot, optionally improved by
 search: `python -m tfplace.plan --graph bundle.json|step.pb|--model NAME --batch_size B
 --cluster cluster.json [--profile profile.json] [--search_seconds N] --out strategy.json`.
-A zoo model's sizes are its defaults unless --image_size (image models) or --seq_len (sequence
-models) says otherwise, as an export (tfplace.cli.export) or a config's graph entry does.
+A zoo model's sizes and optimizer are its defaults unless --image_size (image models), --seq_len
+and --num_layers (sequence models) or --optimizer say otherwise, as an export (tfplace.cli.export)
+or a config's graph entry does.
 Every flag (numbers, the zoo model name and the sizes it takes, input files and --out) is checked
 before anything loads.
 
@@ -57,6 +58,11 @@ def define_flags() -> None:
                          "model's)", lower_bound=1)
     flags.DEFINE_integer("seq_len", None, "with --model: sequence length in tokens (sequence models; default: the "
                          "model's)", lower_bound=1)
+    flags.DEFINE_integer("num_layers", None, "with --model: layers per stack (sequence models; default: the "
+                         "model's)", lower_bound=1)
+    from tfplace.graph_defs.bundle import OPTIMIZERS  # light: no TensorFlow
+    flags.DEFINE_enum("optimizer", None, list(OPTIMIZERS), "with --model: the training step's optimizer (default: "
+                      "sgd)")
     flags.DEFINE_string("cluster", None, "cluster .json", required=True)
     flags.DEFINE_string("profile", None, "profile .json (default: derived by the device model)")
     flags.DEFINE_float("search_seconds", 0.0, "seconds of sampling + local search after the zero-shot plan",
@@ -147,15 +153,16 @@ def main(argv) -> int:
         check_bundle_batch(graph, FLAGS.batch_size, "arguments", "--batch_size")  # a real step runs at the bundle's
     try:
         result = planner.plan(FLAGS.checkpoint, graph=graph, model=FLAGS.model, batch_size=FLAGS.batch_size,
-                              image_size=FLAGS.image_size, seq_len=FLAGS.seq_len,
-                              cluster=FLAGS.cluster, profile=FLAGS.profile, search_seconds=FLAGS.search_seconds,
+                              image_size=FLAGS.image_size, seq_len=FLAGS.seq_len, num_layers=FLAGS.num_layers,
+                              optimizer=FLAGS.optimizer, cluster=FLAGS.cluster, profile=FLAGS.profile,
+                              search_seconds=FLAGS.search_seconds,
                               samples=FLAGS.samples, seed=FLAGS.seed, out=None, resolve_bundle=bundle_for_entry,
                               overheads=overheads_path, weights=FLAGS.policy, label=_step_label(FLAGS.graph),
                               progress=search_progress(FLAGS.search_seconds)
                               if FLAGS.progress and FLAGS.search_seconds else None)
     except InputError as err:  # the zoo export's error about --model's options: the flags gave them
         from tfplace.formats.config import GraphEntry
-        entry = GraphEntry(FLAGS.batch_size, model=FLAGS.model, image_size=FLAGS.image_size, seq_len=FLAGS.seq_len)
+        entry = GraphEntry(FLAGS.batch_size, model=FLAGS.model, **_model_options())
         if not FLAGS.model or err.source != entry.error_source:
             raise
         raise InputError("arguments", _MODEL_OPTION_FLAGS.get(err.field, "--model"), err.problem, err.fix) from None
@@ -186,21 +193,29 @@ def main(argv) -> int:
 
 
 # resolve_options' option names -> this command's flags (tfplace.cli.export spells them with "-"; either reaches them)
-_MODEL_OPTION_FLAGS = {"batch_size": "--batch_size", "image_size": "--image_size", "seq_len": "--seq_len"}
+_MODEL_OPTION_FLAGS = {"batch_size": "--batch_size", "image_size": "--image_size", "seq_len": "--seq_len",
+                       "num_layers": "--num_layers", "optimizer": "--optimizer"}
+
+
+def _model_options() -> dict:
+    """The zoo model's options the flags give (resolve_options' keywords), None where not given."""
+    return {k: getattr(FLAGS, k) for k in ("image_size", "seq_len", "num_layers", "optimizer")}
 
 
 def check_model_options() -> None:
-    """Raises InputError naming the flag unless --model takes --batch_size, --image_size and
-    --seq_len as given (tfplace.graph_defs.export.resolve_options, as the export checks them);
-    the sizes without --model are refused: a bundle or step has its sizes built in."""
-    sizes = {"image_size": FLAGS.image_size, "seq_len": FLAGS.seq_len}
+    """Raises InputError naming the flag unless --model takes --batch_size, --image_size, --seq_len,
+    --num_layers and --optimizer as given (tfplace.graph_defs.export.resolve_options, as the export
+    checks them); these without --model are refused: a bundle or step has them built in."""
+    options = _model_options()
     if not FLAGS.model:
-        given = [_MODEL_OPTION_FLAGS[k] for k, v in sizes.items() if v is not None]
+        given = [_MODEL_OPTION_FLAGS[k] for k, v in options.items() if v is not None]
         if given:
-            raise InputError(f"argument {given[0]}", "", "sets a zoo model's size, but --graph was given "
-                             "(its sizes are built into the graph)", f"drop {given[0]}, or give --model NAME")
+            raise InputError(f"argument {given[0]}", "", "sets a zoo model's option, but --graph was given "
+                             "(its sizes and optimizer are built into the graph)",
+                             f"drop {given[0]}, or give --model NAME")
         return
-    common.check_zoo_options(FLAGS.model, _MODEL_OPTION_FLAGS, FLAGS.batch_size, **sizes)
+    common.check_zoo_options(FLAGS.model, _MODEL_OPTION_FLAGS, FLAGS.batch_size,
+                             **{k: v for k, v in options.items() if v is not None})
 
 
 def search_progress(search_seconds: float, stream=None):
