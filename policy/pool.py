@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from tfplace.formats.jsonio import FieldReader
+from tfplace.formats.reports import rank_time_s
 from tfplace.formats.strategy import GroupDecision, Strategy, strategy_from_reader
 
 from tfplace.policy import actions as A
@@ -80,18 +81,6 @@ def placement_key(s: Strategy, group_names: Sequence[str]) -> tuple:
     return s.global_batch_size, (s.bucket_bytes if bucketed else None), per_group
 
 
-def rank_time_s(time_s: float) -> float:
-    """A time (s) as the pool orders it: to 12 significant digits, so that two strategies whose
-    simulated times differ only by rounding (1e-16 relative) tie, and the one found first stays
-    ahead (a stable sort) instead of a later one taking its place and its credit."""
-    return float(f"{time_s:.12g}")
-
-
-def same_time(a_s: float, b_s: float) -> bool:
-    """Whether two times (s) tie in the pool's order (rank_time_s)."""
-    return rank_time_s(a_s) == rank_time_s(b_s)
-
-
 def _rank(entry: PoolEntry) -> float:
     """The pool's order: effective time as rank_time_s has it."""
     return rank_time_s(entry.effective_time_s)
@@ -146,7 +135,9 @@ class StrategyPool:
         return next((e for e in self.entries if e.action is not None), None)
 
     def best_baseline(self) -> PoolEntry:
-        return min(self.baselines, key=lambda e: e.effective_time_s)
+        """The fastest baseline by effective time; of baselines tied in the pool's order
+        (rank_time_s), the first."""
+        return min(self.baselines, key=lambda e: rank_time_s(e.effective_time_s))
 
     def baseline_times(self) -> Dict[str, Dict[str, Any]]:
         return {e.source: {"time_s": e.time_s, "oom": e.oom} for e in self.baselines}

@@ -85,3 +85,14 @@ def test_strategy_key_is_equal_exactly_when_the_file_format_says_the_same(other,
     assert (as_file(other) == as_file(_BASE)) == same
     assert (strategy_key(other) == strategy_key(_BASE)) == same
     assert hash(strategy_key(other)) == hash(strategy_key(other))
+
+
+@pytest.mark.parametrize("second_s, best", [
+    (0.05537073449722206 * (1 - 1e-15), "dp_subset_even"),  # apart only by rounding: the first listed
+    (0.05537073449722206 * (1 - 1e-9), "dp_subset_proportional"),  # faster for real
+])
+def test_the_best_baseline_of_tied_baselines_is_the_first_listed(second_s, best):
+    pool = StrategyPool(4)
+    pool.add_baseline(PoolEntry("dp_subset_even", _s(1), 0.05537073449722206, 0.05537073449722206, False, 0))
+    pool.add_baseline(PoolEntry("dp_subset_proportional", _s(2), second_s, second_s, False, 0))
+    assert pool.best_baseline().source == best

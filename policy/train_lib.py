@@ -67,7 +67,7 @@ from tfplace.formats.profile import load_profile
 from tfplace.profiling.profiler import profile_graph_note
 from tfplace.profiling.device_model import cluster_profile
 from tfplace.simulator import SimOptions, write_trace
-from tfplace.formats.reports import SimReport
+from tfplace.formats.reports import SimReport, same_time
 from tfplace.formats.strategy import save_strategy
 
 from tfplace.policy import actions as A
@@ -76,7 +76,7 @@ from tfplace.policy.environment import PlacementEnvironment, PlacementTask, eval
 from tfplace.policy.stop_signals import held_stop_signals
 from tfplace.baselines.registry import baseline_factories
 from tfplace.policy.network import PlacementNetwork
-from tfplace.policy.pool import PoolEntry, StrategyPool, same_time
+from tfplace.policy.pool import PoolEntry, StrategyPool
 from tfplace.policy import train_state
 from tfplace.policy.train_state import SavedState
 

@@ -396,7 +396,7 @@ def test_a_bare_steps_fingerprint_is_its_own_file_not_the_cached_import(tmp_path
 
 @pytest.mark.parametrize("relative_gap, carried", [
     (0.0, True),     # the encoded best baseline times as the baseline: the baseline's entry carries the action
-    (1e-15, True),   # apart only by rounding: a tie in the pool's order (pool.same_time), so the same
+    (1e-15, True),   # apart only by rounding: a tie in the pool's order (reports.same_time), so the same
     (1e-9, False),   # apart for real: not the baseline's action
 ])
 def test_seed_pool_ties_the_best_baseline_and_its_action_as_the_pool_ranks(relative_gap, carried, monkeypatch):

@@ -55,6 +55,7 @@ from tfplace.formats.cluster import Cluster, load_cluster
 from tfplace.formats.config import MEASURE, ActivateConfig, GraphEntry, load_activate_config
 from tfplace.formats.errors import InputError
 from tfplace.formats.jsonio import atomic_write
+from tfplace.formats.reports import same_time
 from tfplace.formats.strategy import load_strategy, validate_strategy
 from tfplace.runtime import machine_speed
 
@@ -614,7 +615,7 @@ def verdict_lines(rows: List[Dict[str, Any]]) -> List[str]:
             fastest_simulated = min(simulated, key=lambda r: r["mean_s"])
             if pick is fastest_simulated:
                 line += f"; the simulator ranked {pick['name']} first of its {len(simulated)} entries too"
-            elif f"{pick['simulated_s']:.12g}" == f"{fastest_simulated['simulated_s']:.12g}":
+            elif same_time(pick['simulated_s'], fastest_simulated['simulated_s']):
                 line += (f"; the simulator gave {pick['name']} and {fastest_simulated['name']} the same time, and "
                          f"{fastest_simulated['name']} ran {pick['mean_s'] / fastest_simulated['mean_s']:.2f}x faster"
                          + rounds_tie_note(fastest_simulated, pick))

@@ -20,6 +20,19 @@ import math
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 
+def rank_time_s(time_s: float) -> float:
+    """A simulated time (s) as strategies are ranked by it (a planner's pool, activate's pick): to
+    12 significant digits, so that two strategies whose simulated times differ only by rounding
+    (1e-16 relative) tie, and the one found first stays ahead (a stable sort) instead of a later
+    one taking its place and its credit."""
+    return float(f"{time_s:.12g}")
+
+
+def same_time(a_s: float, b_s: float) -> bool:
+    """Whether two simulated times (s) tie in the order strategies are ranked by (rank_time_s)."""
+    return rank_time_s(a_s) == rank_time_s(b_s)
+
+
 @dataclasses.dataclass(frozen=True)
 class SimReport:
     """One simulated iteration.
