@@ -7,7 +7,8 @@ measure communication on a local cluster.
     python -m tfplace.profile --graph G.json --roofline V100,T4 --batch-sizes 8,16 --out p.json
     python -m tfplace.profile --graph tiny_mlp --cluster clusters/local_cpu_hetero.json --out p.json
 
-With --cluster (a CPU-emulated cluster file), every device kind of the cluster is measured as
+With --cluster (a CPU-emulated cluster file whose hosts are all this machine's loopback, as
+activate runs it; another host is refused), every device kind of the cluster is measured as
 its devices run: pinned to the cores and under the CPU quota the kind's first device declares in
 its `emulation` (one child `python -m tfplace.profile` per kind, merged into --out); what
 activate runs on that cluster, simulated with that profile (activate's "profile": "measure").
@@ -51,8 +52,9 @@ def define_flags() -> None:
     flags.DEFINE_string("graph", None, "bundle metadata JSON (<stem>.json beside <stem>.pb), a zoo model name, "
                         "or a training step .pb/.pbtxt/.meta (imported into a cached bundle)")
     common.define_step_flags()
-    flags.DEFINE_string("cluster", None, "a CPU-emulated cluster file: measure each of its device kinds pinned "
-                        "and limited as its devices' emulation says (instead of --kind/--cpus/--cpu-fraction)")
+    flags.DEFINE_string("cluster", None, "a CPU-emulated cluster file of this machine (loopback hosts): measure "
+                        "each of its device kinds pinned and limited as its devices' emulation says (instead of "
+                        "--kind/--cpus/--cpu-fraction)")
     flags.DEFINE_string("device", "CPU", "CPU, GPU or GPU:<k>")
     flags.DEFINE_string("kind", "", "device kind that keys the profile (empty: CPU for a CPU device)")
     flags.DEFINE_list("batch-sizes", ["8", "16", "32"], "per-device batch sizes, comma-separated")
@@ -166,9 +168,12 @@ def main(argv) -> int:
 def cluster_kind_settings(cluster) -> List[Tuple[str, Optional[List[int]], Optional[float]]]:
     """(kind, cores, CPU quota) per device kind of `cluster`, in device order, from the kind's first
     device's emulation. Raises InputError naming the cluster file for a kind that is not a CPU
-    (a GPU kind is profiled on a GPU: --device GPU:k --kind K) or whose devices declare different
-    quotas (one profile per kind cannot describe both)."""
+    (a GPU kind is profiled on a GPU: --device GPU:k --kind K), whose devices declare different
+    quotas (one profile per kind cannot describe both), or, checked after the kinds, for a host
+    that is not this machine's loopback (its devices run there: a measurement here under their
+    emulation would describe this machine, not them)."""
     from tfplace.formats.cluster import is_cpu_kind
+    from tfplace.runtime.local_cluster import require_loopback
     source = cluster.source or cluster.name
     out, quota = [], {}
     for i, d in enumerate(cluster.devices):
@@ -184,6 +189,7 @@ def cluster_kind_settings(cluster) -> List[Tuple[str, Optional[List[int]], Optio
             continue
         quota[d.kind] = fraction
         out.append((d.kind, list(d.emulation.cpus) if d.emulation and d.emulation.cpus else None, fraction))
+    require_loopback(cluster, source)  # after the kinds: a GPU cluster's fix is its GPU, wherever it is
     return out
 
 
