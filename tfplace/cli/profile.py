@@ -158,11 +158,7 @@ def _derived_from_known_kind(values) -> bool:
 def main(argv) -> int:
     """Profiles as the parsed flags say (absl main: argv holds the program name only)."""
     del argv
-    try:
-        return _run(common.args())
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return _run(common.args())  # Ctrl-C and SIGTERM: common.guarded's line and 130 / 143
 
 
 def cluster_kind_settings(cluster) -> List[Tuple[str, Optional[List[int]], Optional[float]]]:
