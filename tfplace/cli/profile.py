@@ -194,30 +194,45 @@ def profile_cluster(graph: str, cluster, out: str, batch_sizes, *, repeats: int 
                     stdout=None, source: Optional[str] = None) -> str:
     """Measures every kind of `cluster` (cluster_kind_settings) for the bundle `graph` into the
     profile file `out`, one child `python -m tfplace.profile` per kind (a process is pinned for
-    good, so each kind gets its own), the first writing `out`, the others merging into it.
-    Raises InputError for an unusable cluster or a step that needs feeds beyond the batch (before
-    anything runs; `source`: the file it names, default `graph`), RuntimeError naming the kind
-    when a child fails. Returns out."""
-    import subprocess
+    good, so each kind gets its own), the first writing a file beside `out`, the others merging
+    into it, renamed to `out` once every kind is in: a run that fails or is stopped leaves no
+    profile of some kinds only, and an earlier `out` as it was. Raises InputError for an unusable
+    cluster or a step that needs feeds beyond the batch (before anything runs; `source`: the file
+    it names, default `graph`), RuntimeError naming the kind when a child fails. Returns out."""
     from tfplace.profiling.profiler import check_bundle_feedable
     settings = cluster_kind_settings(cluster)
     check_bundle_feedable(graph, source)  # a step the children cannot feed: one error line, before any child
+    partial = f"{out}.partial{os.getpid()}"
+    try:
+        _profile_kinds(graph, cluster, partial, batch_sizes, settings, [
+            "--repeats", str(repeats), "--warmup", str(warmup), "--statistic", statistic, "--threads", str(threads),
+            "--inter-threads", str(inter_threads)] + (["--quiet"] if quiet else []), stdout, out)
+        os.replace(partial, out)
+    finally:
+        if os.path.lexists(partial):
+            os.remove(partial)
+    return out
+
+
+def _profile_kinds(graph: str, cluster, out: str, batch_sizes, settings, options: List[str], stdout,
+                   shown_as: str) -> None:
+    """One child `python -m tfplace.profile ... options` per (kind, cores, quota) of `settings`
+    (cluster_kind_settings), the first writing `out`, the others merging into it; their summaries
+    go to `stdout` with `out` named `shown_as` (the file it becomes)."""
+    import subprocess
     for i, (kind, cpus, fraction) in enumerate(settings):
         cmd = [sys.executable, "-m", "tfplace.profile", "--graph", graph, "--kind", kind, "--out", out,
-               "--batch-sizes", ",".join(str(b) for b in batch_sizes), "--repeats", str(repeats),
-               "--warmup", str(warmup), "--statistic", statistic, "--threads", str(threads),
-               "--inter-threads", str(inter_threads)]
+               "--batch-sizes", ",".join(str(b) for b in batch_sizes), *options]
         cmd += ["--cpus", ",".join(map(str, cpus))] if cpus else []
         cmd += ["--cpu-fraction", str(fraction)] if fraction else []
-        cmd += (["--merge"] if i else []) + (["--quiet"] if quiet else [])
+        cmd += ["--merge"] if i else []
         # the child's progress (stderr) shows as it goes; its summary (stdout) is passed on after
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if stdout is not None:
-            stdout.write(done.stdout)
+            stdout.write(done.stdout.replace(out, shown_as))
         if done.returncode != 0:
             raise RuntimeError(f"profiling kind {kind} of {cluster.source or cluster.name} failed "
                                f"(exit {done.returncode}; its error is above):\n{done.stdout[-2000:]}")
-    return out
 
 
 def _run(args) -> int:
