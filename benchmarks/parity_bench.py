@@ -12,7 +12,10 @@ tfplace DP-even with the first device as parameter server per --ps-bucket-bytes 
 one message per gradient and worker), each on a LocalCluster started from the cluster file (its emulation applied), then Horovod DP-even with the
 same per-rank batches under the same emulation. Rounds alternate the runs so a slow phase of the
 machine hits both alike. Prints each round's medians and, per model, the median over every timed
-step and tfplace / Horovod. A benchmark: it reports numbers and never fails on timing.
+step and tfplace / Horovod. A benchmark: it reports numbers and never fails on timing. Bad
+arguments (an unknown model, a count below its least value, a cluster file that does not load or
+whose hosts are not this machine's loopback) are one line `error: ...` naming the argument or the
+file's field and the fix, exit status 2, before any export or server (tfplace.cli.common.guarded).
 """
 
 from __future__ import annotations
@@ -65,6 +68,45 @@ def horovod_steps(bundle: str, cluster, batch: int, steps: int, warmup: int, sou
     return list(res.report.step_times_s)
 
 
+def _counts(text: str, flag: str):
+    """'1,67108864' -> [1, 67108864]; raises InputError naming `flag` for a value that is not an integer >= 1."""
+    from tfplace.formats.errors import InputError
+    try:
+        values = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        values = None
+    if values is None or any(v < 1 for v in values):
+        raise InputError("arguments", flag, f"must be integers >= 1, comma-separated, got {text!r}",
+                         "give bucket sizes in bytes, e.g. 1,67108864")
+    return values
+
+
+def check_args(args):
+    """The cluster of the parsed `args`, loaded once every argument is checked; raises InputError
+    naming the argument (or the cluster file's field) before any export or server starts."""
+    from tfplace.formats.cluster import load_cluster
+    from tfplace.formats.errors import InputError
+    from tfplace.ir.node_defs import CPU_ALL_REDUCE  # the rewrite's CPU all-reduce implementations
+    from tfplace.runtime.local_cluster import require_loopback
+    for name in args.models.split(","):
+        if name not in MODELS:
+            raise InputError("arguments", "--models", f"{name!r} is not one of {sorted(MODELS)}",
+                             "give comma-separated names from that list")
+    for flag, least in (("batch_size", 1), ("rounds", 1), ("steps", 1), ("warmup", 0)):
+        if getattr(args, flag) < least:
+            raise InputError("arguments", "--" + flag.replace("_", "-"), f"must be >= {least}, "
+                             f"got {getattr(args, flag)}", f"give an integer >= {least}")
+    _counts(args.bucket_bytes, "--bucket-bytes")
+    _counts(args.ps_bucket_bytes, "--ps-bucket-bytes")
+    for how in args.all_reduce.split(","):
+        if how not in CPU_ALL_REDUCE:
+            raise InputError("arguments", "--all-reduce", f"{how!r} is not one of {list(CPU_ALL_REDUCE)}",
+                             "give comma-separated names from that list")
+    cluster = load_cluster(args.cluster)
+    require_loopback(cluster, args.cluster)  # its servers start here: never a cluster of other hosts
+    return cluster
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="resnet50_s32,tiny_transformer", help=f"comma-separated, of {sorted(MODELS)}")
@@ -81,11 +123,16 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from tfplace.formats.cluster import load_cluster
+    from tfplace.cli.common import guarded
+    return guarded(lambda _: run(args))([])
+
+
+def run(args) -> int:
+    """The benchmark of the parsed `args` (main's)."""
     from tfplace.graph_defs.export import ensure_bundle
-    cluster = load_cluster(args.cluster)
-    buckets = [int(x) for x in args.bucket_bytes.split(",") if x]
-    ps_buckets = [int(x) for x in args.ps_bucket_bytes.split(",") if x]
+    cluster = check_args(args)
+    buckets = _counts(args.bucket_bytes, "--bucket-bytes")
+    ps_buckets = _counts(args.ps_bucket_bytes, "--ps-bucket-bytes")
     out = {"cluster": os.path.relpath(args.cluster, ROOT), "batch_size": args.batch_size, "models": {}}
     for name in args.models.split(","):
         model, opts = MODELS[name]

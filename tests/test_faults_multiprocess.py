@@ -5,11 +5,12 @@ Table-driven by category:
     Gloo) accepts connections through loopback only, looked at from the machine's own network
     namespace, and the run leaves no temporary folder; a port taken between choosing and binding
     is retried on new ports.
-  * process: SIGTERM / SIGINT to `activate.py` (or to `plan --confirm_real`) while TF servers or
-    Horovod ranks run leaves no process and no temporary folder, exits 143 / 130, and keeps the
-    results written so far; after a SIGKILL the Horovod ranks end and remove their folder; a
-    worker that dies in one entry is replaced for the next; a second
-    run on the same output folder stops with exit 2 naming the run that holds it.
+  * process: SIGTERM / SIGINT to `activate.py` (or to `plan --confirm_real`, the overheads
+    command, `profile --cluster`) while TF servers, Horovod ranks or measurements run leaves no
+    process and no temporary folder, exits 143 / 130, and keeps the results written so far;
+    after a SIGKILL the Horovod ranks end and remove their folder; a worker that dies in one entry
+    is replaced for the next; a second run on the same output folder stops with exit 2 naming the
+    run that holds it.
 The unit-level faults (bad files, paths, values, resume) are in test_faults_unit_*.py.
 """
 
@@ -305,6 +306,42 @@ def test_process_a_stopped_plan_check_leaves_nothing_behind(tmp_path, servers_of
         assert not [p for p in family if _alive(p)], [(p, _cmdline(p)) for p in family if _alive(p)]
         assert os.listdir(tmp) == [], f"temporary folders left: {os.listdir(tmp)}"
         assert not out.exists() and not (tmp_path / "s.overheads.json").exists()
+    finally:
+        _sweep(proc)
+
+
+HETERO = os.path.join(ROOT, "clusters", "local_cpu_hetero.json")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("sig, status, args, marker", [
+    (signal.SIGTERM, 143, ["-m", "tfplace.cli.overheads", "--cluster", HETERO, "--passes", "3", "--out", "{out}"],
+     "tfplace.runtime.worker"),
+    (signal.SIGINT, 130, ["-m", "tfplace.cli.overheads", "--cluster", HETERO, "--passes", "3", "--out", "{out}"],
+     "tfplace.runtime.worker"),
+    # a child per kind (`--kind K`); the signal comes while the first measures
+    (signal.SIGTERM, 143, ["-m", "tfplace.profile", "--graph", "tiny_mlp", "--cluster", HETERO, "--repeats", "100000",
+                           "--out", "{out}"], "--kind"),
+], ids=["sigterm-overheads", "sigint-overheads", "sigterm-profile-cluster"])
+def test_process_a_stopped_measurement_exits_as_the_signal_says(tmp_path, sig, status, args, marker):
+    """SIGTERM / SIGINT to `python -m tfplace.cli.overheads` or `python -m tfplace.profile
+    --cluster` while it measures: exit 143 / 130 with common.guarded's one line, no process nor
+    temporary folder left."""
+    out = tmp_path / "measured.json"
+    proc, tmp = _start(tmp_path, [a.replace("{out}", str(out)) for a in args])
+    try:
+        _wait_for(lambda: [p for p in _descendants(proc.pid) if marker in _cmdline(p)], 240, marker)
+        time.sleep(1.0)
+        family = [proc.pid, *_descendants(proc.pid)]
+        proc.send_signal(sig)
+        text, _ = proc.communicate(timeout=60)
+        assert proc.returncode == status, text
+        assert "stopped by" in text and "Traceback" not in text, text
+        deadline = time.monotonic() + 15
+        while [p for p in family if _alive(p)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in family if _alive(p)], [(p, _cmdline(p)) for p in family if _alive(p)]
+        assert os.listdir(tmp) == [], f"temporary folders left: {os.listdir(tmp)}"
     finally:
         _sweep(proc)
 

@@ -278,13 +278,10 @@ def main(argv) -> int:
 
     def progress(line: str) -> None:
         print(f"[{time.monotonic() - started:5.0f} s] {line}", file=sys.stderr, flush=True)
-    try:
-        overheads = measure(cluster, args.cluster, kwargs, how(args, kwargs), passes=args.passes,
-                            comm=comm, reps=args.reps, fan=args.fan, cpu_reps=args.cpu_reps, raw=args.raw,
-                            client_cpus=[int(c) for c in args.client_cpus], progress=progress, watch=watch)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    # Ctrl-C and SIGTERM: no file, common.guarded's line and 130 / 143
+    overheads = measure(cluster, args.cluster, kwargs, how(args, kwargs), passes=args.passes,
+                        comm=comm, reps=args.reps, fan=args.fan, cpu_reps=args.cpu_reps, raw=args.raw,
+                        client_cpus=[int(c) for c in args.client_cpus], progress=progress, watch=watch)
     save_overheads(overheads, args.out)
     for line in summary_lines(overheads):
         print(line)

@@ -7,7 +7,8 @@ measure communication on a local cluster.
     python -m tfplace.profile --graph G.json --roofline V100,T4 --batch-sizes 8,16 --out p.json
     python -m tfplace.profile --graph tiny_mlp --cluster clusters/local_cpu_hetero.json --out p.json
 
-With --cluster (a CPU-emulated cluster file), every device kind of the cluster is measured as
+With --cluster (a CPU-emulated cluster file whose hosts are all this machine's loopback, as
+activate runs it; another host is refused), every device kind of the cluster is measured as
 its devices run: pinned to the cores and under the CPU quota the kind's first device declares in
 its `emulation` (one child `python -m tfplace.profile` per kind, merged into --out); what
 activate runs on that cluster, simulated with that profile (activate's "profile": "measure").
@@ -51,8 +52,9 @@ def define_flags() -> None:
     flags.DEFINE_string("graph", None, "bundle metadata JSON (<stem>.json beside <stem>.pb), a zoo model name, "
                         "or a training step .pb/.pbtxt/.meta (imported into a cached bundle)")
     common.define_step_flags()
-    flags.DEFINE_string("cluster", None, "a CPU-emulated cluster file: measure each of its device kinds pinned "
-                        "and limited as its devices' emulation says (instead of --kind/--cpus/--cpu-fraction)")
+    flags.DEFINE_string("cluster", None, "a CPU-emulated cluster file of this machine (loopback hosts): measure "
+                        "each of its device kinds pinned and limited as its devices' emulation says (instead of "
+                        "--kind/--cpus/--cpu-fraction)")
     flags.DEFINE_string("device", "CPU", "CPU, GPU or GPU:<k>")
     flags.DEFINE_string("kind", "", "device kind that keys the profile (empty: CPU for a CPU device)")
     flags.DEFINE_list("batch-sizes", ["8", "16", "32"], "per-device batch sizes, comma-separated")
@@ -156,19 +158,18 @@ def _derived_from_known_kind(values) -> bool:
 def main(argv) -> int:
     """Profiles as the parsed flags say (absl main: argv holds the program name only)."""
     del argv
-    try:
-        return _run(common.args())
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return _run(common.args())  # Ctrl-C and SIGTERM: common.guarded's line and 130 / 143
 
 
 def cluster_kind_settings(cluster) -> List[Tuple[str, Optional[List[int]], Optional[float]]]:
     """(kind, cores, CPU quota) per device kind of `cluster`, in device order, from the kind's first
     device's emulation. Raises InputError naming the cluster file for a kind that is not a CPU
-    (a GPU kind is profiled on a GPU: --device GPU:k --kind K) or whose devices declare different
-    quotas (one profile per kind cannot describe both)."""
+    (a GPU kind is profiled on a GPU: --device GPU:k --kind K), whose devices declare different
+    quotas (one profile per kind cannot describe both), or, checked after the kinds, for a host
+    that is not this machine's loopback (its devices run there: a measurement here under their
+    emulation would describe this machine, not them)."""
     from tfplace.formats.cluster import is_cpu_kind
+    from tfplace.runtime.local_cluster import require_loopback
     source = cluster.source or cluster.name
     out, quota = [], {}
     for i, d in enumerate(cluster.devices):
@@ -184,6 +185,7 @@ def cluster_kind_settings(cluster) -> List[Tuple[str, Optional[List[int]], Optio
             continue
         quota[d.kind] = fraction
         out.append((d.kind, list(d.emulation.cpus) if d.emulation and d.emulation.cpus else None, fraction))
+    require_loopback(cluster, source)  # after the kinds: a GPU cluster's fix is its GPU, wherever it is
     return out
 
 
@@ -192,30 +194,45 @@ def profile_cluster(graph: str, cluster, out: str, batch_sizes, *, repeats: int 
                     stdout=None, source: Optional[str] = None) -> str:
     """Measures every kind of `cluster` (cluster_kind_settings) for the bundle `graph` into the
     profile file `out`, one child `python -m tfplace.profile` per kind (a process is pinned for
-    good, so each kind gets its own), the first writing `out`, the others merging into it.
-    Raises InputError for an unusable cluster or a step that needs feeds beyond the batch (before
-    anything runs; `source`: the file it names, default `graph`), RuntimeError naming the kind
-    when a child fails. Returns out."""
-    import subprocess
+    good, so each kind gets its own), the first writing a file beside `out`, the others merging
+    into it, renamed to `out` once every kind is in: a run that fails or is stopped leaves no
+    profile of some kinds only, and an earlier `out` as it was. Raises InputError for an unusable
+    cluster or a step that needs feeds beyond the batch (before anything runs; `source`: the file
+    it names, default `graph`), RuntimeError naming the kind when a child fails. Returns out."""
     from tfplace.profiling.profiler import check_bundle_feedable
     settings = cluster_kind_settings(cluster)
     check_bundle_feedable(graph, source)  # a step the children cannot feed: one error line, before any child
+    partial = f"{out}.partial{os.getpid()}"
+    try:
+        _profile_kinds(graph, cluster, partial, batch_sizes, settings, [
+            "--repeats", str(repeats), "--warmup", str(warmup), "--statistic", statistic, "--threads", str(threads),
+            "--inter-threads", str(inter_threads)] + (["--quiet"] if quiet else []), stdout, out)
+        os.replace(partial, out)
+    finally:
+        if os.path.lexists(partial):
+            os.remove(partial)
+    return out
+
+
+def _profile_kinds(graph: str, cluster, out: str, batch_sizes, settings, options: List[str], stdout,
+                   shown_as: str) -> None:
+    """One child `python -m tfplace.profile ... options` per (kind, cores, quota) of `settings`
+    (cluster_kind_settings), the first writing `out`, the others merging into it; their summaries
+    go to `stdout` with `out` named `shown_as` (the file it becomes)."""
+    import subprocess
     for i, (kind, cpus, fraction) in enumerate(settings):
         cmd = [sys.executable, "-m", "tfplace.profile", "--graph", graph, "--kind", kind, "--out", out,
-               "--batch-sizes", ",".join(str(b) for b in batch_sizes), "--repeats", str(repeats),
-               "--warmup", str(warmup), "--statistic", statistic, "--threads", str(threads),
-               "--inter-threads", str(inter_threads)]
+               "--batch-sizes", ",".join(str(b) for b in batch_sizes), *options]
         cmd += ["--cpus", ",".join(map(str, cpus))] if cpus else []
         cmd += ["--cpu-fraction", str(fraction)] if fraction else []
-        cmd += (["--merge"] if i else []) + (["--quiet"] if quiet else [])
+        cmd += ["--merge"] if i else []
         # the child's progress (stderr) shows as it goes; its summary (stdout) is passed on after
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if stdout is not None:
-            stdout.write(done.stdout)
+            stdout.write(done.stdout.replace(out, shown_as))
         if done.returncode != 0:
             raise RuntimeError(f"profiling kind {kind} of {cluster.source or cluster.name} failed "
                                f"(exit {done.returncode}; its error is above):\n{done.stdout[-2000:]}")
-    return out
 
 
 def _run(args) -> int:
