@@ -74,7 +74,8 @@ def test_trying_one_device_per_class_plans_what_trying_every_device_plans(model_
     problem = _problem(model_file, cluster)
     tries = []
     candidates = hybrid.candidate_devices
-    monkeypatch.setattr(hybrid, "candidate_devices", lambda p, s: tries.append(len(candidates(p, s))) or candidates(p, s))
+    monkeypatch.setattr(hybrid, "candidate_devices",
+                        lambda p, s: tries.append(len(candidates(p, s))) or candidates(p, s))
     fewer = hybrid.dp_mp_hybrid(problem)
     assert sum(tries) < len(tries) * problem.cluster.num_devices  # fewer simulations
     monkeypatch.setattr(hybrid, "candidate_devices", lambda p, s: list(p.device_names))
@@ -92,7 +93,8 @@ def test_a_problem_simulates_a_strategy_once_and_keeps_a_bounded_number_of_repor
     a, b, c = (problem.strategy(default=decision(d)) for d in (
         {"v100_0": 8}, {"p100_0": 8}, {"v100_0": 4, "p100_0": 4}))
     first = problem.evaluate(a)
-    assert problem.evaluate(problem.strategy(default=decision({"v100_0": 8}))) is first and len(simulated) == 1  # an equal strategy
+    equal = problem.strategy(default=decision({"v100_0": 8}))
+    assert problem.evaluate(equal) is first and len(simulated) == 1
     assert problem.evaluate(b).iteration_time_s > first.iteration_time_s  # the P100 is slower: not a's report
     problem.evaluate(c)  # a third: the oldest (a) is dropped
     problem.evaluate(a)

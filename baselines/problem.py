@@ -127,8 +127,8 @@ class Problem:
         """Simulated iteration of `strategy` (lowering, overheads, simulator; OOM is in the report).
         The last EVALUATIONS_KEPT reports are kept: the baselines share starts (the best subset of
         devices is both a baseline and the hybrid's start), about a quarter of their strategies."""
-        key = (strategy.global_batch_size, strategy.max_groups, strategy.default, tuple(sorted(strategy.groups.items())),
-               strategy.bucket_bytes, strategy.min_batch_per_replica)
+        key = (strategy.global_batch_size, strategy.max_groups, strategy.default,
+               tuple(sorted(strategy.groups.items())), strategy.bucket_bytes, strategy.min_batch_per_replica)
         kept = self._evaluations
         if key not in kept:
             if len(kept) >= EVALUATIONS_KEPT:

@@ -301,7 +301,8 @@ def test_plan_gives_the_zoo_sizes_to_the_export_and_names_its_error_as_the_flag(
     monkeypatch.setattr(export, "bundle_for_entry", refuse)
     status = common.call(plan_cli, ["--model", "tiny_cnn", "--image_size", "8", "--batch_size", "16", "--samples",
                                     "0", "--optimizer", "adam", "--cluster",
-                                    os.path.join(REPO, "clusters/two_kind_4gpu.json"), "--out", str(tmp_path / "s.json")])
+                                    os.path.join(REPO, "clusters/two_kind_4gpu.json"),
+                                    "--out", str(tmp_path / "s.json")])
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert [(e.model, e.batch_size, e.image_size, e.seq_len, e.num_layers, e.optimizer) for e in heard] == [
         ("tiny_cnn", 16, 8, None, None, "adam")]

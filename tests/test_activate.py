@@ -551,7 +551,8 @@ def test_a_timeline_that_a_new_run_would_move_onto_a_folder_is_refused_before_an
     config = tmp_path / "activate.txt"
     config.write_text(json.dumps({"format": "tfplace.activate_config", "version": 1,
                                   "cluster": os.path.join(ROOT, "clusters", "local_cpu.json"),
-                                  "graphs": [{"model": "tiny_mlp", "batch_size": 12}], "baselines": ["dp_even_allreduce"],
+                                  "graphs": [{"model": "tiny_mlp", "batch_size": 12}],
+                                  "baselines": ["dp_even_allreduce"],
                                   "output_dir": str(tmp_path)}))
     from tfplace.cli import activate
     from tfplace.formats.errors import InputError
