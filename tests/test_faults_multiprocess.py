@@ -86,6 +86,23 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _stop_and_check(proc, sig, status: int, tmp) -> str:
+    """Sends `sig` to `proc` and checks it exits `status` with common.guarded's line and no
+    traceback, leaving no process of its family (within the servers' and ranks' SIGKILL grace,
+    with margin) and no temporary folder in `tmp`; returns its output."""
+    family = [proc.pid, *_descendants(proc.pid)]
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == status, out
+    assert "stopped by" in out and "Traceback" not in out, out
+    deadline = time.monotonic() + 15
+    while [p for p in family if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in family if _alive(p)], [(p, _cmdline(p)) for p in family if _alive(p)]
+    assert os.listdir(tmp) == [], f"temporary folders left: {os.listdir(tmp)}"
+    return out
+
+
 def _alive(pid: int) -> bool:
     """True while `pid` runs (a zombie, ended but not yet reaped, counts as gone)."""
     try:
@@ -234,16 +251,7 @@ def test_process_a_stopped_activate_leaves_nothing_behind(tmp_path, sig, status,
             # the entry before it finished: its row must survive the interrupt
             _wait_for(lambda: os.path.exists(tmp_path / "out" / "results.json"), 60, "results.json")
         time.sleep(1.0)
-        family = [proc.pid, *_descendants(proc.pid)]
-        proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=60)
-        assert proc.returncode == status, out
-        assert "stopped by" in out and "Traceback" not in out, out
-        deadline = time.monotonic() + 15  # SIGKILL grace of the servers and ranks, with margin
-        while [p for p in family if _alive(p)] and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [p for p in family if _alive(p)], [(p, _cmdline(p)) for p in family if _alive(p)]
-        assert os.listdir(tmp) == [], f"temporary folders left: {os.listdir(tmp)}"
+        _stop_and_check(proc, sig, status, tmp)
         assert not (tmp_path / "out" / "overheads.json").exists()  # never a half-measured file
         if phase == "horovod":
             with open(tmp_path / "out" / "results.json") as f:
@@ -295,16 +303,7 @@ def test_process_a_stopped_plan_check_leaves_nothing_behind(tmp_path, servers_of
         _wait_for(lambda: [p for p in _descendants(proc.pid) if "tfplace.runtime.worker" in _cmdline(p)], 240,
                   "TF servers")
         time.sleep(1.0)
-        family = [proc.pid, *_descendants(proc.pid)]
-        proc.send_signal(signal.SIGTERM)
-        text, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 143, text
-        assert "stopped by" in text and "Traceback" not in text, text
-        deadline = time.monotonic() + 15
-        while [p for p in family if _alive(p)] and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [p for p in family if _alive(p)], [(p, _cmdline(p)) for p in family if _alive(p)]
-        assert os.listdir(tmp) == [], f"temporary folders left: {os.listdir(tmp)}"
+        _stop_and_check(proc, signal.SIGTERM, 143, tmp)
         assert not out.exists() and not (tmp_path / "s.overheads.json").exists()
     finally:
         _sweep(proc)
@@ -332,16 +331,7 @@ def test_process_a_stopped_measurement_exits_as_the_signal_says(tmp_path, sig, s
     try:
         _wait_for(lambda: [p for p in _descendants(proc.pid) if marker in _cmdline(p)], 240, marker)
         time.sleep(1.0)
-        family = [proc.pid, *_descendants(proc.pid)]
-        proc.send_signal(sig)
-        text, _ = proc.communicate(timeout=60)
-        assert proc.returncode == status, text
-        assert "stopped by" in text and "Traceback" not in text, text
-        deadline = time.monotonic() + 15
-        while [p for p in family if _alive(p)] and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [p for p in family if _alive(p)], [(p, _cmdline(p)) for p in family if _alive(p)]
-        assert os.listdir(tmp) == [], f"temporary folders left: {os.listdir(tmp)}"
+        _stop_and_check(proc, sig, status, tmp)
     finally:
         _sweep(proc)
 
