@@ -638,13 +638,21 @@ def guarded(main: Callable[[List[str]], Optional[int]]) -> Callable[[List[str]],
 
 
 def run(main: Callable[[List[str]], Optional[int]], define_flags: Callable[[], None], doc: str,
-        positional: Sequence[str] = (), servers: Union[bool, Callable[[], bool]] = False) -> None:
+        positional: Sequence[str] = (), servers: Union[bool, Callable[[], bool]] = False,
+        private_tmp: bool = False) -> None:
     """`app.run(main)` for a command line: defines its flags, parses them under the contract,
     runs main and exits with its status. `positional` names the required positional arguments.
     `servers`: the command starts local servers, so it enters a private network namespace first,
     while the process is still single-threaded (tfplace.runtime.netns); a callable decides once
     the flags are parsed (still single-threaded), for a command that starts servers only with
-    some flags."""
+    some flags. `private_tmp`: a long-running command keeps Python's and TensorFlow's temporary
+    files (autograph's) in a folder of its own, removed at its end or, after a SIGKILL, by the next
+    such command (tfplace.runtime.tmpdir)."""
+    if private_tmp:
+        from tfplace.runtime.tmpdir import private_tmpdir
+        with private_tmpdir():
+            run(main, define_flags, doc, positional, servers)
+        return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up lines say nothing to the user
 
     def parser(argv: List[str]) -> List[str]:

@@ -278,9 +278,7 @@ def run() -> None:
     --confirm_real or --overheads measure the command starts servers, so it runs in a private
     network (common.run decides once the flags are parsed); TensorFlow's temporary files go to a
     folder of this process (tfplace.runtime.tmpdir)."""
-    from tfplace.runtime.tmpdir import private_tmpdir
-    with private_tmpdir():
-        common.run(main, define_flags, __doc__, servers=starts_servers)
+    common.run(main, define_flags, __doc__, servers=starts_servers, private_tmp=True)
 
 
 if __name__ == "__main__":

@@ -74,9 +74,7 @@ def main(argv) -> int:
 def run() -> None:
     """Entry point for `python -m`: `app.run(main)` under tfplace.cli.common's contract, with
     TensorFlow's temporary files in a folder of this process (tfplace.runtime.tmpdir)."""
-    from tfplace.runtime.tmpdir import private_tmpdir
-    with private_tmpdir():
-        common.run(main, define_flags, __doc__)
+    common.run(main, define_flags, __doc__, private_tmp=True)
 
 
 if __name__ == "__main__":

@@ -4,14 +4,14 @@ temp folder.
 TensorFlow's autograph writes each function it converts to `__autograph_generated_file*.py` in
 the temp folder and removes it only at a normal exit; a run killed with SIGKILL (or by the
 out-of-memory killer) leaves them all behind. The long-running command lines (train, pretrain,
-plan) run inside `private_tmpdir()`: Python's `tempfile` (which TensorFlow uses) and the processes
+plan) run inside `private_tmpdir()` (tfplace.cli.common.run's `private_tmp`): Python's `tempfile` (which TensorFlow uses) and the processes
 the command starts (TMPDIR) write into a folder of this process, removed when the command ends.
 A folder whose process is gone, however it ended, is removed by the next command that starts. The
 name holds the process's pid namespace (/proc/self/ns/pid): a temp folder shared with a container
 holds folders of pids this process cannot see, and those are left alone.
 
     with tmpdir.private_tmpdir():
-        common.run(main, define_flags, __doc__)
+        ...  # the command's work
 """
 
 from __future__ import annotations
