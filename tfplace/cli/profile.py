@@ -315,12 +315,11 @@ def _run(args) -> int:
 def merged_into(out: str, graph: str):
     """The profile in `out` that --merge adds to (None when there is none yet), read before
     anything is measured: a file that is no profile, or a profile of another graph than the
-    bundle `graph` (tfplace.profiling.profiler.graph_name; the graph's other batch sizes and kinds
+    bundle `graph` (tfplace.formats.profile.graph_name; the graph's other batch sizes and kinds
     merge), raises InputError naming both graphs."""
     if not os.path.exists(out):
         return None
-    from tfplace.formats.profile import load_profile
-    from tfplace.profiling.profiler import graph_name
+    from tfplace.formats.profile import graph_name, load_profile
     existing = load_profile(out)
     given = graph_name(graph)
     if existing.graph and existing.ops and existing.graph != given:

@@ -21,7 +21,7 @@ from tfplace.profiling.device_model import device_spec
 from tfplace.formats.errors import InputError
 from tfplace.formats.jsonio import FieldReader
 from tfplace.ir.graph_ir import OpGraph
-from tfplace.formats.profile import Profile
+from tfplace.formats.profile import Profile, graph_name
 
 
 class ComputeCosts:
@@ -101,11 +101,10 @@ class ComputeCosts:
 
     def _check_graph(self, missing_op: str) -> None:
         """Raises InputError when the profile was measured on another graph (by name,
-        tfplace.profiling.profiler.graph_name) and lacks `missing_op` on every kind: a gap of a
+        tfplace.formats.profile.graph_name) and lacks `missing_op` on every kind: a gap of a
         profile of this graph is a kind to measure, but another graph's is the wrong file. A
         renamed bundle or a bare step may be named otherwise and still be this graph, so a
         name alone never refuses."""
-        from tfplace.profiling.profiler import graph_name
         measured = self.profile.graph
         applied = graph_name(self.graph_source) if self.graph_source else ""
         if not measured or not applied or measured == applied or missing_op in self.profile.ops:
