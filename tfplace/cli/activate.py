@@ -48,7 +48,7 @@ import statistics
 import sys
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from tfplace.cli import common
 from tfplace.formats.cluster import Cluster, load_cluster
@@ -498,30 +498,34 @@ def _start_results(path: str, config_path: str, config: ActivateConfig, watch) -
         _write_results(path, config_path, config, [], False, watch)
         return
     os.replace(path, previous)
-    older = [n for n in os.listdir(folder) if n.endswith(PREVIOUS_TIMELINE)]
-    earlier = [n for n in os.listdir(folder) if n.endswith(TIMELINE)]
-    if earlier or older:
+    older, moves = _timeline_rotation(folder)
+    if older or moves:
         for name in older:  # the run before the earlier one: replaced, as its results are
             os.remove(os.path.join(folder, name))
-        moved = {os.path.abspath(os.path.join(folder, name)):
-                 os.path.abspath(os.path.join(folder, name[:-len(TIMELINE)] + PREVIOUS_TIMELINE)) for name in earlier}
+        moved = {os.path.abspath(os.path.join(folder, old)): os.path.abspath(os.path.join(folder, new))
+                 for old, new in moves.items()}
         for old, new in moved.items():
             os.replace(old, new)
         _rename_timelines(previous, moved)
     _write_results(path, config_path, config, [], False, watch)
 
 
+def _timeline_rotation(folder: str) -> Tuple[List[str], Dict[str, str]]:
+    """What _start_results does to the timelines in `folder`: (the run before the earlier one's
+    <entry>.timeline.previous.json files, removed; the earlier run's <entry>.timeline.json ->
+    <entry>.timeline.previous.json, moved)."""
+    names = os.listdir(folder)
+    return ([n for n in names if n.endswith(PREVIOUS_TIMELINE)],
+            {n: n[:-len(TIMELINE)] + PREVIOUS_TIMELINE for n in names if n.endswith(TIMELINE)})
+
+
 def _rotated_timelines(folder: str) -> List[str]:
-    """The timeline files of `folder` that _start_results moves or replaces when an earlier run's
-    results.json is there (each must turn out to be a file, checked before any work), and where
-    the moved ones go."""
+    """The timeline files of `folder` that _start_results removes, moves or moves onto when an
+    earlier run's results.json is there (each must turn out to be a file, checked before any work)."""
     if not os.path.isfile(os.path.join(folder, "results.json")):
         return []
-    names = [n for n in os.listdir(folder) if n.endswith(PREVIOUS_TIMELINE)]
-    for n in os.listdir(folder):
-        if n.endswith(TIMELINE):
-            names += [n, n[:-len(TIMELINE)] + PREVIOUS_TIMELINE]
-    return sorted(set(names))
+    older, moves = _timeline_rotation(folder)
+    return sorted(set(older) | set(moves) | set(moves.values()))
 
 
 def _rename_timelines(results_path: str, moved: Dict[str, str]) -> None:
