@@ -73,14 +73,16 @@ def stop_at_safe_points() -> Iterator[StopHere]:
     previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
 
     def deliver(signum: int, frame=None) -> None:
-        for s, h in previous.items():
-            if h is not None:  # None: set outside Python, cannot be put back
-                signal.signal(s, h)
         handler = previous[signum]
         if callable(handler):
+            # Called with the holding handlers still in place: a handler that returns (one that
+            # only logs) lets pre-training go on, and the next signal is held again.
             handler(signum, frame)
-        else:  # the default (ends the process) or ignored
-            signal.raise_signal(signum)
+            return
+        for s, h in previous.items():  # the default ends the process: put it back, then raise
+            if h is not None:  # None: set outside Python, cannot be put back
+                signal.signal(s, h)
+        signal.raise_signal(signum)
 
     with held_stop_signals("stopping when the search or step under way ends; run the same command again to "
                            "resume (send it again to stop at once)", deliver) as held:

@@ -270,3 +270,23 @@ def test_a_signal_held_through_the_last_stretch_still_ends_the_run_as_that_signa
     with pytest.raises(_Stopped) as stopped:
         pretrain.pretrain(pretrain.PretrainConfig(out=""), lambda m: None, None)
     assert stopped.value.args == (signal.SIGTERM,)
+
+
+def test_a_handler_that_returns_leaves_later_signals_held():
+    """A handler there before pre-training that only logs and returns (a user's own) is called at
+    the safe point, and pre-training goes on holding signals: the next one waits for the next safe
+    point too, instead of reaching that handler mid-step (the handlers used to be put back first)."""
+    import signal
+    seen = []
+    kept = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with pretrain.stop_at_safe_points() as stop_here:
+            for delivered in range(2):
+                os.kill(os.getpid(), signal.SIGTERM)
+                sum(range(1000))  # Python code after the signal: where its handler runs
+                assert len(seen) == delivered  # held, not handed over mid-step
+                stop_here()
+                assert len(seen) == delivered + 1
+        assert seen == [signal.SIGTERM, signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, kept)
