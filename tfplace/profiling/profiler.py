@@ -423,6 +423,11 @@ def _unbatched(graph_def, inputs: Sequence[Mapping[str, Any]]):
     return gd
 
 
+def step_fetches(meta: Mapping[str, Any]) -> List[str]:
+    """What one training step runs: the bundle's sink (the updates), and its loss if it has one."""
+    return [meta["sink"]] + ([meta["loss"]] if meta.get("loss") else [])
+
+
 def check_feedable(graph_def, meta: Mapping[str, Any], source: str = "graph") -> List[str]:
     """Raises InputError unless the step of `graph_def` (bundle metadata `meta`) runs on the batch
     alone: metadata without "sink", "init_op" or "inputs", or a placeholder of the step that is
@@ -432,8 +437,7 @@ def check_feedable(graph_def, meta: Mapping[str, Any], source: str = "graph") ->
         if field not in meta:
             raise InputError(source, field, "missing from the graph metadata",
                              "use a bundle from tfplace.graph_defs.export")
-    fetches = [meta["sink"]] + ([meta["loss"]] if meta.get("loss") else [])
-    step_ops = step_op_names(graph_def, fetches)
+    step_ops = step_op_names(graph_def, step_fetches(meta))
     op_types = {n.name: n.op for n in graph_def.node}
     fed = {i["name"] for i in meta["inputs"]}
     unfed = [n for n in step_ops if op_types.get(n) == "Placeholder" and n not in fed]
@@ -472,7 +476,7 @@ def profile_graph(graph_def, meta: Mapping[str, Any], options: ProfileOptions, n
     import tensorflow as tf
 
     step_ops = check_feedable(graph_def, meta, source)
-    fetches = [meta["sink"]] + ([meta["loss"]] if meta.get("loss") else [])
+    fetches = step_fetches(meta)
     op_types = {n.name: n.op for n in graph_def.node}
     fed = {i["name"] for i in meta["inputs"]}
     gd = _unbatched(graph_def, meta["inputs"])
