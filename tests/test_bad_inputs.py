@@ -112,6 +112,10 @@ CASES = {
                             load_cluster, "links.bandwidth_bytes_per_s[1][0]", {}, None),
     "task_on_two_hosts": ("cluster.json", edit(CLUSTER, lambda d: [x.update(task=0) for x in d["devices"]]),
                           load_cluster, "devices[1].task", {}, None),
+    # a task number far past the others (a typo): the gap is named without listing every number below it
+    "task_number_with_a_gap": ("cluster.json", edit(CLUSTER, lambda d: [x.update(task=t) for x, t in
+                                                                         zip(d["devices"], (0, 2 ** 40))]),
+                               load_cluster, "devices", {}, None),
     # ---- strategy ----
     "shares_not_summing_to_batch": ("strategy.json", edit(STRATEGY, lambda d: d["default"].update(shares={"a": 10, "b": 10})),
                                     load_strategy, "default.shares", {}, None),

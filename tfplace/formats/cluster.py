@@ -435,9 +435,11 @@ def _check_tasks(src: str, devices: Sequence[Device]) -> None:
         if task_host.setdefault(d.task, d.host) != d.host:
             raise InputError(src, f"devices[{i}].task", f"task {d.task} is on host {task_host[d.task]!r} "
                              f"and on host {d.host!r}", "give devices of different hosts different tasks")
-    missing = sorted(set(range(max(task_host) + 1)) - set(task_host))
-    if missing:
-        raise InputError(src, "devices", f"tasks must be numbered 0..T-1 without gaps; no device has task {missing[0]}",
+    # The first gap, found among the tasks given: a range up to the largest number (a typo of
+    # 2**40) would not fit in memory.
+    missing = next((want for want, task in enumerate(sorted(task_host)) if task != want), None)
+    if missing is not None:
+        raise InputError(src, "devices", f"tasks must be numbered 0..T-1 without gaps; no device has task {missing}",
                          "renumber the devices' tasks")
     for i, d in enumerate(devices):  # emulation limits a process: its task must hold only this device
         if d.emulation is not None and sum(e.task == d.task for e in devices) > 1:
