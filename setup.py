@@ -6,13 +6,21 @@
     policy/      -> tfplace.policy     (graph-network RL policy)
     baselines/   -> tfplace.baselines  (baseline strategies and planners)
     graph_defs/  -> tfplace.graph_defs (model zoo exporter and exported graphs)
+    clusters/    -> tfplace/clusters/  (bundled cluster files, data only: configs and the docs name
+                                        them as "clusters/<name>.json", which resolves against the
+                                        installed package: tfplace.formats.files.bundled_root)
 
 TensorFlow itself is chosen by an extra (`cpu` or `gpu`) so that a CPU machine never gets two
 TensorFlow wheels in one site-packages. Horovod is built after TensorFlow by scripts/setup_env.sh
 (it compiles against the installed TensorFlow, so it cannot be an ordinary requirement).
 """
 
+import json
+import os
+
 from setuptools import setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 SUBPACKAGES = ["ir", "formats", "lowering", "overheads", "rewrite", "runtime", "profiling", "emulation", "cli"]
 
@@ -24,7 +32,19 @@ PACKAGE_DIR = {
     "tfplace.baselines": "baselines",
     "tfplace.graph_defs": "graph_defs",
     "tfplace.graph_defs.models": "graph_defs/models",
+    "tfplace.clusters": "clusters",  # data only (no __init__.py): the bundled cluster files
 }
+
+
+
+def committed_zoo_files():
+    """The zoo bundles to ship: those graph_defs/manifest.json marks committed. Not zoo/*: in a
+    checkout zoo/ also holds every bundle exported on demand (git-ignored; tens to hundreds of MB),
+    which a wheel built there would otherwise carry."""
+    with open(os.path.join(HERE, "graph_defs", "manifest.json")) as f:
+        models = json.load(f)["models"]
+    return [f"zoo/{m['stem']}.{suffix}" for m in models if m["committed"] for suffix in ("json", "pb")]
+
 
 setup(
     name="tfplace",
@@ -35,9 +55,9 @@ setup(
     package_dir=PACKAGE_DIR,
     package_data={
         "tfplace": ["rewrite/grappler_plugin.cc"],  # built at set-up / first use (tfplace.rewrite.grappler)
-        "tfplace.graph_defs": ["manifest.json", "zoo/*.json", "zoo/*.pb", "profiles/*.json",
-                               "profiles/*/*.json"],
+        "tfplace.graph_defs": ["manifest.json", *committed_zoo_files(), "profiles/*.json", "profiles/*/*.json"],
         "tfplace.policy": ["split.json", "pretrained/policy.json"],  # the split and the shipped policy
+        "tfplace.clusters": ["*.json", "heldout/*.json", "README.md"],
     },
     py_modules=[],
     install_requires=[

@@ -3,7 +3,8 @@
 Public API:
   export_model(name, batch_size, *, image_size, seq_len, num_layers, optimizer, learning_rate,
                out_dir, ...) -> path of the bundle's .json
-  ensure_bundle(name, **opts) -> .json path, exporting into graph_defs/zoo/ only if missing
+  ensure_bundle(name, **opts) -> .json path: a shipped bundle (graph_defs/zoo/), else exported into
+    export_dir() only if missing (graph_defs/zoo/ in a checkout, ~/.cache/tfplace/zoo installed)
   read_bundle(meta_path) -> (GraphDef, meta dict);  write_bundle(out_dir, stem, graph_def, meta)
   with_batch_size(graph_def, meta['inputs'], batch) -> GraphDef re-shaped to another batch
   model_names(tiny_only=False), MODELS (name -> ModelSpec), ZOO_DIR, MANIFEST_PATH
@@ -18,7 +19,7 @@ from .bundle import read_bundle, read_meta, with_batch_size, write_bundle
 from .models import MODELS, get_spec, model_names
 
 _EXPORT_NAMES = ("MANIFEST_PATH", "ZOO_DIR", "bundle_for_entry", "bundle_stem", "ensure_bundle", "export_all",
-                 "export_model", "resolve_options")
+                 "export_dir", "export_model", "resolve_options")
 
 
 def __getattr__(name):

@@ -27,9 +27,13 @@ from tfplace.formats.config import SIZE_LIMIT
 
 from . import bundle
 from . import models
+from .user_step import cache_root
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-ZOO_DIR = os.path.join(PACKAGE_DIR, "zoo")
+ZOO_DIR = os.path.join(PACKAGE_DIR, "zoo")  # the shipped (committed) bundles
+# Installed, graph_defs/ is tfplace/graph_defs/, inside the tfplace package (an __init__.py above it);
+# in a checkout it sits beside tfplace/ at the repository root (no __init__.py there).
+INSTALLED = os.path.isfile(os.path.join(os.path.dirname(PACKAGE_DIR), "__init__.py"))
 MANIFEST_PATH = os.path.join(PACKAGE_DIR, "manifest.json")
 # Bundles whose .pb is at most this many bytes are committed; larger ones are generated.
 COMMIT_LIMIT_BYTES = 3_000_000
@@ -171,8 +175,9 @@ class SizeOverflowError(ValueError):
 
 def export_model(name, batch_size=None, *, image_size=None, seq_len=None, num_layers=None,
                  num_classes=None, variant=None, optimizer="sgd", learning_rate=DEFAULT_LR,
-                 seed=0, out_dir=ZOO_DIR):
-    """Builds the training step of `name` and writes its bundle; returns the .json path.
+                 seed=0, out_dir=None):
+    """Builds the training step of `name` and writes its bundle into `out_dir` (None:
+    export_dir()); returns the .json path.
 
     batch_size None means the model's default (64 for CNNs, 32 for the transformer, 16 for
     BERT/XLNet and the tiny models). Sizes are in pixels (image_size) and tokens (seq_len).
@@ -210,7 +215,7 @@ def export_model(name, batch_size=None, *, image_size=None, seq_len=None, num_la
         "source_hash": source_hash(spec),
         "export_seconds": round(time.time() - start, 2),
     }
-    return bundle.write_bundle(out_dir, bundle_stem(spec, opts), graph_def, meta)
+    return bundle.write_bundle(export_dir() if out_dir is None else out_dir, bundle_stem(spec, opts), graph_def, meta)
 
 
 def bundle_is_current(meta_path, spec):
@@ -224,12 +229,32 @@ def bundle_is_current(meta_path, spec):
             and meta.get("source_hash") == source_hash(spec))
 
 
-def ensure_bundle(model, *, out_dir=ZOO_DIR, **opts):
+def export_dir(installed=INSTALLED):
+    """Where zoo bundles are exported on demand: graph_defs/zoo/ in a checkout (git-ignored beside
+    the committed ones); installed, ${TFPLACE_CACHE:-~/.cache/tfplace}/zoo, since the installed
+    package folder may be read-only and is not ours to write into (pip owns it)."""
+    return os.path.join(cache_root(), "zoo") if installed else ZOO_DIR
+
+
+def _zoo_bundle(spec, stem, out_dir):
+    """(meta path of a current bundle named `stem`, or None; the folder to export it into).
+    out_dir None means the zoo: the shipped bundles (ZOO_DIR), then export_dir()."""
+    if out_dir is None:
+        shipped = bundle.bundle_paths(ZOO_DIR, stem)[1]
+        if bundle_is_current(shipped, spec):
+            return shipped, ZOO_DIR
+        out_dir = export_dir()
+    meta_path = bundle.bundle_paths(out_dir, stem)[1]
+    return (meta_path if bundle_is_current(meta_path, spec) else None), out_dir
+
+
+def ensure_bundle(model, *, out_dir=None, **opts):
     """Returns the .json path of `model`'s bundle with `opts`, exporting it only if missing or
-    stale (cache in graph_defs/zoo/ by default). opts are export_model's keyword options."""
+    stale. out_dir None: the zoo (a shipped bundle, else one exported into export_dir()). opts are
+    export_model's keyword options."""
     spec, _, resolved = resolve_options(model, **opts)
-    meta_path = bundle.bundle_paths(out_dir, bundle_stem(spec, resolved))[1]
-    if bundle_is_current(meta_path, spec):
+    meta_path, out_dir = _zoo_bundle(spec, bundle_stem(spec, resolved), out_dir)
+    if meta_path:
         return meta_path
     return export_model(model, out_dir=out_dir, **opts)
 
@@ -294,14 +319,15 @@ def _human_bytes(n):
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
 
-def export_all(names, *, out_dir=ZOO_DIR, force=False, log=print):
-    """Exports each model at its defaults unless its bundle is current; returns meta paths."""
+def export_all(names, *, out_dir=None, force=False, log=print):
+    """Exports each model at its defaults unless its bundle is current; returns meta paths.
+    out_dir None: the zoo, as ensure_bundle."""
     paths = []
     for i, name in enumerate(names, 1):
         spec, _, opts = resolve_options(name)
-        meta_path = bundle.bundle_paths(out_dir, bundle_stem(spec, opts))[1]
         start = time.time()
-        cached = not force and bundle_is_current(meta_path, spec)
+        meta_path, _ = _zoo_bundle(spec, bundle_stem(spec, opts), out_dir)
+        cached = not force and meta_path is not None
         if not cached:
             meta_path = export_model(name, out_dir=out_dir)
         meta = bundle.read_meta(meta_path)

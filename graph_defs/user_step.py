@@ -30,11 +30,15 @@ CACHE_ENV = "TFPLACE_CACHE_DIR"
 ROOT_CACHE_ENV = "TFPLACE_CACHE"  # tfplace's whole cache (scripts/setup_env.sh, the Grappler plugin)
 
 
+def cache_root():
+    """tfplace's cache folder for this user: $TFPLACE_CACHE, else ~/.cache/tfplace."""
+    return os.environ.get(ROOT_CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "tfplace")
+
+
 def cache_dir():
     """Folder of imported bundles: $TFPLACE_CACHE_DIR, else $TFPLACE_CACHE/steps, else
     ~/.cache/tfplace/steps."""
-    root = os.environ.get(ROOT_CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "tfplace")
-    return os.environ.get(CACHE_ENV) or os.path.join(root, "steps")
+    return os.environ.get(CACHE_ENV) or os.path.join(cache_root(), "steps")
 
 
 def is_step_file(path):

@@ -20,8 +20,8 @@ from absl import flags
 import tfplace.cli.common as common
 from tfplace.graph_defs import bundle, models
 from tfplace.formats.errors import InputError
-from tfplace.graph_defs.export import (DEFAULT_LR, MANIFEST_PATH, ZOO_DIR, _human_bytes, export_all, export_model,
-                                       write_manifest)
+from tfplace.graph_defs.export import (DEFAULT_LR, MANIFEST_PATH, ZOO_DIR, _human_bytes, export_all, export_dir,
+                                       export_model, write_manifest)
 
 
 def define_flags():
@@ -41,7 +41,8 @@ def define_flags():
     flags.DEFINE_enum("optimizer", "sgd", list(bundle.OPTIMIZERS), "training optimizer")
     flags.DEFINE_float("learning-rate", DEFAULT_LR, "learning rate (> 0)")
     flags.DEFINE_integer("seed", 0, "graph-level random seed", lower_bound=0)
-    flags.DEFINE_string("out", ZOO_DIR, "output folder (default: the zoo cache)")
+    flags.DEFINE_string("out", None, "output folder (default: the zoo: graph_defs/zoo in a checkout, "
+                        "${TFPLACE_CACHE:-~/.cache/tfplace}/zoo when installed)")
     flags.DEFINE_boolean("force", False, "with --all/--tiny: re-export bundles that are current too (--model always "
                          "exports)")
     flags.DEFINE_boolean("manifest", False, "with --all/--tiny: rewrite manifest.json and zoo/.gitignore")
@@ -72,10 +73,14 @@ def main(argv):
         raise InputError("arguments", "", "--manifest goes with --all or --tiny", "drop --manifest or use --all")
     else:
         _check_options(args)
+    out = export_dir() if args.out is None else args.out  # the zoo, outside an installed package
     if args.manifest:
-        if os.path.realpath(args.out) != os.path.realpath(ZOO_DIR):
+        if args.out is not None and os.path.realpath(out) != os.path.realpath(ZOO_DIR):
             raise InputError("argument --manifest", "", f"describes the zoo in {ZOO_DIR}, but --out is {args.out}",
                              "drop --out to refresh the zoo and its manifest, or drop --manifest")
+        if os.path.realpath(out) != os.path.realpath(ZOO_DIR):  # installed: the shipped zoo is not ours to rewrite
+            raise InputError("argument --manifest", "", f"describes the zoo of a checkout ({ZOO_DIR}), but this "
+                             f"tfplace is installed and exports into {out}", "drop --manifest")
         common.check_output_file(MANIFEST_PATH, "argument --manifest", "manifest.json")
     try:
         import tensorflow as tf
@@ -87,7 +92,7 @@ def main(argv):
                 args.model, args.batch_size, image_size=args.image_size, seq_len=args.seq_len,
                 num_layers=args.num_layers, num_classes=args.num_classes, variant=args.variant,
                 optimizer=args.optimizer, learning_rate=args.learning_rate, seed=args.seed,
-                out_dir=args.out)
+                out_dir=out)
             meta = bundle.read_meta(path)
             print(f"{os.path.basename(path)}: {time.time() - start:.1f}s  "
                   f"ops={meta['op_count']} params={meta['param_count']} "
@@ -96,7 +101,7 @@ def main(argv):
         names = models.model_names(tiny_only=args.tiny)
         paths = export_all(names, out_dir=args.out, force=args.force)
         if args.manifest:
-            print(f"wrote {write_manifest(paths, zoo_dir=args.out)}")
+            print(f"wrote {write_manifest(paths, zoo_dir=out)}")
         return 0
     except InputError:
         raise  # bad input: one line and exit status 2 (tfplace.cli.common)

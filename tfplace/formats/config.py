@@ -5,7 +5,8 @@ as in HeteroG). Every key, unit and default is described in examples/formats/REA
 Defaults live in one place: the dataclass defaults below (`train_config_defaults()` lists them).
 Path rules:
   * input paths (graphs, clusters, profiles, strategies) are resolved against the folder of the
-    config file, then against the repository root, and must exist;
+    config file, then against the folder of tfplace's bundled clusters/ (the repository root, or
+    the installed package: tfplace.formats.files.bundled_root), and must exist;
   * output_dir is resolved against the current working directory (default `runs/<config
     stem>`), so that a run never writes into the folder its inputs come from.
 The loaded values hold absolute paths.
@@ -21,11 +22,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from tfplace.formats.cluster import load_cluster
 from tfplace.formats.errors import InputError
-from tfplace.formats.files import STEP_SUFFIXES, saved_model_problem
+from tfplace.formats.files import STEP_SUFFIXES, bundled_root, saved_model_problem
 from tfplace.formats.jsonio import FieldReader, resolve_path, write_json
 from tfplace.formats.strategy import load_strategy, validate_strategy
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tfplace/formats/ -> repo
+# The checkout's root (tfplace/formats/ -> repo), for tools that write into a checkout (policy.distribution's
+# held-out clusters). Inputs resolve against bundled_root(), which is also right in an installed copy.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_FORMAT = "tfplace.train_config"
 ACTIVATE_FORMAT = "tfplace.activate_config"
 RL_ALGORITHMS = ("reinforce",)  # REINFORCE only: tfplace.policy.agent says why not PPO
@@ -347,7 +350,7 @@ def load_train_config(path: Union[str, os.PathLike], workdir: Optional[str] = No
     cluster file). workdir: base of a relative output_dir (default: the current directory);
     check_model: see `ModelCheck`."""
     r = FieldReader.from_file(path, expected_format=TRAIN_FORMAT)
-    bases = [os.path.dirname(os.path.abspath(r.source)), REPO_ROOT]
+    bases = [os.path.dirname(os.path.abspath(r.source)), bundled_root()]
     r.expect_keys(("graphs", "clusters", "profiles", "overheads", "max_groups", "budget", "seed", "output_dir",
                    "checkpoint_every_steps", "network", "rl", "simulator", "accept_infeasible", "init_policy"))
     graphs = _graph_entries(r, "graphs", bases, min_len=1, check_model=check_model)
@@ -495,11 +498,11 @@ def load_activate_config(path: Union[str, os.PathLike], strict: bool = True,
     strategy or baseline entry raise when strict (as activate.py reads it: a bad entry stops the
     run before any work); otherwise they are kept for `validate_entries`, which lists them all."""
     r = FieldReader.from_file(path, expected_format=ACTIVATE_FORMAT)
-    bases = [os.path.dirname(os.path.abspath(r.source)), REPO_ROOT]
+    bases = [os.path.dirname(os.path.abspath(r.source)), bundled_root()]
     r.expect_keys(("cluster", "strategies", "baselines", "graphs", "steps", "warmup_steps", "rounds",
                    "output_dir", "trace", "overheads", "profile"))
     cluster = r.get_path("cluster", bases, default=None, what="cluster file") or \
-        os.path.join(REPO_ROOT, "clusters", "local_cpu.json")
+        os.path.join(bundled_root(), "clusters", "local_cpu.json")
     load_cluster(cluster)
     strategies = tuple(_strategy_entry(s, i, bases, check_model) for i, s in enumerate(r.items("strategies", default_empty=True)))
     baselines = tuple(r.strings("baselines", default=[]))

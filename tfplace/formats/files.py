@@ -23,6 +23,31 @@ TOP_LEVEL = "(top level)"
 # as against a bundle's .json.
 STEP_SUFFIXES = (".pb", ".pbtxt", ".meta")
 _FIX = "give the path of a regular file (copy what the pipe or device would give into a file first)"
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tfplace/formats/ -> tfplace/
+
+
+def bundled_root(package_dir: str = _PACKAGE_DIR) -> str:
+    """The folder that holds tfplace's bundled clusters/ (and, in a checkout, configs/ and
+    examples/): the installed `tfplace` package, where setup.py ships clusters/ as package data
+    (tfplace/clusters/), else the checkout's root, beside tfplace/. Not the checkout root alone:
+    installed, that is site-packages, which has no clusters/. A config's relative paths resolve
+    against it after the config's own folder, so "clusters/heterog_testbed.json" names the
+    bundled file in a checkout and in an installed copy alike."""
+    if os.path.isdir(os.path.join(package_dir, "clusters")):
+        return package_dir
+    return os.path.dirname(package_dir)
+
+
+def _not_found_fix(path: str) -> str:
+    """The fix for a missing `path`: a relative path that names a bundled file (a command run
+    outside the checkout, or with tfplace installed, given "clusters/local_cpu.json") gets the
+    bundled file's absolute path, which command-line flags need (they resolve against the current
+    directory only)."""
+    if not os.path.isabs(path):
+        bundled = os.path.join(bundled_root(), path)
+        if os.path.isfile(bundled):
+            return f"tfplace's bundled copy is {os.path.normpath(bundled)}: give that path"
+    return "check the path"
 
 
 KERAS_SUFFIXES = (".h5", ".hdf5", ".keras")
@@ -62,7 +87,7 @@ def input_problem(path: Union[str, os.PathLike]) -> Optional[Tuple[str, str]]:
     try:
         mode = os.stat(os.fspath(path)).st_mode
     except (FileNotFoundError, NotADirectoryError):
-        return "file not found", "check the path"
+        return "file not found", _not_found_fix(os.fspath(path))
     except PermissionError:
         return "cannot be read (permission denied)", "check the file's permissions"
     except (OSError, ValueError) as e:  # a name too long, a NUL byte, a symlink loop

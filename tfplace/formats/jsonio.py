@@ -267,7 +267,7 @@ def resolve_path(value: str, source: str, field: str, base_dirs: Sequence[str], 
             return found
     looked = ", ".join(os.path.normpath(c) for c in candidates)
     rel = " (relative paths are resolved against the folder of the file that names them, " \
-          "then the repository root)" if not os.path.isabs(value) else ""
+          "then the folder of tfplace's bundled clusters/)" if not os.path.isabs(value) else ""
     raise InputError(source, field, f"{what} {value!r} not found (looked at {looked})",
                      f"check the path{rel}")
 
