@@ -109,6 +109,29 @@ def test_entry_keeps_function_bodies_and_rewritten_graphs():
         optimize(gd, ["train_op"], _params(train_op="not_here"))
 
 
+def test_an_edited_strategy_file_is_rewritten_anew(tmp_path):
+    """One process, two sessions, the strategy file edited between them: the second gets the new
+    strategy's rewrite (the cache was keyed by the file's path and returned the old one)."""
+    import json
+    import shutil
+    from tensorflow.core.framework import graph_pb2
+    from tfplace.rewrite.grappler_entry import optimize
+    path = str(tmp_path / "strategy.json")
+    shutil.copy(STRATEGY, path)
+    gd = _graph_def().SerializeToString()
+
+    def tasks():
+        out = graph_pb2.GraphDef.FromString(optimize(gd, ["train_op"], _params(strategy=path)))
+        return {n.device.split("/task:")[1][0] for n in out.node if "/replica_" in n.name and "/task:" in n.device}
+    assert tasks() == {"0", "1", "2"}
+    with open(path) as f:
+        strategy = json.load(f)
+    strategy["default"]["shares"] = {"cpu0": 16}
+    with open(path, "w") as f:
+        json.dump(strategy, f)
+    assert tasks() == {"0"}
+
+
 def test_an_init_op_the_graph_lacks_is_named_with_the_parameter_to_pass():
     from tfplace.formats.errors import InputError
     from tfplace.rewrite.grappler_entry import optimize

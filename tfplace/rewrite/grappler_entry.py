@@ -129,9 +129,20 @@ def rewrite_graph_def(graph_def, p: PluginParams):
     return rewrite_step(graph, strategy, cluster, init_op=p.init_op)
 
 
+def _file_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""  # unreadable: load_strategy / load_cluster then fail naming it, and nothing is cached
+
+
 def _rewritten_step(graph_def, graph_def_bytes: bytes, p: PluginParams):
     # Grappler asks once per distinct (feeds, fetches) with the same whole graph: rewrite it once.
-    key = hashlib.sha256(graph_def_bytes + repr(dataclasses.astuple(p)).encode()).hexdigest()
+    # The key holds the strategy and cluster files' contents, not only their paths: a file edited
+    # between two sessions of one process must not get the rewrite of its old contents.
+    files = b"".join(hashlib.sha256(_file_bytes(path)).digest() for path in (p.strategy, p.cluster))
+    key = hashlib.sha256(graph_def_bytes + repr(dataclasses.astuple(p)).encode() + files).hexdigest()
     step = _steps.get(key)
     if step is None:  # (two sessions' threads may both rewrite: the same result, kept once)
         step = _steps[key] = rewrite_graph_def(graph_def, p)
