@@ -225,6 +225,66 @@ def test_a_plugin_config_needs_the_plugin_loaded_here(monkeypatch):
     assert grappler.session_config(STRATEGY, CLUSTER, train_op="train_op").graph_options.rewrite_options.optimizers
 
 
+def test_a_train_op_given_as_a_tensor_is_named_by_its_op(monkeypatch):
+    """session_config takes ops, tensors or names; a tensor's name ("step_out:0") is no node of the
+    graph, and the plugin failed the run with "no op 'step_out:0'" for the tensor the script passed."""
+    import tensorflow as tf
+    from tfplace.rewrite import grappler
+    monkeypatch.setattr(grappler, "_loaded", ["/some/libtfplace_grappler.so"])
+    with tf.Graph().as_default():
+        _, _, loss, train_op, init, _ = mlp_training_script()
+        with tf.control_dependencies([train_op]):
+            step_out = tf.identity(loss, name="step_out")
+        config = grappler.session_config(STRATEGY, CLUSTER, train_op=step_out, init_op=init, loss=loss)
+    params = {k: v.s.decode() for k, v in config.graph_options.rewrite_options.custom_optimizers[0].parameter_map.items()}
+    assert (params["train_op"], params["init_op"], params["loss"]) == ("step_out", "init", "loss:0")
+
+
+def test_a_library_that_does_not_load_is_a_plugin_build_error_with_the_fix(monkeypatch, tmp_path):
+    from tfplace.rewrite import grappler
+    monkeypatch.setattr(grappler, "_loaded", [])
+    path = tmp_path / "libtfplace_grappler.so"
+    path.write_bytes(b"not a shared library")
+    with pytest.raises(grappler.PluginBuildError, match="cannot load the tfplace Grappler plugin .*"
+                                                        r"build_plugin\(force=True\)"):
+        grappler.load_plugin(str(path))
+    assert grappler._loaded == []
+
+
+@pytest.mark.parametrize("compiler, says", [
+    ("false", "building the tfplace Grappler plugin failed"),    # the compiler fails
+    ("not_a_program", "cannot run the C\\+\\+ compiler"),         # an executable file that is not one
+])
+def test_a_failed_build_says_why_and_leaves_no_file(monkeypatch, tmp_path, compiler, says):
+    from tfplace.rewrite import grappler
+    if compiler == "not_a_program":
+        compiler = str(tmp_path / "cxx")
+        with open(compiler, "wb") as f:
+            f.write(b"\x00\x01 neither ELF nor a script")
+        os.chmod(compiler, 0o755)
+    monkeypatch.setenv("CXX", compiler)
+    cache = tmp_path / "cache"
+    with pytest.raises(grappler.PluginBuildError, match=says):
+        grappler.build_plugin(cache_dir=str(cache))
+    assert [f for _, _, files in os.walk(cache) for f in files] == []
+
+
+def test_the_build_is_keyed_by_the_compiler_command(monkeypatch, tmp_path):
+    """A library built by another command (compiler, flags) is not reused; every checkout of the
+    same source shares one (the source's path is not in the key)."""
+    from tfplace.rewrite import grappler
+    monkeypatch.setenv("CXX", "g++")
+    gxx = grappler.plugin_path(str(tmp_path))
+    monkeypatch.setenv("CXX", "clang++")
+    assert grappler.plugin_path(str(tmp_path)) != gxx
+    monkeypatch.setenv("CXX", "g++")
+    monkeypatch.setattr(grappler, "SOURCE", str(tmp_path / "grappler_plugin.cc"))
+    with open(grappler.SOURCE, "wb") as out, open(os.path.join(ROOT, "tfplace", "rewrite", "grappler_plugin.cc"),
+                                                   "rb") as src:
+        out.write(src.read())
+    assert grappler.plugin_path(str(tmp_path)) == gxx
+
+
 @pytest.mark.parametrize("env_per_task, refused", [
     (None, True),                                    # the docs' script without worker_env(): unplaced
     ([{"TFPLACE_WORKER_LIBRARIES": "/x.so"}, None], False),   # task 0 runs Grappler: it has the library

@@ -25,13 +25,15 @@ which calls tfplace.rewrite.graph_rewrite: the same rewrite as the session hook.
 A failed rewrite fails the session's run with the reason (grappler_plugin.cc: fail closed).
 
 The library is built against the installed TensorFlow (`tf.sysconfig` flags) into
-${TFPLACE_CACHE:-~/.cache/tfplace}/grappler/<key>/, keyed by TensorFlow, Python and source.
+${TFPLACE_CACHE:-~/.cache/tfplace}/grappler/<key>/, keyed by TensorFlow, Python, source and compiler
+command.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -60,10 +62,14 @@ def _flags():
 
 
 def plugin_path(cache_dir: Optional[str] = None) -> str:
-    """Where the plugin for this TensorFlow, Python and source lives (built or not)."""
-    compile_flags, link_flags, version = _flags()
+    """Where the plugin for this TensorFlow, Python, source and compiler command lives (built or not)."""
+    _, _, version = _flags()
+    # the whole command (compiler, our flags, TensorFlow's, Python's include), not only TF's flags: a
+    # changed command must not reuse a library built by the old one. Without the source's and the
+    # output's paths, so that every checkout of the same source shares one build.
+    command = [arg for arg in compile_command("") if arg not in ("", SOURCE)]
     with open(SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read() + repr((compile_flags, link_flags, sys.version)).encode()).hexdigest()
+        digest = hashlib.sha256(f.read() + repr((command, sys.version)).encode()).hexdigest()
     cache = cache_dir or os.environ.get("TFPLACE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tfplace")
     return os.path.join(cache, "grappler", f"tf{version}-py{sys.version_info[0]}{sys.version_info[1]}-{digest[:12]}",
                         LIBRARY_NAME)
@@ -72,8 +78,8 @@ def plugin_path(cache_dir: Optional[str] = None) -> str:
 def compile_command(output: str) -> List[str]:
     """The compiler call that builds the plugin into `output`."""
     compile_flags, link_flags, _ = _flags()
-    cxx = os.environ.get("CXX", "g++")
-    return [cxx, "-shared", "-fPIC", "-O2", *compile_flags, "-I" + sysconfig.get_paths()["include"], SOURCE,
+    cxx = shlex.split(os.environ.get("CXX") or "g++")  # CXX="ccache g++" is a command and its argument
+    return [*cxx, "-shared", "-fPIC", "-O2", *compile_flags, "-I" + sysconfig.get_paths()["include"], SOURCE,
             "-o", output, *link_flags]
 
 
@@ -83,24 +89,31 @@ def build_plugin(cache_dir: Optional[str] = None, force: bool = False) -> str:
     path = plugin_path(cache_dir)
     if os.path.exists(path) and not force:
         return path
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
-    os.close(fd)
-    cmd = compile_command(tmp)
+    cmd = compile_command(path)
     if shutil.which(cmd[0]) is None:
-        os.unlink(tmp)
         raise PluginBuildError(f"cannot build the tfplace Grappler plugin: no C++ compiler {cmd[0]!r} on PATH. "
                                "Fix: install g++ (or set CXX) and run scripts/setup_env.sh again")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    # Built under a temporary name and renamed: a process building at the same time, or one stopped
+    # mid-build, never leaves a partial library under `path`; the temporary file goes on any exit.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
+    os.close(fd)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.unlink(tmp)
-        raise PluginBuildError(f"building the tfplace Grappler plugin took over {BUILD_TIMEOUT_S:.0f} s") from None
-    if proc.returncode != 0:
-        os.unlink(tmp)
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-20:])
-        raise PluginBuildError(f"building the tfplace Grappler plugin failed:\n  {' '.join(cmd)}\n{tail}")
-    os.replace(tmp, path)
+        cmd = compile_command(tmp)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise PluginBuildError(f"building the tfplace Grappler plugin took over {BUILD_TIMEOUT_S:.0f} s") from None
+        except OSError as err:  # a CXX that is not an executable
+            raise PluginBuildError(f"cannot run the C++ compiler {cmd[0]!r}: {err}. Fix: set CXX to a compiler "
+                                   "(g++) and run scripts/setup_env.sh again") from None
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-20:])
+            raise PluginBuildError(f"building the tfplace Grappler plugin failed:\n  {' '.join(cmd)}\n{tail}")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     return path
 
 
@@ -117,7 +130,11 @@ def load_plugin(path: Optional[str] = None, build: bool = True) -> str:
     if not os.path.exists(path):
         raise PluginBuildError(f"no tfplace Grappler plugin at {path}. Fix: run scripts/setup_env.sh "
                                "or tfplace.rewrite.grappler.build_plugin()")
-    tf.load_library(path)
+    try:
+        tf.load_library(path)
+    except tf.errors.OpError as err:  # dlopen's reason (not a library, built for another TensorFlow)
+        raise PluginBuildError(f"cannot load the tfplace Grappler plugin {path}: {err.message}. Fix: rebuild it "
+                               "with tfplace.rewrite.grappler.build_plugin(force=True)") from None
     _loaded.append(path)
     return path
 
@@ -129,6 +146,12 @@ def worker_env(path: Optional[str] = None) -> Dict[str, str]:
 
 def _name(x) -> str:
     return str(getattr(x, "name", x) or "")
+
+
+def _op_name(x) -> str:
+    """The op's name of an op, a tensor or a name ("train_op:0" -> "train_op"): grappler_entry
+    looks train_op and init_op up among the graph's nodes."""
+    return _name(getattr(x, "op", x)).split(":")[0]
 
 
 def add_sentinel(train_op) -> bool:
@@ -172,7 +195,7 @@ def session_config(strategy_path, cluster_path, base_config=None, *, train_op, i
                          "process", "call tfplace.rewrite.grappler.load_plugin() first (and start a LocalCluster's "
                          "tasks with env_per_task=[grappler.worker_env()] * n)")
     params = PluginParams(strategy=os.path.abspath(strategy_path), cluster=os.path.abspath(cluster_path),
-                          train_op=_name(train_op), init_op=_name(init_op), loss=_name(loss),
+                          train_op=_op_name(train_op), init_op=_op_name(init_op), loss=_name(loss),
                           loss_reduction=loss_reduction or "")
     add_sentinel(train_op)
     out = tf.compat.v1.ConfigProto()
