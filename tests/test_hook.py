@@ -167,6 +167,42 @@ def test_placeholders_that_are_not_the_batch_are_fed_as_the_script_feeds_them(lo
         assert _rel(runs["hooked"][1][name], value) <= 1e-5, f"{name}: hooked and plain runs differ"
 
 
+@pytest.mark.multiprocess
+def test_a_second_session_on_the_same_graph_and_hook_continues_training(local_cluster, tmp_path):
+    """A script that opens MonitoredTrainingSession twice on one graph with one hook and one
+    checkpoint dir: 2 + 2 steps train like 4 steps in one session (begin() ran again and refused the
+    hook's own saver: "SAVERS collection already holds a Saver"). Once a session has ended, even
+    one without checkpoints, the script's variables hold the trained values, as the plain script's
+    do, for a plain Session that reads them (they held the initial values)."""
+    import tensorflow as tf
+    from tfplace.rewrite.hook import PlacementHook
+    strategy = os.path.join(ROOT, "examples", "formats", "strategy_local_cpu.json")
+    cluster = os.path.join(ROOT, "clusters", "local_cpu.json")
+    fx, fy = _feeds()[0]
+    losses = {}
+    for sessions in (1, 2):
+        tf.compat.v1.Session.reset(local_cluster.target)  # the servers forget the other run's variables
+        losses[sessions] = []
+        with tf.Graph().as_default() as g:
+            x, y, loss, train_op, _, _ = mlp_training_script(global_step=True)
+            hook = PlacementHook(strategy, cluster, train_op, loss)
+            for _ in range(sessions):
+                with tf.compat.v1.train.MonitoredTrainingSession(
+                        master=local_cluster.target, hooks=[hook], log_step_count_steps=None,
+                        checkpoint_dir=str(tmp_path) if sessions == 2 else None,  # restored by session 2
+                        config=hook.session_config(local_cluster.session_config())) as sess:
+                    for _ in range(4 // sessions):
+                        losses[sessions].append(sess.run([train_op, hook.loss], feed_dict={x: fx, y: fy})[1])
+                    trained = sess.run(hook.variables["dense_0/kernel"])
+            with tf.compat.v1.Session(local_cluster.target, graph=g, config=local_cluster.session_config()) as plain:
+                assert np.array_equal(plain.run(g.get_tensor_by_name("dense_0/kernel/Read/ReadVariableOp:0")), trained)
+            if sessions == 2:
+                with pytest.raises(ValueError, match="another PlacementHook has set up this graph"):
+                    PlacementHook(strategy, cluster, train_op, loss).begin()
+    tf.compat.v1.Session.reset(local_cluster.target)
+    assert np.allclose(losses[2], losses[1], rtol=1e-6, atol=0), losses
+
+
 def test_a_run_without_the_scripts_feeds_refuses_a_placeholder_it_cannot_fill():
     """activate and plan --confirm_real feed only the batch: a placeholder without a default
     (the learning rate here) is one InputError naming it before any session; one with a default

@@ -26,7 +26,9 @@ global step included):
     Scaffold and CheckpointSaverHook then use; a script that saves with a Saver of its own
     (or passes one in its Scaffold) must run `hook.sync_op` first. The checkpoint holds the
     trained values under the script's names, readable by the plain single-device script;
-    between saves the script's variables (the global step aside) hold the last saved values;
+    between saves the script's variables (the global step aside) hold the last saved values,
+    and the trained ones once the session has ended (`end`). A second MonitoredTrainingSession
+    on the same graph takes the same hook (begin() sets the graph up once);
   - the global step is copied back after every step (one scalar), as part of the re-pointed
     train op: StopAtStepHook, CheckpointSaverHook and the script read it every step.
 
@@ -63,6 +65,7 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         self.variables = {}
         self.copy_op = self.sync_op = self.saver = None
         self._live_session = None  # the session whose replicas hold the trained state
+        self._graph = None  # the graph begin() set up
         self._stale_vars, self._stale, self._warned = set(), {}, set()  # stale variables, op -> reads them, warned
 
     def session_config(self, base=None):
@@ -75,7 +78,16 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         from tfplace.ir.loader import load_op_graph
         from tfplace.rewrite.graph_rewrite import rewrite_step
         g = tf.compat.v1.get_default_graph()
-        if tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS):
+        savers = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+        if self._graph is g and self.saver in savers:
+            # a second MonitoredTrainingSession on this graph (the first unfinalizes it on close): the
+            # rewritten step is imported and the train op re-pointed already; doing it again would
+            # rewrite the rewritten graph
+            return
+        if any(isinstance(saver, _SyncingSaver) for saver in savers):
+            raise ValueError("PlacementHook: another PlacementHook has set up this graph (its train op runs that "
+                             "hook's rewritten step); pass the same hook to every session made on this graph")
+        if savers:
             raise ValueError("PlacementHook: the graph's SAVERS collection already holds a Saver, which would save "
                              "the script's untrained variables; leave it out (the hook provides one, hook.saver)")
         train_op = self._train_op if self._train_op is not None else _inferred_train_op(g)
@@ -107,6 +119,7 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         self._stale, self._warned = {}, set()
         self.saver = _SyncingSaver(self._sync_before_save, sharded=True, allow_empty=True)  # as the Scaffold's
         tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, self.saver)
+        self._graph = g
 
     def _alias_script_loss(self, g, loss_name) -> Optional[str]:
         """Makes the script's loss tensor read the rewritten step's global loss, so that a loop
@@ -173,6 +186,12 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
     def after_create_session(self, session, coord):
         session.run(self.copy_op)
         self._live_session = session
+
+    def end(self, session):
+        """Copies the trained replicas into the script's variables: once the session has ended, a
+        plain Session on the same servers reads the trained values, as after the plain script
+        (they held the initial or the last saved ones)."""
+        self._sync_before_save(session)
 
     def before_run(self, run_context):
         """Checks the run's feeds of the step's inputs: each must hold the strategy's global batch
