@@ -236,7 +236,8 @@ def test_a_train_op_given_as_a_tensor_is_named_by_its_op(monkeypatch):
         with tf.control_dependencies([train_op]):
             step_out = tf.identity(loss, name="step_out")
         config = grappler.session_config(STRATEGY, CLUSTER, train_op=step_out, init_op=init, loss=loss)
-    params = {k: v.s.decode() for k, v in config.graph_options.rewrite_options.custom_optimizers[0].parameter_map.items()}
+    custom, = config.graph_options.rewrite_options.custom_optimizers
+    params = {k: v.s.decode() for k, v in custom.parameter_map.items()}
     assert (params["train_op"], params["init_op"], params["loss"]) == ("step_out", "init", "loss:0")
 
 
