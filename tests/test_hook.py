@@ -203,6 +203,29 @@ def test_a_second_session_on_the_same_graph_and_hook_continues_training(local_cl
     assert np.allclose(losses[2], losses[1], rtol=1e-6, atol=0), losses
 
 
+@pytest.mark.parametrize("own_saver", [True, False])
+def test_a_saver_of_the_script_is_warned_about(own_saver):
+    """A Saver built by the script (e.g. for MonitoredTrainingSession's Scaffold(saver=...)) saves the
+    script's variables, which hold the untrained values: on the cluster, after 3 steps, its
+    checkpoint held the initial kernel under global step 3, with no word. begin() says so."""
+    import warnings
+    import tensorflow as tf
+    from tfplace.rewrite.hook import PlacementHook
+    with tf.Graph().as_default():
+        _, _, loss, train_op, _, _ = mlp_training_script(global_step=True)
+        if own_saver:
+            tf.compat.v1.train.Saver(max_to_keep=3)
+        hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            hook.begin()
+    said = [str(w.message) for w in seen if "a Saver of the script" in str(w.message)]
+    if own_saver:
+        assert len(said) == 1 and "'save/SaveV2'" in said[0] and "leave the Saver out" in said[0], said
+    else:
+        assert said == []
+
+
 def test_a_run_without_the_scripts_feeds_refuses_a_placeholder_it_cannot_fill():
     """activate and plan --confirm_real feed only the batch: a placeholder without a default
     (the learning rate here) is one InputError naming it before any session; one with a default

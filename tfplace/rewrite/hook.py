@@ -24,7 +24,9 @@ global step included):
     (`sync_op`). `begin()` puts a Saver that does so into the graph's SAVERS collection
     (`hook.saver`, built like the Scaffold's default), which MonitoredTrainingSession's
     Scaffold and CheckpointSaverHook then use; a script that saves with a Saver of its own
-    (or passes one in its Scaffold) must run `hook.sync_op` first. The checkpoint holds the
+    must run `hook.sync_op` before each save. A Saver passed in the Scaffold cannot be synced
+    (its CheckpointSaverHook saves before any hook of the script runs) and would save the
+    untrained values: begin() warns about every Saver of the script. The checkpoint holds the
     trained values under the script's names, readable by the plain single-device script;
     between saves the script's variables (the global step aside) hold the last saved values,
     and the trained ones once the session has ended (`end`). A second MonitoredTrainingSession
@@ -117,6 +119,7 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         # variables whose script copy holds the last saved values (the global step is kept current)
         self._stale_vars = set(self.step.variables) - ({step_var.op.name} if step_var is not None else set())
         self._stale, self._warned = {}, set()
+        _warn_own_savers(g, self._stale_vars)
         self.saver = _SyncingSaver(self._sync_before_save, sharded=True, allow_empty=True)  # as the Scaffold's
         tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, self.saver)
         self._graph = g
@@ -263,6 +266,24 @@ def _inferred_train_op(g):
         raise ValueError(f"PlacementHook: the script has {len(names)} train ops ({', '.join(names)}); group them "
                          "with tf.group(...) and pass the group as train_op=")
     return g.get_operation_by_name(names[0])
+
+
+def _warn_own_savers(g, stale_vars) -> None:
+    """Warns when a Saver of the script (its Save ops, built before begin()) saves one of the step's
+    trained variables: unless hook.sync_op runs before each of its saves it writes the untrained
+    values, and MonitoredTrainingSession cannot run it for a Saver passed in its Scaffold."""
+    for op in g.get_operations():
+        if op.type not in ("SaveV2", "Save", "SaveSlices"):
+            continue
+        read = [t.op.inputs[0].op.name for t in op.inputs if t.op.type == "ReadVariableOp"]
+        saved = sorted(set(read) & stale_vars)
+        if saved:
+            warnings.warn(f"PlacementHook: a Saver of the script ({op.name!r}) saves {saved[0]!r} and "
+                          f"{len(saved) - 1} more trained variables, whose trained values are in the replicas: its "
+                          "checkpoints hold the untrained values unless hook.sync_op runs before each save. "
+                          "MonitoredTrainingSession cannot run it for a Saver in its Scaffold: leave the Saver out "
+                          "(the hook's, hook.saver, saves the trained values)", stacklevel=3)
+            return
 
 
 def _handle(g, name: str):
