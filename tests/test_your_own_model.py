@@ -404,6 +404,30 @@ def test_named_train_op_without_loss_gets_the_loss_inferred(tmp_path):
     assert g.names[g.tensor_op[g.loss_tensor]] == "loss0" and g.loss_reduction == "mean"
 
 
+def _averaged_embedding_step():
+    """A bag of embeddings: the mean over a lookup's positions, whose gradient TensorFlow builds with a
+    Fill of ones of its own (gradients/Mean_grad/ones), beside the seed of the loss."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = v1.placeholder(tf.int32, [None, 6], name="ids")
+        y = v1.placeholder(tf.int32, [None], name="y")
+        table = v1.get_variable("table", [20, 8], use_resource=True)
+        h = tf.reduce_mean(tf.nn.embedding_lookup(table, ids), axis=1)
+        logits = v1.layers.Dense(4, name="head")(h)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits), name="loss")
+        v1.train.AdamOptimizer(0.01).minimize(loss, name="train")
+        v1.global_variables_initializer()
+    assert "gradients/Mean_grad/ones" in [n.name for n in graph.as_graph_def().node]  # what the test is about
+    return graph
+
+
+def test_a_fill_of_ones_inside_a_gradient_is_no_loss_seed(tmp_path):
+    """Only the seed of tf.gradients names the loss: the Fill of ones in the Mean gradient of the
+    averaged lookup made 'Mean' a second loss candidate (exit 2, "2 tensors seed gradients")."""
+    g = load_op_graph(_write(_averaged_embedding_step(), tmp_path, ".pb"), batch_size=8)
+    assert g.names[g.tensor_op[g.loss_tensor]] == "loss" and g.loss_reduction == "mean"
+
+
 # ---- a TF2-style tf.function training step (export_train_step) -----------------------------
 OPTIMIZERS = {"legacy_sgd": lambda: tf.keras.optimizers.legacy.SGD(0.1),
               "legacy_adam": lambda: tf.keras.optimizers.legacy.Adam(0.01),
