@@ -274,3 +274,12 @@ def test_a_sparse_gradient_deduplicated_per_replica_is_refused_across_replicas(o
 def test_a_sparse_gradient_sgd_applies_without_unique_is_not_refused():
     cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
     rewrite_step(_embedding_step_graph("sgd"), even_strategy(list(cluster.device_names), 12, 4), cluster)
+
+
+def test_a_refused_sparse_update_names_the_table_not_its_slot():
+    """v1 Adam scatters the deduplicated rows into its slots (`table/Adam`, `table/Adam_1`) and
+    updates the table densely from them: the message names the table the user wrote."""
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    with pytest.raises(InputError) as info:
+        rewrite_step(_embedding_step_graph("adam"), even_strategy(list(cluster.device_names), 12, 4), cluster)
+    assert "of 'table'" in str(info.value) and "'table/Adam" not in str(info.value), str(info.value)

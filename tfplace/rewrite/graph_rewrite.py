@@ -193,11 +193,18 @@ def data_dependent_updates(graph: OpGraph) -> Dict[int, str]:
     shape depends on the values of the batch, not only on its size (a -1 dimension at the
     reference batch, no batch axis): an optimizer's Momentum/Adam/... deduplicates a sparse
     (IndexedSlices) gradient with Unique, one row per distinct id of the replica's own samples.
-    Of the variables one update writes (a table and its slots), the shortest name: the table."""
+    Of the variables one update writes (a table and its slots), the shortest name, and of a
+    slot (`<table>/Adam`, `<table>/Momentum`) the table it is a slot of."""
+    names = {v.name for v in graph.variables}
+
+    def owner(name: str) -> str:
+        parent = name.rpartition("/")[0]
+        return owner(parent) if parent in names else name
+
     writes: Dict[int, List[str]] = {}
     for v in graph.variables:
         for op in v.updaters:
-            writes.setdefault(op, []).append(v.name)
+            writes.setdefault(op, []).append(owner(v.name))
     out: Dict[int, str] = {}
     for t, c in zip(graph.edge_tensor.tolist(), graph.edge_dst.tolist()):
         shape = graph.tensor_shape[t]
