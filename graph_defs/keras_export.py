@@ -21,7 +21,8 @@ unless declared) and `labels` [N, *label_shape] of `label_dtype`; integer labels
 `max_value` = the model output's last dimension (class ids the runtime feeds at random).
 Loss: `loss(labels, outputs)` per example (a Keras loss object's unreduced `call`, a name such as
 "sparse_categorical_crossentropy", or a function), averaged over any axes after the batch and
-then over the batch (reduction "mean").
+then over the batch (reduction "mean"), plus the model's regularisation losses (`model.losses`:
+kernel and activity regularisers, `add_loss`), as Keras's `fit` trains them (own_losses).
 
 Batch-norm moving averages: `model_fn()` builds the model on Keras's own Input, and Keras records
 the moving-average updates of that construction too (`model.updates`); those read Keras's input
@@ -64,6 +65,29 @@ def own_updates(candidates, placeholders):
     from_ours, from_others = _descendants(ours), _descendants(others)
     return [u for u in dict.fromkeys(candidates)
             if getattr(u, "op", u).name in from_ours and getattr(u, "op", u).name not in from_others]
+
+
+def own_losses(losses, placeholders):
+    """The regularisation losses of `losses` (model.losses) that the step can compute: those read
+    from no placeholder (weight regularisers) or only from `placeholders` (the activity losses of
+    the call on them). Keras also records the activity losses of its construction on its own
+    Input, which a step that ran them would have to feed."""
+    ours = [p.op for p in placeholders]
+    others = [op for op in placeholders[0].graph.get_operations()
+              if op.type in ("Placeholder", "PlaceholderV2") and op not in ours]
+    from_others = _descendants(others)
+    return [l for l in dict.fromkeys(losses) if l.op.name not in from_others]
+
+
+def _with_regularisation(per_example, losses):
+    """per_example [N] plus the sum of the scalar `losses` on every example: the mean over the
+    batch then holds them once (mean(l + r) = mean(l) + r), as Keras's fit adds model.losses to
+    the loss it trains, and each replica's share of the batch holds them once too."""
+    import tensorflow as tf
+    if not losses:
+        return per_example
+    total = tf.add_n([tf.cast(l, per_example.dtype) for l in losses], name="regularization_loss")
+    return per_example + total
 
 
 def _per_example(loss, labels, outputs):
@@ -202,7 +226,8 @@ def make_build(model_fn, loss, input_specs, label_shape=(), label_dtype="int32",
         _bound_ids(input_specs, placeholders, inputs.specs, field)
         max_value = int(outputs.shape[-1]) if tf.as_dtype(label_dtype).is_integer and outputs.shape[-1] else None
         labels = inputs.add(LABELS, label_dtype, [None, *label_shape], max_value=max_value)
-        per_example = _per_example(loss, labels, outputs)
+        per_example = _with_regularisation(_per_example(loss, labels, outputs),
+                                           own_losses(model.losses, placeholders))
         return Built(per_example, own_updates(keras_updates(model), placeholders))
 
     return build
@@ -375,6 +400,38 @@ def _build_step(step_fn, placeholders):
     return loss, sorted(acd.ops_which_must_run, key=lambda op: op.name)
 
 
+def _reads_of_variables(tensor, handles):
+    """(read op, handle op name) for each op `tensor` is computed from that reads a variable of
+    `handles` (handle op name -> variable) through its handle."""
+    found, seen, stack = [], set(), [tensor.op]
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        found += [(op, t.op.name) for t in op.inputs if t.op.name in handles]
+        stack.extend(t.op for t in op.inputs if t.op.name not in handles)
+        stack.extend(op.control_inputs)
+    return found
+
+
+def order_initializers(variables):
+    """Makes each read of a variable that another variable's initial value makes wait for the
+    read variable's initializer. TensorFlow orders none of them: a new Keras optimizer with a
+    learning-rate schedule starts `current_learning_rate` at schedule(iterations), a read of
+    `iteration` that raced its initializer (on one device the executor's order happened to win; a
+    rewritten step that put the read and the initializer on different lanes read a variable that
+    did not exist yet). The wait is on the read, not on the dependent initializer: the value is
+    computed before that initializer runs, whatever it waits for."""
+    handles = {v.handle.op.name: v for v in variables if hasattr(v, "handle")}
+    for v in handles.values():
+        if len(v.initializer.inputs) < 2:
+            continue
+        for read, handle in _reads_of_variables(v.initializer.inputs[1], handles):
+            if handle != v.handle.op.name:
+                read._add_control_inputs([handles[handle].initializer])  # pylint: disable=protected-access
+
+
 def export_train_step(make_step, *, input_specs, batch_size, out_dir, name, seed=0):
     """Builds the TF2-style training step `make_step()` returns and writes its bundle.
 
@@ -417,6 +474,7 @@ def export_train_step(make_step, *, input_specs, batch_size, out_dir, name, seed
         loss, must_run = _build_step(make_step(), placeholders)
         loss = tf.identity(loss, name="loss")
         train_op = tf.group(*must_run, name="train_op")
+        order_initializers(v1.global_variables())
         init = v1.global_variables_initializer()
     hints = {"train_op": [train_op.name], "initializers": [op.name for op in init.control_inputs]}
     return write_step(graph.as_graph_def(add_shapes=True), out_dir, f"{name}_b{batch_size}", model=name,

@@ -509,6 +509,26 @@ def test_gradient_weights_follow_the_loss_reduction_in_a_tf_graph(reduction):
     assert not (ix.tensor_mean_scaled & (g.tensor_batch_axis < 0)).any()
 
 
+def test_integer_tensors_of_the_backward_pass_are_not_mean_scaled():
+    # An embedding gradient's IndexedSlices indices (the ids flattened, int32 [N*6]) are computed
+    # in the backward pass from the input alone: rescaled like a gradient slice they named other
+    # rows (tests/test_equivalence.py::test_sparse_gradient_indices_move_between_groups_unscaled).
+    import tensorflow as tf
+    from tfplace.ir.loader import load_op_graph
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as graph:
+        ids = v1.placeholder(tf.int32, [None, 6], name="ids")
+        table = v1.get_variable("table", [20, 8], use_resource=True)
+        loss = tf.reduce_mean(tf.nn.embedding_lookup(table, ids), name="loss")
+        v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train_op")
+    g = load_op_graph(graph.as_graph_def(), sinks=["train_op"], batch_size=8, loss="loss")
+    ix = GraphIndex(g, _grouping4(g))
+    at = {n: i for i, n in enumerate(g.names)}
+    indices, values = (int(np.nonzero(g.tensor_op == at[f"gradients/embedding_lookup_grad/{n}"])[0][0])
+                       for n in ("Reshape_1", "Reshape"))
+    assert g.tensor_dtype[indices] == "int32" and not ix.tensor_mean_scaled[indices]
+    assert ix.tensor_mean_scaled[values]
+
 def test_readers_of_a_partial_run_in_its_producers_group():
     # Drop-connect's kernel gradient (MatMul grad -> SelectV2 grad -> ... -> update) passes
     # replica-locally through ops without a batch axis: they must split as the MatMul does, or a

@@ -240,3 +240,46 @@ def test_the_plugin_aliases_resource_variable_reads_and_names_what_it_cannot_fet
     else:
         with pytest.raises(InputError, match=says):
             add_fetch_aliases(out, original, step, [fetch])
+
+
+def _embedding_step_graph(optimizer):
+    """ids int32 [None, 10] -> a 4-row table (tf.gather: an IndexedSlices gradient) -> mean -> loss."""
+    import tensorflow as tf
+    from tfplace.ir.loader import load_op_graph
+    from tfplace.testing import _train_step
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as graph:
+        ids = v1.placeholder(tf.int32, [None, 10], name="ids")
+        table = v1.get_variable("table", [4, 8], use_resource=True)
+        _train_step(tf.reduce_mean(tf.square(tf.gather(table, ids)), name="loss"), optimizer)
+    return load_op_graph(graph.as_graph_def(), sinks=["train_op"], batch_size=12, loss="loss", source="embedding")
+
+
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_a_sparse_gradient_deduplicated_per_replica_is_refused_across_replicas(optimizer):
+    """Momentum and Adam apply an IndexedSlices gradient after Unique: each replica's rows are the
+    distinct ids of its own samples. Summed element by element over replicas they crashed (AddN of
+    [41] and [44]) or, where every replica saw all 4 rows, updated wrong rows silently (Momentum
+    slot off by 186% under DP-even). Refused now, naming the variable and the fixes; one replica runs."""
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    graph = _embedding_step_graph(optimizer)
+    with pytest.raises(InputError) as info:
+        rewrite_step(graph, even_strategy(list(cluster.device_names), 12, 4), cluster)
+    message = str(info.value)
+    assert info.value.field == "groups" and "'table'" in message and "Unique" in message, message
+    assert "on one device" in message and "SGD" in message, message
+    rewrite_step(graph, even_strategy(["cpu1"], 12, 4), cluster)
+
+
+def test_a_sparse_gradient_sgd_applies_without_unique_is_not_refused():
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    rewrite_step(_embedding_step_graph("sgd"), even_strategy(list(cluster.device_names), 12, 4), cluster)
+
+
+def test_a_refused_sparse_update_names_the_table_not_its_slot():
+    """v1 Adam scatters the deduplicated rows into its slots (`table/Adam`, `table/Adam_1`) and
+    updates the table densely from them: the message names the table the user wrote."""
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    with pytest.raises(InputError) as info:
+        rewrite_step(_embedding_step_graph("adam"), even_strategy(list(cluster.device_names), 12, 4), cluster)
+    assert "of 'table'" in str(info.value) and "'table/Adam" not in str(info.value), str(info.value)

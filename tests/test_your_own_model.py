@@ -404,6 +404,30 @@ def test_named_train_op_without_loss_gets_the_loss_inferred(tmp_path):
     assert g.names[g.tensor_op[g.loss_tensor]] == "loss0" and g.loss_reduction == "mean"
 
 
+def _averaged_embedding_step():
+    """A bag of embeddings: the mean over a lookup's positions, whose gradient TensorFlow builds with a
+    Fill of ones of its own (gradients/Mean_grad/ones), beside the seed of the loss."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = v1.placeholder(tf.int32, [None, 6], name="ids")
+        y = v1.placeholder(tf.int32, [None], name="y")
+        table = v1.get_variable("table", [20, 8], use_resource=True)
+        h = tf.reduce_mean(tf.nn.embedding_lookup(table, ids), axis=1)
+        logits = v1.layers.Dense(4, name="head")(h)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits), name="loss")
+        v1.train.AdamOptimizer(0.01).minimize(loss, name="train")
+        v1.global_variables_initializer()
+    assert "gradients/Mean_grad/ones" in [n.name for n in graph.as_graph_def().node]  # what the test is about
+    return graph
+
+
+def test_a_fill_of_ones_inside_a_gradient_is_no_loss_seed(tmp_path):
+    """Only the seed of tf.gradients names the loss: the Fill of ones in the Mean gradient of the
+    averaged lookup made 'Mean' a second loss candidate (exit 2, "2 tensors seed gradients")."""
+    g = load_op_graph(_write(_averaged_embedding_step(), tmp_path, ".pb"), batch_size=8)
+    assert g.names[g.tensor_op[g.loss_tensor]] == "loss" and g.loss_reduction == "mean"
+
+
 # ---- a TF2-style tf.function training step (export_train_step) -----------------------------
 OPTIMIZERS = {"legacy_sgd": lambda: tf.keras.optimizers.legacy.SGD(0.1),
               "legacy_adam": lambda: tf.keras.optimizers.legacy.Adam(0.01),
@@ -475,6 +499,32 @@ def test_tf_function_step_runs_in_compare_and_simulate(tmp_path, capsys):
     strategy = str(out / "strategies" / "heft.json")
     assert common.call(simulate, ["--graph", path, "--cluster", CLUSTER, "--strategy", strategy]) == 0
     assert "iteration time" in capsys.readouterr().out
+
+
+def test_tf_function_step_initialises_a_variable_after_those_its_initial_value_reads(tmp_path):
+    """A new Keras optimizer with a learning-rate schedule starts `current_learning_rate` at
+    schedule(iterations): its initializer reads `iteration`. Without an order between the two
+    initializers the init op raced; a rewritten step that put them on two lanes read `iteration`
+    before it existed (FailedPrecondition 'Could not find variable iteration/replica_0')."""
+    from tfplace.graph_defs import export_train_step, read_bundle
+
+    def make_step():
+        model = tf.keras.Sequential([tf.keras.layers.Dense(4)])
+        opt = tf.keras.optimizers.Adam(tf.keras.optimizers.schedules.ExponentialDecay(0.1, 1, 0.5))
+
+        @tf.function
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+        return train_step
+
+    path = export_train_step(make_step, input_specs=[((8,), "float32"), ((), "int64", 4)], batch_size=6,
+                             out_dir=str(tmp_path), name="scheduled")
+    graph_def, _ = read_bundle(path)
+    read = next(n for n in graph_def.node if n.name == "ExponentialDecay/Cast_2/ReadVariableOp")  # initial value's
+    assert read.input[0] == "iteration" and "^iteration/Assign" in read.input, read
 
 
 def test_tf_function_step_that_returns_a_vector_names_the_fix(tmp_path):
@@ -563,6 +613,33 @@ def _run_bundle_once(path, batch=6, seed=0):
         with v1.Session(graph=graph) as sess:
             sess.run(meta["init_op"])
             return sess.run([meta["loss"] + ":0", meta["sink"]], feed)[0]
+
+
+def _regularised_model(kernel_l2=0.0, activity_l1=0.0):
+    """x [N, 8] -> Dense(3) with every weight 0.5 and no bias: the kernel's L2 is 24 * 0.25 = 6."""
+    x = tf.keras.Input((8,))
+    dense = tf.keras.layers.Dense(3, use_bias=False, kernel_initializer=tf.keras.initializers.Constant(0.5),
+                                  kernel_regularizer=tf.keras.regularizers.l2(kernel_l2) if kernel_l2 else None,
+                                  activity_regularizer=tf.keras.regularizers.l1(activity_l1) if activity_l1 else None)
+    return tf.keras.Model(x, dense(x))
+
+
+@pytest.mark.parametrize("activity_l1", [0.0, 0.01])
+def test_export_keras_adds_the_models_regularisation_losses(tmp_path, activity_l1):
+    """model.losses (kernel and activity regularisers, add_loss) are part of the loss Keras trains:
+    they were dropped, so the bundle trained another model, silently. The activity loss Keras
+    records for its own Input would need a feed of that Input: only the call's own is added."""
+    from tfplace.graph_defs import export_keras
+    plain = export_keras(_regularised_model, "sparse_categorical_crossentropy", batch_size=4,
+                         input_shapes=[(8,)], out_dir=str(tmp_path / "plain"), name="reg")
+    decayed = export_keras(lambda: _regularised_model(kernel_l2=1.0, activity_l1=activity_l1),
+                           "sparse_categorical_crossentropy", batch_size=4, input_shapes=[(8,)],
+                           out_dir=str(tmp_path / "decayed"), name="reg")
+    added = _run_bundle_once(decayed, batch=4) - _run_bundle_once(plain, batch=4)
+    if activity_l1:
+        assert added > 6.0
+    else:
+        assert added == pytest.approx(6.0, rel=1e-5)
 
 
 @pytest.mark.parametrize("model_dtype, inputs, max_value", [

@@ -247,6 +247,8 @@ def _seeded(g, step) -> Set[str]:
     found = set()
     for name in step:
         node = g.node[name]
+        if _inside_an_op_gradient(name):
+            continue
         if node.op == "OnesLike" and "grad" in name.lower():  # a GradientTape / gradients seed
             found.add(node.input[0])
         elif node.op == "Fill" and _const_value(g.node.get(g.data[name][1])) == 1.0:
@@ -259,6 +261,14 @@ def _seeded(g, step) -> Set[str]:
                 if match and match.group(1) in g.node:
                     found.add(match.group(1))
     return {n[:-2] if n.endswith(":0") else n for n in found}
+
+
+def _inside_an_op_gradient(name: str) -> bool:
+    """Whether the node `name` was built by one op's gradient function (`gradients/<op>_grad/...`).
+    A seed is made by tf.gradients itself, beside those scopes (`gradients/grad_ys_0`); a gradient
+    function may build ones of its own (the Mean gradient of a partly unknown shape fills
+    `gradients/Mean_grad/ones` for its DynamicStitch), which seed nothing."""
+    return _GRAD_SCOPE.search(name) is not None
 
 
 def _inputs(g, step, given, src) -> List[dict]:

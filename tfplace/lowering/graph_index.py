@@ -68,6 +68,12 @@ _BN_FORWARD_OP_TYPES = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBa
 _BN_GRAD_OP_TYPES = frozenset({"FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3"})
 
 
+def carries_gradient_values(dtypes: Sequence[str]) -> np.ndarray:
+    """bool[T]: tensors whose dtype can hold a gradient's value (floating or complex), by dtype
+    name ("float32", "bfloat16", "int64", ...); integers and booleans are indices, ids, shapes."""
+    return np.array([d.startswith(("float", "bfloat", "complex")) for d in dtypes], dtype=bool)
+
+
 def run_order_rank(graph: OpGraph, run_order: Sequence[str] = ()) -> np.ndarray:
     """rank[N] int64: each op's position in one topological order of `graph` (data and control
     edges): `arange(N)` (the OpGraph's own order) without a `run_order`; else the order that,
@@ -327,8 +333,12 @@ class GraphIndex:
         self.tensor_weight_mean = np.where(from_loss[prod], mean_loss, True)
         # Batched tensors of a mean loss's backward pass carry 1/s per sample (each replica's
         # loss is a mean over its own s samples): a slice moved to a consumer replica of another
-        # size is rescaled by s_producer / s_consumer (PlacedGraph.tensor_mean_scaled).
-        self.tensor_mean_scaled = backward[prod] & batched & mean_loss & (graph.loss_tensor >= 0)
+        # size is rescaled by s_producer / s_consumer (PlacedGraph.tensor_mean_scaled). Only
+        # floating values do: the backward pass also computes integers from the input alone (an
+        # embedding gradient's IndexedSlices indices, the ids flattened), which scaled would
+        # name other rows of the table.
+        self.tensor_mean_scaled = (backward[prod] & batched & carries_gradient_values(graph.tensor_dtype)
+                                   & mean_loss & (graph.loss_tensor >= 0))
         self.tensor_batch_rows = self._batch_rows(graph)
 
     @staticmethod

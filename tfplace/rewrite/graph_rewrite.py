@@ -117,6 +117,26 @@ def rewrite(graph, strategy: Strategy, cluster: Cluster, **kwargs):
     return rewrite_step(graph, strategy, cluster, **kwargs).graph_def
 
 
+_ADDITIVE_OPS = ("Identity", "Add", "AddV2", "AddN")
+
+
+def loss_addends(graph, tensor: int) -> List[int]:
+    """Tensors whose sum is `tensor`: its addends through Identity and Add/AddV2/AddN ops that
+    depend on the batch (loss = ce + 0.5 * aux + decay -> [ce, 0.5 * aux, decay]), a tensor as
+    often as it is added; `[tensor]` when its op adds nothing. A batch-free op (a weight decay,
+    however it is summed) is one addend."""
+    out: List[int] = []
+    todo = [int(tensor)]
+    while todo:
+        t = todo.pop()
+        op = int(graph.tensor_op[t])
+        if graph.op_batch_dependent[op] and graph.op_types[op] in _ADDITIVE_OPS:
+            todo.extend(int(e) for e in graph.edge_tensor[graph.edge_dst == op])
+        else:
+            out.append(t)
+    return out
+
+
 def rewrite_step(graph, strategy: Strategy, cluster: Cluster, *, grouping=None, profile=None,
                  placed: Optional[PlacedGraph] = None, key_base: Optional[int] = None,
                  init_op: Optional[str] = None, cpu_all_reduce: str = rn.CPU_ALL_REDUCE[0]) -> RewrittenStep:
@@ -162,9 +182,59 @@ def rewrite_step(graph, strategy: Strategy, cluster: Cluster, *, grouping=None, 
     if tuple(placed.op_names) != tuple(graph.names):
         raise InputError(graph.source or "graph", "placed", "the PlacedGraph was lowered from another graph",
                          "pass the OpGraph and grouping the strategy was lowered with")
+    check_summable_updates(graph, placed, strategy, grouping)
     if key_base is None:
         key_base = 1 + zlib.crc32(repr((graph.names, strategy.to_json())).encode()) % (2 ** 29)
     return _Emitter(graph, placed, cluster, key_base, init_op, cpu_all_reduce).run()
+
+
+def data_dependent_updates(graph: OpGraph) -> Dict[int, str]:
+    """Tensor -> the variable it updates, for each tensor that a variable's update reads whose
+    shape depends on the values of the batch, not only on its size (a -1 dimension at the
+    reference batch, no batch axis): an optimizer's Momentum/Adam/... deduplicates a sparse
+    (IndexedSlices) gradient with Unique, one row per distinct id of the replica's own samples.
+    Of the variables one update writes (a table and its slots), the shortest name, and of a
+    slot (`<table>/Adam`, `<table>/Momentum`) the table it is a slot of."""
+    names = {v.name for v in graph.variables}
+
+    def owner(name: str) -> str:
+        parent = name.rpartition("/")[0]
+        return owner(parent) if parent in names else name
+
+    writes: Dict[int, List[str]] = {}
+    for v in graph.variables:
+        for op in v.updaters:
+            writes.setdefault(op, []).append(owner(v.name))
+    out: Dict[int, str] = {}
+    for t, c in zip(graph.edge_tensor.tolist(), graph.edge_dst.tolist()):
+        shape = graph.tensor_shape[t]
+        if (c in writes and graph.tensor_batch_axis[t] < 0 and shape is not None
+                and any(d is None or d < 0 for d in shape) and graph.op_batch_dependent[graph.tensor_op[t]]):
+            out[int(t)] = min([out.get(int(t), writes[c][0])] + writes[c], key=len)
+    return out
+
+
+def check_summable_updates(graph: OpGraph, placed: PlacedGraph, strategy: Strategy, grouping=None) -> None:
+    """Raises InputError when a variable's update reads a per-replica value of data-dependent
+    shape (data_dependent_updates) computed by two or more replicas. Such values (the distinct
+    ids of each replica's samples and their summed gradient rows) are not sums of per-replica
+    parts: summed element by element they crash (shapes differ) or, where every replica saw as
+    many distinct ids, update the wrong rows with no error (a 4-row embedding under data
+    parallelism: Momentum slot off by 186%). Aggregating them needs a gather of the
+    IndexedSlices, which the lowering does not have."""
+    for t, var in data_dependent_updates(graph).items():
+        op = int(graph.tensor_op[t])
+        replicas = int((placed.task_samples[placed.tasks_of_op(op)] > 0).sum())
+        if replicas < 2:
+            continue
+        group = f"group {grouping.group_names[int(grouping.op_group[op])]!r}" if grouping is not None else "its group"
+        raise InputError(strategy.source or "strategy", "groups",
+                         f"{graph.names[op]!r} ({graph.op_types[op]}, shape "
+                         f"{list(graph.tensor_shape[t])}) feeds the update of {var!r} and depends on the ids each "
+                         f"replica sees; {replicas} replicas of {group} cannot sum it",
+                         f"run {group} on one device (one share), or train {var!r} with plain SGD (it applies a "
+                         f"sparse gradient without Unique), or make its gradient dense (e.g. a one-hot matmul "
+                         f"instead of the lookup)")
 
 
 def check_batch(graph: OpGraph, strategy: Strategy) -> None:
@@ -666,15 +736,22 @@ class _Emitter:
         op, port = int(g.tensor_op[lt]), int(g.tensor_port[lt])
         name = g.names[op] if port == 0 else "tfplace/loss"
         dtype = g.tensor_dtype[lt]
-        parts = []
-        for t in p.tasks_of_op(op).tolist():
-            b = self._out_buffer(t, lt)
-            if p.task_samples[t] == 0:
-                parts = [self.bname(b)]
-                break
-            w = float(p.task_weight[t]) if p.tensor_weight_mean[lt] else 1.0
-            parts.append(self.bname(b) if w == 1.0 else self._scaled_loss(b, t, w, dtype))
-        if len(parts) > 1 and not p.tensor_weight_mean[lt]:
+        mean = bool(p.tensor_weight_mean[lt])
+        addends = loss_addends(g, lt)
+        batched = [t for t in addends if g.op_batch_dependent[g.tensor_op[t]]]
+        if any(self._layout(int(g.tensor_op[t])) != self._layout(op) for t in batched):
+            # Two losses summed, each reduced in a group of its own shares: the loss op's replica k
+            # adds replica k of each, computed over other samples (GraphIndex._pin_partial_readers
+            # pins a reader of partials of two groups to the first). Each addend is combined over
+            # its own replicas; a batch-free addend (a weight decay) counts once.
+            parts = []
+            for t in addends:
+                parts += (self._replica_parts(t, mean, dtype) if t in batched
+                          else [self.bname(self._out_buffer(int(p.op_task_ptr[g.tensor_op[t]]), t))])
+            self.add(rn.add_n(name, self.feed_dev, parts, dtype))
+            return name + ":0"
+        parts = self._replica_parts(lt, mean, dtype)
+        if len(parts) > 1 and not mean:
             # a summed loss plus terms that do not depend on the batch (a weight decay): every
             # replica's loss holds each such term once, so the sum of R replicas holds it R times
             replicas = len(parts)
@@ -684,6 +761,25 @@ class _Emitter:
                 parts.append(term + ":0")
         self.add(rn.add_n(name, self.feed_dev, parts, dtype))
         return name + ":0"
+
+    def _replica_parts(self, tensor: int, mean: bool, dtype: str) -> List[str]:
+        """`tensor`'s value per replica of its op, each weighted for the global loss (samples_r /
+        B under a mean reduction, else 1); the one value of an op that is not batch-split."""
+        p = self.p
+        parts = []
+        for t in p.tasks_of_op(int(self.g.tensor_op[tensor])).tolist():
+            b = self._out_buffer(t, tensor)
+            if p.task_samples[t] == 0:
+                return [self.bname(b)]
+            w = float(p.task_weight[t]) if mean else 1.0
+            parts.append(self.bname(b) if w == 1.0 else self._scaled_loss(b, t, w, dtype))
+        return parts
+
+    def _layout(self, op: int) -> Tuple[Tuple[int, int, int], ...]:
+        """(device, first sample, end sample) of each instance of `op`: two ops of one layout
+        hold, replica by replica, the same samples."""
+        p = self.p
+        return tuple((int(p.task_device[t]), int(p.task_lo[t]), int(p.task_hi[t])) for t in p.tasks_of_op(op).tolist())
 
     def _out_buffer(self, task: int, tensor: int) -> int:
         """The buffer of `tensor` that `task` makes."""
