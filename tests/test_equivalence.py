@@ -265,6 +265,26 @@ def test_sparse_gradient_indices_move_between_groups_unscaled(local_cluster):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_deduplicated_sparse_gradient_whole_on_one_replica_matches(local_cluster, optimizer):
+    """Momentum and Adam deduplicate an embedding's IndexedSlices gradient (Unique, one row per
+    distinct id); the planners' strategies keep the groups that do so whole on one device
+    (Lowerer.legalize). Data parallelism over three tasks, so legalized, computes the
+    single-device update while the rest of the step stays data parallel."""
+    from tfplace.lowering.lower import Lowerer
+    from tfplace.profiling.structural import structural_profile
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    graph = model_graph("bag", optimizer)
+    grouping = make_grouping(graph, GROUPS)
+    lowerer = Lowerer(graph, grouping, cluster, structural_profile(graph, cluster.kinds))
+    assert lowerer.whole_groups, "the deduplicating ops were not found"
+    strategy = lowerer.legalize(even_strategy(list(cluster.device_names), BATCH, GROUPS))
+    assert strategy.default.devices == tuple(cluster.device_names)
+    err = check(local_cluster, graph, strategy, cluster, grouping, "bag")
+    assert err <= TOL, f"{strategy.to_json()}: relative error {err:.3g}"
+
+
+@pytest.mark.multiprocess
 def test_two_losses_reduced_in_groups_of_other_shares_report_the_global_loss(local_cluster):
     """loss = ce + 0.5 * aux + decay with ce and aux each reduced in a group of its own shares: the
     loss op's replica k added replica k of each, reduced over other samples, so the step reported

@@ -15,7 +15,7 @@ from tfplace.formats.config import (BASELINES, load_activate_config, load_train_
                             train_config_defaults, validate_entries)
 from tfplace.formats.errors import InputError
 from tfplace.formats.profile import interpolate_seconds, load_profile, save_profile
-from tfplace.formats.strategy import (even_strategy, load_strategy, proportional_shares, proportional_strategy,
+from tfplace.formats.strategy import (decision, even_strategy, load_strategy, proportional_shares, proportional_strategy,
                               save_strategy, validate_strategy)
 from tfplace.overheads.model import load_overheads, save_overheads
 
@@ -634,3 +634,17 @@ def test_an_atomic_write_leaves_the_whole_file_or_none(tmp_path, binary, write, 
     else:
         atomic_write(path, write, binary=binary)
         assert path.read_bytes() == expected and os.listdir(tmp_path) == ["out.bin"]
+
+
+@pytest.mark.parametrize("shares, whole", [
+    ({"a": 12}, {"a": 12}),                     # one replica already: unchanged
+    ({"a": [6, 6]}, {"a": 12}),                 # micro-batches joined
+    ({"a": 4, "b": 8}, {"b": 12}),              # onto the device with most samples
+    ({"a": 6, "b": [3, 3]}, {"a": 12}),         # a tie: the first listed
+])
+def test_whole_on_one_device(shares, whole):
+    from tfplace.formats.strategy import splits, whole_on_one_device
+    d = decision(shares, "ps", "b", priority=2)
+    out = whole_on_one_device(d)
+    assert out == decision(whole, "ps", "b", priority=2)
+    assert not splits(out) and splits(d) == (d != out)

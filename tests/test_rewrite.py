@@ -266,9 +266,33 @@ def test_a_sparse_gradient_deduplicated_per_replica_is_refused_across_replicas(o
     with pytest.raises(InputError) as info:
         rewrite_step(graph, even_strategy(list(cluster.device_names), 12, 4), cluster)
     message = str(info.value)
-    assert info.value.field == "groups" and "'table'" in message and "Unique" in message, message
+    assert info.value.field == "default.shares" and "'table'" in message and "Unique" in message, message
     assert "on one device" in message and "SGD" in message, message
     rewrite_step(graph, even_strategy(["cpu1"], 12, 4), cluster)
+
+
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_every_planner_keeps_a_deduplicated_sparse_gradient_on_one_replica(optimizer):
+    """What compare, plan and train recommend runs: the lowering's legalize puts each group that
+    makes a deduplicated sparse gradient whole on the device with most of its samples, so every
+    baseline and planner strategy of such a graph rewrites (they used to be refused for real after
+    the simulator had ranked them), and the rest of the strategy stays split."""
+    from tfplace.baselines import registry
+    from tfplace.baselines.problem import make_problem
+    from tfplace.profiling.device_model import cluster_profile
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    graph = _embedding_step_graph(optimizer)
+    problem = make_problem(graph, cluster, cluster_profile(graph, cluster), max_groups=4)
+    whole = {problem.lowerer.index.group_names[g] for g in problem.lowerer.whole_groups}
+    assert whole, "the deduplicating ops were not found"
+    for name in registry.names():
+        strategy = registry.generate(name, problem)
+        for group in whole:
+            d = strategy.groups.get(group, strategy.default)
+            assert len(d.shares) == 1 and len(d.shares[0][1]) == 1, (name, group, d)
+        rewrite_step(graph, strategy, cluster)
+    dp = problem.lowerer.legalize(even_strategy(list(cluster.device_names), 12, 4))
+    assert len(dp.default.shares) == 3  # the groups without a sparse gradient stay data parallel
 
 
 def test_a_sparse_gradient_sgd_applies_without_unique_is_not_refused():

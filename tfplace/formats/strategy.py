@@ -393,6 +393,20 @@ def with_min_batch(d: GroupDecision, least: int) -> GroupDecision:
     return dataclasses.replace(d, shares=tuple(shares))
 
 
+def splits(d: GroupDecision) -> bool:
+    """Whether `d` runs its group as more than one replica (several devices, or micro-batches)."""
+    return len(d.shares) > 1 or any(len(sizes) > 1 for _, sizes in d.shares)
+
+
+def whole_on_one_device(d: GroupDecision) -> GroupDecision:
+    """`d` with the whole batch as one micro-batch on the device that held the most samples
+    (ties: the first listed); sync, PS and priority kept. `d` itself when it does not split."""
+    if not splits(d):
+        return d
+    device = max(d.shares, key=lambda share: sum(share[1]))[0]  # max keeps the first of equals
+    return dataclasses.replace(d, shares=((device, (d.total_samples,)),))
+
+
 # ---- data-parallel helpers (the baselines build on these) ----------------------------------
 def proportional_shares(weights: Sequence[float], global_batch_size: int) -> List[int]:
     """Splits global_batch_size samples over devices in proportion to `weights`.

@@ -54,7 +54,8 @@ from tfplace.lowering.meta import split_metadata
 from tfplace.lowering.patterns import PatternStore
 from tfplace.lowering.placed_graph import PlacedGraph
 from tfplace.formats.profile import Profile
-from tfplace.formats.strategy import Strategy, made_for, micro_batch_shortfall, with_min_batch
+from tfplace.formats.strategy import (Strategy, made_for, micro_batch_shortfall, splits, whole_on_one_device,
+                                      with_min_batch)
 
 # Ops that normalise with the statistics of their own batch when training (attr is_training).
 BATCH_STATISTICS_OPS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
@@ -72,6 +73,51 @@ def batch_statistics_groups(graph: OpGraph, op_group) -> Dict[int, str]:
     for op, op_type in enumerate(graph.op_types):
         if op_type in BATCH_STATISTICS_OPS and (training is None or graph.names[op] in training):
             out.setdefault(int(op_group[op]), graph.names[op])
+    return out
+
+
+def data_dependent_update_ops(graph: OpGraph) -> Dict[int, str]:
+    """Op -> the variable whose update it feeds, for the ops whose output has a shape that
+    depends on the values of the batch, not only on its size (a -1 dimension at the reference
+    batch, no batch axis), on the way into a variable's update: an optimizer's Momentum, Adam, ...
+    deduplicates a sparse (IndexedSlices) gradient with Unique (one row per distinct id of the
+    samples) and sums its rows with UnsortedSegmentSum. Such values are not sums of per-replica
+    parts, so these ops run as one replica (Lowerer.check_whole_groups). Of the variables one
+    update writes (a table and its slots), the shortest name; of a slot (`<table>/Adam`) its table."""
+    names = {v.name for v in graph.variables}
+
+    def owner(name: str) -> str:
+        parent = name.rpartition("/")[0]
+        return owner(parent) if parent in names else name
+
+    def value_dependent(t: int) -> bool:
+        shape = graph.tensor_shape[t]
+        return (graph.tensor_batch_axis[t] < 0 and shape is not None and any(d is None or d < 0 for d in shape)
+                and bool(graph.op_batch_dependent[graph.tensor_op[t]]))
+
+    writes: Dict[int, str] = {}
+    for v in graph.variables:
+        for op in v.updaters:
+            writes[op] = min(writes.get(op, owner(v.name)), owner(v.name), key=len)
+    into_update = np.isin(graph.edge_dst, np.fromiter(writes, dtype=np.int64, count=len(writes)))
+    todo = [(t, writes[c]) for t, c in zip(graph.edge_tensor[into_update].tolist(), graph.edge_dst[into_update].tolist())
+            if value_dependent(t)]
+    out: Dict[int, str] = {}
+    while todo:  # and the ops before them that make values of such shapes (Unique before the sum)
+        t, var = todo.pop()
+        op = int(graph.tensor_op[t])
+        if op not in out:
+            out[op] = var
+            todo += [(u, var) for u in graph.edge_tensor[graph.edge_dst == op].tolist() if value_dependent(u)]
+    return out
+
+
+def whole_groups(graph: OpGraph, op_group) -> Dict[int, Tuple[str, str]]:
+    """Group index -> (name of its first op of data_dependent_update_ops, the variable it feeds):
+    the groups a strategy must run as one replica (one device, one micro-batch)."""
+    out: Dict[int, Tuple[str, str]] = {}
+    for op, var in sorted(data_dependent_update_ops(graph).items()):
+        out.setdefault(int(op_group[op]), (graph.names[op], var))
     return out
 
 
@@ -114,6 +160,7 @@ class Lowerer:
         # lowered graph may carry clones of metadata ops after the original ops (tfplace.lowering.meta).
         self.original_graph = graph
         self.batch_stat_groups = batch_statistics_groups(graph, grouping.op_group)
+        self.whole_groups = whole_groups(graph, grouping.op_group)
         graph, op_group = split_metadata(graph, grouping.op_group)
         grouping = _RegroupedGrouping(op_group, tuple(grouping.group_names))
         self.graph, self.cluster, self.profile = graph, cluster, profile
@@ -195,6 +242,7 @@ class Lowerer:
                                       or len(self.layouts(batch).entries) > self.max_cache_rows // 16):
             self.reset()  # bound the caches in long searches; the next lowering is a full one
         self.check_min_batch(strategy)
+        self.check_whole_groups(strategy)
         lay_of, sync, prio = self._decisions(strategy, batch)
         sig_pat = self._resolve(batch, lay_of, sync)
         placed = assemble(self.index, self, lay_of, sync, prio, sig_pat, batch)
@@ -267,10 +315,28 @@ class Lowerer:
                                  f"give each micro-batch of this group at least {least} samples, or set "
                                  f"min_batch_per_replica lower (1 turns the check off)")
 
+    def check_whole_groups(self, strategy: Strategy) -> None:
+        """Raises InputError naming the group when the strategy splits a group of `whole_groups`
+        over replicas: summed element by element, the replicas' deduplicated sparse gradients
+        crash (their row counts differ) or update the wrong rows with no error."""
+        for g, (op_name, var) in self.whole_groups.items():
+            name = self.index.group_names[g]
+            d = strategy.groups.get(name, strategy.default)
+            if d is not None and splits(d):
+                field = f"groups.{name}" if name in strategy.groups else "default"
+                raise InputError(strategy.source or "strategy", f"{field}.shares",
+                                 f"splits group {name!r} over replicas, but its {op_name!r} makes the deduplicated "
+                                 f"sparse gradient of {var!r} (one row per distinct id of its samples), which replicas "
+                                 "cannot sum",
+                                 f"run group {name!r} on one device (one share, one micro-batch), or train {var!r} with "
+                                 "plain SGD (no deduplication), or make its gradient dense (a one-hot matmul instead "
+                                 "of the lookup)")
+
     def legalize(self, strategy: Strategy) -> Strategy:
         """`strategy` with every batch-statistics group's micro-batches raised to the minimum
-        (`formats.strategy.with_min_batch`); the same object when nothing falls short. How the
-        planners, the policy and the search keep to the minimum."""
+        (`formats.strategy.with_min_batch`) and every group of `whole_groups` whole on the device
+        that had most of its samples (`formats.strategy.whole_on_one_device`); the same object
+        when nothing changes. How the planners, the policy and the search keep to both."""
         least = strategy.effective_min_batch_per_replica
         raised = {}
         for g in self.batch_stat_groups:
@@ -278,6 +344,11 @@ class Lowerer:
             d = strategy.groups.get(name, strategy.default)
             if d is not None and micro_batch_shortfall(d, least) is not None:
                 raised[name] = with_min_batch(d, least)
+        for g in self.whole_groups:
+            name = self.index.group_names[g]
+            d = raised.get(name, strategy.groups.get(name, strategy.default))
+            if d is not None and splits(d):
+                raised[name] = whole_on_one_device(d)
         return dataclasses.replace(strategy, groups={**strategy.groups, **raised}) if raised else strategy
 
     def _decisions(self, strategy: Strategy, batch: int):

@@ -188,53 +188,25 @@ def rewrite_step(graph, strategy: Strategy, cluster: Cluster, *, grouping=None, 
     return _Emitter(graph, placed, cluster, key_base, init_op, cpu_all_reduce).run()
 
 
-def data_dependent_updates(graph: OpGraph) -> Dict[int, str]:
-    """Tensor -> the variable it updates, for each tensor that a variable's update reads whose
-    shape depends on the values of the batch, not only on its size (a -1 dimension at the
-    reference batch, no batch axis): an optimizer's Momentum/Adam/... deduplicates a sparse
-    (IndexedSlices) gradient with Unique, one row per distinct id of the replica's own samples.
-    Of the variables one update writes (a table and its slots), the shortest name, and of a
-    slot (`<table>/Adam`, `<table>/Momentum`) the table it is a slot of."""
-    names = {v.name for v in graph.variables}
-
-    def owner(name: str) -> str:
-        parent = name.rpartition("/")[0]
-        return owner(parent) if parent in names else name
-
-    writes: Dict[int, List[str]] = {}
-    for v in graph.variables:
-        for op in v.updaters:
-            writes.setdefault(op, []).append(owner(v.name))
-    out: Dict[int, str] = {}
-    for t, c in zip(graph.edge_tensor.tolist(), graph.edge_dst.tolist()):
-        shape = graph.tensor_shape[t]
-        if (c in writes and graph.tensor_batch_axis[t] < 0 and shape is not None
-                and any(d is None or d < 0 for d in shape) and graph.op_batch_dependent[graph.tensor_op[t]]):
-            out[int(t)] = min([out.get(int(t), writes[c][0])] + writes[c], key=len)
-    return out
-
-
 def check_summable_updates(graph: OpGraph, placed: PlacedGraph, strategy: Strategy, grouping=None) -> None:
-    """Raises InputError when a variable's update reads a per-replica value of data-dependent
-    shape (data_dependent_updates) computed by two or more replicas. Such values (the distinct
-    ids of each replica's samples and their summed gradient rows) are not sums of per-replica
-    parts: summed element by element they crash (shapes differ) or, where every replica saw as
-    many distinct ids, update the wrong rows with no error (a 4-row embedding under data
-    parallelism: Momentum slot off by 186%). Aggregating them needs a gather of the
-    IndexedSlices, which the lowering does not have."""
-    for t, var in data_dependent_updates(graph).items():
-        op = int(graph.tensor_op[t])
+    """Raises InputError when an op that makes a deduplicated sparse gradient
+    (tfplace.lowering.lower.data_dependent_update_ops) runs as two or more replicas: a PlacedGraph
+    lowered by other means than Lowerer.lower, which refuses such a strategy first
+    (Lowerer.check_whole_groups). Summed element by element over replicas, these values crash
+    (row counts differ) or, where every replica saw as many distinct ids, update the wrong rows
+    with no error (a 4-row embedding under data parallelism: Momentum slot off by 186%)."""
+    from tfplace.lowering.lower import data_dependent_update_ops
+    for op, var in sorted(data_dependent_update_ops(graph).items()):
         replicas = int((placed.task_samples[placed.tasks_of_op(op)] > 0).sum())
         if replicas < 2:
             continue
         group = f"group {grouping.group_names[int(grouping.op_group[op])]!r}" if grouping is not None else "its group"
         raise InputError(strategy.source or "strategy", "groups",
-                         f"{graph.names[op]!r} ({graph.op_types[op]}, shape "
-                         f"{list(graph.tensor_shape[t])}) feeds the update of {var!r} and depends on the ids each "
-                         f"replica sees; {replicas} replicas of {group} cannot sum it",
-                         f"run {group} on one device (one share), or train {var!r} with plain SGD (it applies a "
-                         f"sparse gradient without Unique), or make its gradient dense (e.g. a one-hot matmul "
-                         f"instead of the lookup)")
+                         f"{graph.names[op]!r} ({graph.op_types[op]}) makes the deduplicated sparse gradient of "
+                         f"{var!r} (one row per distinct id of its samples); {replicas} replicas of {group} cannot "
+                         "sum it",
+                         f"run {group} on one device (one share, one micro-batch), or train {var!r} with plain SGD "
+                         "(no deduplication), or make its gradient dense (a one-hot matmul instead of the lookup)")
 
 
 def check_batch(graph: OpGraph, strategy: Strategy) -> None:
