@@ -243,7 +243,11 @@ def test_transfers_are_deduplicated_per_tensor_and_destination():
     assert len(_tasks(placed, TASK_TRANSFER)) == 1
 
 
-def test_priorities_order_a_device():
+# Only the order of priorities means anything: any integer a file gives (json has no bound) must
+# order the device the same. The task key multiplies a group's priority by micro-batches x ops:
+# 2**62 wrapped int64 (it ran first), 2**70 raised OverflowError from numpy.
+@pytest.mark.parametrize("priority", [1, 2 ** 40, 2 ** 62, 2 ** 70])
+def test_priorities_order_a_device(priority):
     ops = [("x", "Placeholder", 800, True, True), ("a", "Op", 800, True, True), ("b", "Op", 800, True, True)]
     g = fk.op_graph(ops, [("x", "a"), ("x", "b")])
     gr = fk.grouping(g)
@@ -251,7 +255,7 @@ def test_priorities_order_a_device():
     from tfplace.simulator import schedule
     cluster = fk.pair_cluster()
     for first, second in (("a", "b"), ("b", "a")):
-        st = Strategy(8, 3, decision({"v100_0": 8}), {second: decision({"v100_0": 8}, priority=1)})
+        st = Strategy(8, 3, decision({"v100_0": 8}), {second: decision({"v100_0": 8}, priority=priority)})
         placed = lower(g, gr, cluster, st, prof)
         sched = schedule(placed, np.ones(2))
         assert sched.start[g.index(first)] < sched.start[g.index(second)]
