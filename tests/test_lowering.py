@@ -243,7 +243,11 @@ def test_transfers_are_deduplicated_per_tensor_and_destination():
     assert len(_tasks(placed, TASK_TRANSFER)) == 1
 
 
-def test_priorities_order_a_device():
+# Only the order of priorities means anything: any integer a file gives (json has no bound) must
+# order the device the same. The task key multiplies a group's priority by micro-batches x ops:
+# 2**62 wrapped int64 (it ran first), 2**70 raised OverflowError from numpy.
+@pytest.mark.parametrize("priority", [1, 2 ** 40, 2 ** 62, 2 ** 70])
+def test_priorities_order_a_device(priority):
     ops = [("x", "Placeholder", 800, True, True), ("a", "Op", 800, True, True), ("b", "Op", 800, True, True)]
     g = fk.op_graph(ops, [("x", "a"), ("x", "b")])
     gr = fk.grouping(g)
@@ -251,7 +255,7 @@ def test_priorities_order_a_device():
     from tfplace.simulator import schedule
     cluster = fk.pair_cluster()
     for first, second in (("a", "b"), ("b", "a")):
-        st = Strategy(8, 3, decision({"v100_0": 8}), {second: decision({"v100_0": 8}, priority=1)})
+        st = Strategy(8, 3, decision({"v100_0": 8}), {second: decision({"v100_0": 8}, priority=priority)})
         placed = lower(g, gr, cluster, st, prof)
         sched = schedule(placed, np.ones(2))
         assert sched.start[g.index(first)] < sched.start[g.index(second)]
@@ -467,7 +471,9 @@ def test_changing_one_group_re_resolves_only_its_signatures():
 # ---- per-replica metadata, sum-reduced losses, mean-scaled slices (TF graphs) -----------------
 
 def _sum_mlp_graph(batch=12, reduction="sum"):
-    """Tiny MLP whose loss is tf.reduce_sum (or reduce_mean) of per-example cross entropy."""
+    """Tiny MLP whose loss is tf.reduce_sum (or reduce_mean) of per-example cross entropy, or
+    (reduction "tf_losses") tf.compat.v1.losses' mean: the sum divided by a forward count
+    (`num_present`), then tiled over the batch in the gradient."""
     import tensorflow as tf
     from tfplace.ir.loader import load_op_graph
     v1 = tf.compat.v1
@@ -477,10 +483,11 @@ def _sum_mlp_graph(batch=12, reduction="sum"):
         y = v1.placeholder(tf.int32, [None], name="labels")
         logits = testing._dense(tf.nn.relu(testing._dense(x, 8, "dense_0")), 4, "dense_1")
         per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
-        reduce = tf.reduce_sum if reduction == "sum" else tf.reduce_mean
+        reduce = {"sum": tf.reduce_sum, "mean": tf.reduce_mean,
+                  "tf_losses": lambda _: v1.losses.sparse_softmax_cross_entropy(y, logits)}[reduction]
         testing._train_step(tf.identity(reduce(per_example), name="loss"), "sgd")
     return load_op_graph(g.as_graph_def(), sinks=["train_op"], batch_size=batch, loss="loss",
-                         loss_reduction=reduction, source=f"{reduction}_mlp")
+                         loss_reduction="sum" if reduction == "sum" else "mean", source=f"{reduction}_mlp")
 
 
 def _grad_tensors(graph):
@@ -528,6 +535,32 @@ def test_integer_tensors_of_the_backward_pass_are_not_mean_scaled():
                        for n in ("Reshape_1", "Reshape"))
     assert g.tensor_dtype[indices] == "int32" and not ix.tensor_mean_scaled[indices]
     assert ix.tensor_mean_scaled[values]
+
+# A mean's gradient tiles the upstream gradient over the batch (gradients/Mean_grad/Tile: 1 per
+# sample at any replica size), then divides by the replica's count (Mean_grad/truediv: 1/s). Only
+# what follows the division carries 1/s; rescaling the Tile's slices by s_r / s_c when they moved
+# to a replica of another size scaled every gradient by that ratio (0.5 with the Tile split 6 / 6
+# and the division on one device: tests/test_equivalence.py, the loss-gradient seed case).
+# tf.compat.v1.losses divides first, by a forward count (num_present): its Tile carries 1/s.
+MEAN_SCALED_CASES = [
+    ("mean", "gradients/Mean_grad/Tile", False),
+    ("mean", "gradients/Mean_grad/truediv", True),
+    ("mean", "gradients/SparseSoftmaxCrossEntropyWithLogits/SparseSoftmaxCrossEntropyWithLogits_grad/mul", True),
+    ("mean", "gradients/Relu_grad/ReluGrad", True),
+    ("mean", "Relu", False),
+    ("tf_losses", "gradients/sparse_softmax_cross_entropy_loss/Sum_grad/Tile", True),
+    ("tf_losses", "gradients/Relu_grad/ReluGrad", True),
+]
+
+
+@pytest.mark.parametrize("loss,name,scaled", MEAN_SCALED_CASES)
+def test_only_tensors_after_a_means_division_carry_one_over_the_replica_size(loss, name, scaled):
+    g = _sum_mlp_graph(reduction=loss)
+    ix = GraphIndex(g, _grouping4(g))
+    tensor = int(np.nonzero(g.tensor_op == g.index(name))[0][0])
+    assert g.tensor_batch_axis[tensor] >= 0
+    assert bool(ix.tensor_mean_scaled[tensor]) == scaled
+
 
 def test_readers_of_a_partial_run_in_its_producers_group():
     # Drop-connect's kernel gradient (MatMul grad -> SelectV2 grad -> ... -> update) passes

@@ -336,10 +336,38 @@ class GraphIndex:
         # size is rescaled by s_producer / s_consumer (PlacedGraph.tensor_mean_scaled). Only
         # floating values do: the backward pass also computes integers from the input alone (an
         # embedding gradient's IndexedSlices indices, the ids flattened), which scaled would
-        # name other rows of the table.
-        self.tensor_mean_scaled = (backward[prod] & batched & carries_gradient_values(graph.tensor_dtype)
+        # name other rows of the table. And only from the mean's division by the replica's count
+        # on, not the loss gradient tiled over the batch before it (_after_batch_count).
+        after_count = self._after_batch_count(graph, backward)
+        self.tensor_mean_scaled = (after_count[prod] & batched & carries_gradient_values(graph.tensor_dtype)
                                    & mean_loss & (graph.loss_tensor >= 0))
         self.tensor_batch_rows = self._batch_rows(graph)
+
+    @staticmethod
+    def _after_batch_count(graph: OpGraph, backward: np.ndarray) -> np.ndarray:
+        """bool[N]: backward-pass ops that read, through data edges within the backward pass, a
+        floating-point value that depends on the replica's samples without a batch axis: a
+        metadata value (the count a mean's gradient divides by, `gradients/Mean_grad/Cast` into
+        `Mean_grad/truediv`) or a forward reduction over the batch (`num_present` of a
+        tf.compat.v1.losses loss, into its `div_no_nan` gradient). Integer metadata are shapes
+        (the Tile's multiples, a Reshape's shape), never a value that scales a gradient: TF does
+        no arithmetic between an integer and a float tensor without a Cast. So the loss gradient
+        tiled over the batch before a mean's division (`gradients/Mean_grad/Tile`: the upstream
+        gradient per sample, the same at any replica size) is excluded, and so are backward ops
+        that read forward values per sample only (`-x / y**2` of a division's gradient, a
+        `Greater` mask)."""
+        from tfplace.lowering.meta import metadata_ops, topological_order
+        meta = metadata_ops(graph)
+        prod = graph.tensor_op
+        per_replica = graph.op_batch_dependent[prod] & (graph.tensor_batch_axis < 0) & (meta[prod] | ~backward[prod])
+        count = per_replica & carries_gradient_values(graph.tensor_dtype)
+        ins: List[List[int]] = [[] for _ in range(graph.num_ops)]
+        for t, c in zip(graph.edge_tensor.tolist(), graph.edge_dst.tolist()):
+            ins[c].append(int(t))
+        out = np.zeros(graph.num_ops, dtype=bool)
+        for i in topological_order(graph).tolist():
+            out[i] = backward[i] and any(count[t] or out[prod[t]] for t in ins[i])
+        return out
 
     @staticmethod
     def _small_constants(graph: OpGraph) -> np.ndarray:

@@ -19,9 +19,10 @@ What a strategy means, task by task (PlacedGraph documents the arrays):
   * weights: combining replica r's partial value uses weight samples_r / B when the tensor
     follows a mean-reduced loss (or is a batch statistic), else 1, so one step equals
     single-device training on the global batch (PlacedGraph.task_weight, tensor_weight_mean).
-  * order: priority key = (group `priority` (default 0), micro-batch index on its device, run
-    rank), so micro-batch 0 flows through pipeline stages first (tfplace.lowering.assemble); the
-    run rank is a topological order that follows the profile's `run_order` where it has one
+  * order: priority key = (group `priority` (default 0; its rank among the strategy's distinct
+    priorities, priority_ranks), micro-batch index on its device, run rank), so micro-batch 0
+    flows through pipeline stages first (tfplace.lowering.assemble); the run rank is a
+    topological order that follows the profile's `run_order` where it has one
     (tfplace.lowering.graph_index.run_order_rank).
   * control edges: per replica where both ends share a layout, else all-to-all.
   * memory: every copy of a variable is resident; optimizer slots only where updates run.
@@ -373,8 +374,7 @@ class Lowerer:
             rows.append(hit[2])
         lay_of = np.array([r[0] for r in rows], dtype=np.int64).reshape(-1, 4)
         sync = np.array([r[1] for r in rows], dtype=np.int64)
-        prio = np.array([r[2] for r in rows], dtype=np.int64)
-        return lay_of, sync, prio
+        return lay_of, sync, priority_ranks([r[2] for r in rows])
 
     def _resolve(self, batch: int, lay_of: np.ndarray, sync: np.ndarray) -> np.ndarray:
         """Pattern id per signature; only signatures touching changed groups are recomputed."""
@@ -425,6 +425,16 @@ class Lowerer:
             key = (cls, lay[pg][pk], tuple((lay[cg][ck], pm if pm < PM_AGG else PM_AGG + sy[cg]) for cg, ck, pm in slots))
             out[k] = store.get(key, entries)
         return out
+
+
+def priority_ranks(priorities) -> np.ndarray:
+    """[G] int64: each group's priority as its rank among the distinct priorities (0: the lowest;
+    equal priorities keep equal ranks). Only their order means anything, and a file may give any
+    integer: the task key (tfplace.lowering.assemble) multiplies a group's priority by the
+    micro-batches times the ops, which wrapped int64 silently for large values (2**62 on a 3-op
+    graph ran first instead of last) and overflowed it from 2**63 on."""
+    rank = {p: r for r, p in enumerate(sorted(set(priorities)))}
+    return np.array([rank[p] for p in priorities], dtype=np.int64)
 
 
 def _unique_rows(mat: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:

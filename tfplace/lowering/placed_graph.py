@@ -52,7 +52,10 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
   weights     tensor_weight_mean[T] bool  True: combining replicas of the tensor (sum of partial
                                        values, or concatenation into an update) weights replica r
                                        by task_weight (= samples_r / B); False: weight 1
-              tensor_mean_scaled[T] bool  batched tensors of a mean-reduced loss's backward pass:
+              tensor_mean_scaled[T] bool  batched tensors of a mean-reduced loss's backward pass
+                                       from the mean's division by the replica's count on
+                                       (GraphIndex._after_batch_count; not the loss gradient
+                                       tiled over the batch before it):
                                        replica r's values carry 1/s_r per sample, so a slice a
                                        RESPLIT/TRANSFER hands to a consumer replica of s_c samples
                                        is scaled by s_r / s_c (empty: none; additive field)
