@@ -61,8 +61,8 @@ def cnn_graph_def(optimizer):
     return graph.as_graph_def()
 
 
-def sum_mlp_graph_def(optimizer):
-    """The tiny MLP with a *sum*-reduced loss (gradients aggregate with weight 1)."""
+def _mlp_graph_def(optimizer, loss_of):
+    """The tiny MLP (16 -> 32 -> 4) with the loss `loss_of(labels, logits)`."""
     import tensorflow as tf
     from tfplace.testing import _dense, _train_step
     v1 = tf.compat.v1
@@ -71,9 +71,15 @@ def sum_mlp_graph_def(optimizer):
         labels = v1.placeholder(tf.int32, [None], name="labels")
         x = v1.placeholder(tf.float32, [None, 16], name="features")
         logits = _dense(tf.nn.relu(_dense(x, 32, "dense_0")), 4, "dense_1")
-        per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-        _train_step(tf.identity(tf.reduce_sum(per_example), name="loss"), optimizer)
+        _train_step(tf.identity(loss_of(labels, logits), name="loss"), optimizer)
     return graph.as_graph_def()
+
+
+def sum_mlp_graph_def(optimizer):
+    """The tiny MLP with a *sum*-reduced loss (gradients aggregate with weight 1)."""
+    import tensorflow as tf
+    return _mlp_graph_def(optimizer, lambda labels, logits: tf.reduce_sum(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)))
 
 
 def sum_reg_mlp_graph_def(optimizer):
@@ -133,16 +139,7 @@ def tf_losses_mlp_graph_def(optimizer):
     """The tiny MLP with tf.compat.v1.losses' mean: the summed cross entropy divided by a forward
     count (`num_present`), so its gradient divides before it tiles over the batch."""
     import tensorflow as tf
-    from tfplace.testing import _dense, _train_step
-    v1 = tf.compat.v1
-    with tf.Graph().as_default() as graph:
-        v1.set_random_seed(0)
-        labels = v1.placeholder(tf.int32, [None], name="labels")
-        x = v1.placeholder(tf.float32, [None, 16], name="features")
-        logits = _dense(tf.nn.relu(_dense(x, 32, "dense_0")), 4, "dense_1")
-        loss = v1.losses.sparse_softmax_cross_entropy(labels, logits)
-        _train_step(tf.identity(loss, name="loss"), optimizer)
-    return graph.as_graph_def()
+    return _mlp_graph_def(optimizer, tf.compat.v1.losses.sparse_softmax_cross_entropy)
 
 
 def model_graph(model, optimizer, batch=BATCH):
