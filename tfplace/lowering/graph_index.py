@@ -285,7 +285,13 @@ class GraphIndex:
         topological order, so a chain of readers follows its head. Left as is: readers with
         batched inputs (a batch statistic normalising activations, an approximation per replica
         anyway; batch-norm gradients are pinned by _pin_batch_norm_gradients) and metadata (recomputed in each consumer's group, tfplace.lowering.meta).
-        A reader of partials from two groups keeps the first producer's group (no such graph yet).
+        A reader of partials of several producers joins them all to one layout: the producers,
+        their readers and the readers' other producers take the group of the first producer (in
+        the first input of the first reader in topological order). Left apart, a partial of
+        another layout reaches the reader aggregated with the loss reduction's weight (samples /
+        B), which is a mean's: a per-replica *sum* (tf.compat.v1.losses' summed loss and its
+        `num_present`, divided by each other) came out halved, and so did the gradient that
+        tiled the division's 1/count over the batch (tests/test_equivalence.py, SEED_CASES).
         """
         from tfplace.lowering.meta import metadata_ops, topological_order
         meta = metadata_ops(graph)
@@ -298,12 +304,31 @@ class GraphIndex:
         for t, c in zip(graph.edge_tensor.tolist(), graph.edge_dst.tolist()):
             if not batched_t[t]:
                 ins[c].append(int(graph.tensor_op[t]))
-        out = op_group.copy()
-        for i in topological_order(graph).tolist():
+        order = topological_order(graph).tolist()
+        first_src: Dict[int, int] = {}  # reader -> the producer of its first partial input
+        parent: Dict[int, int] = {}  # union-find over readers and their producers
+
+        def root(x: int) -> int:
+            while parent.setdefault(x, x) != x:
+                parent[x] = x = parent[parent[x]]
+            return x
+        for i in order:
             if reader[i]:
                 src = [p for p in ins[i] if partial_src[p]]
                 if src:
-                    out[i] = out[src[0]]
+                    first_src[i] = src[0]
+                    for p in src:
+                        parent[root(p)] = root(i)
+        anchor: Dict[int, int] = {}  # component root -> the producer whose group it takes
+        for i in order:
+            if i in first_src and root(i) not in anchor:
+                head = i
+                while head in first_src:  # a chain of readers leads back to a producer
+                    head = first_src[head]
+                anchor[root(i)] = head
+        out = op_group.copy()
+        for x in parent:
+            out[x] = op_group[anchor[root(x)]]
         return out
 
     # ---- tensors -------------------------------------------------------------------------------
