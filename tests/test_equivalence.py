@@ -304,7 +304,8 @@ def test_deduplicated_sparse_gradient_whole_on_one_replica_matches(local_cluster
 def test_two_losses_reduced_in_groups_of_other_shares_report_the_global_loss(local_cluster):
     """loss = ce + 0.5 * aux + decay with ce and aux each reduced in a group of its own shares: the
     loss op's replica k added replica k of each, reduced over other samples, so the step reported
-    a loss 5.7% off (the variables were right). Each addend now counts over its own replicas."""
+    a loss 5.7% off (the variables were right). The loss and its addends now run in one layout
+    (GraphIndex._pin_partial_readers)."""
     cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
     graph = model_graph("two_losses", "momentum")
     grouping = make_grouping(graph, GROUPS)

@@ -117,26 +117,6 @@ def rewrite(graph, strategy: Strategy, cluster: Cluster, **kwargs):
     return rewrite_step(graph, strategy, cluster, **kwargs).graph_def
 
 
-_ADDITIVE_OPS = ("Identity", "Add", "AddV2", "AddN")
-
-
-def loss_addends(graph, tensor: int) -> List[int]:
-    """Tensors whose sum is `tensor`: its addends through Identity and Add/AddV2/AddN ops that
-    depend on the batch (loss = ce + 0.5 * aux + decay -> [ce, 0.5 * aux, decay]), a tensor as
-    often as it is added; `[tensor]` when its op adds nothing. A batch-free op (a weight decay,
-    however it is summed) is one addend."""
-    out: List[int] = []
-    todo = [int(tensor)]
-    while todo:
-        t = todo.pop()
-        op = int(graph.tensor_op[t])
-        if graph.op_batch_dependent[op] and graph.op_types[op] in _ADDITIVE_OPS:
-            todo.extend(int(e) for e in graph.edge_tensor[graph.edge_dst == op])
-        else:
-            out.append(t)
-    return out
-
-
 def rewrite_step(graph, strategy: Strategy, cluster: Cluster, *, grouping=None, profile=None,
                  placed: Optional[PlacedGraph] = None, key_base: Optional[int] = None,
                  init_op: Optional[str] = None, cpu_all_reduce: str = rn.CPU_ALL_REDUCE[0]) -> RewrittenStep:
@@ -709,19 +689,6 @@ class _Emitter:
         name = g.names[op] if port == 0 else "tfplace/loss"
         dtype = g.tensor_dtype[lt]
         mean = bool(p.tensor_weight_mean[lt])
-        addends = loss_addends(g, lt)
-        batched = [t for t in addends if g.op_batch_dependent[g.tensor_op[t]]]
-        if any(self._layout(int(g.tensor_op[t])) != self._layout(op) for t in batched):
-            # Two losses summed, each reduced in a group of its own shares: the loss op's replica k
-            # adds replica k of each, computed over other samples (GraphIndex._pin_partial_readers
-            # pins a reader of partials of two groups to the first). Each addend is combined over
-            # its own replicas; a batch-free addend (a weight decay) counts once.
-            parts = []
-            for t in addends:
-                parts += (self._replica_parts(t, mean, dtype) if t in batched
-                          else [self.bname(self._out_buffer(int(p.op_task_ptr[g.tensor_op[t]]), t))])
-            self.add(rn.add_n(name, self.feed_dev, parts, dtype))
-            return name + ":0"
         parts = self._replica_parts(lt, mean, dtype)
         if len(parts) > 1 and not mean:
             # a summed loss plus terms that do not depend on the batch (a weight decay): every
@@ -746,12 +713,6 @@ class _Emitter:
             w = float(p.task_weight[t]) if mean else 1.0
             parts.append(self.bname(b) if w == 1.0 else self._scaled_loss(b, t, w, dtype))
         return parts
-
-    def _layout(self, op: int) -> Tuple[Tuple[int, int, int], ...]:
-        """(device, first sample, end sample) of each instance of `op`: two ops of one layout
-        hold, replica by replica, the same samples."""
-        p = self.p
-        return tuple((int(p.task_device[t]), int(p.task_lo[t]), int(p.task_hi[t])) for t in p.tasks_of_op(op).tolist())
 
     def _out_buffer(self, task: int, tensor: int) -> int:
         """The buffer of `tensor` that `task` makes."""
