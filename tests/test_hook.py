@@ -274,6 +274,7 @@ def test_an_unchanged_loop_that_fetches_its_own_loss_sees_the_steps_loss(local_c
                 "Sum": lambda: tf.reduce_sum(ce, name="loss")}[loss_op]()
         assert loss.op.type == loss_op
         accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), y), tf.float32))
+        confidence = tf.reduce_max(tf.nn.softmax(logits), name="confidence")
         rate = 0.5 / (BATCH if loss_op == "Sum" else 1)  # a summed loss's gradient is BATCH times larger
         train_op = tf.group(v1.train.GradientDescentOptimizer(rate).minimize(loss), name="train_op")
         hook = PlacementHook(strategy, cluster, train_op, loss)
@@ -282,6 +283,9 @@ def test_an_unchanged_loop_that_fetches_its_own_loss_sees_the_steps_loss(local_c
             seen = [sess.run([train_op, loss, hook.loss], feed_dict={x: fx, y: fy})[1:] for _ in range(3)]
             with pytest.warns(UserWarning, match="computed from the script's variables"):
                 sess.run([train_op, accuracy], feed_dict={x: fx, y: fy})
+            # fetched by name while another graph is the default (looked up in the session's graph)
+            with tf.Graph().as_default(), pytest.warns(UserWarning, match="'confidence' is computed"):
+                sess.run([train_op, confidence.name], feed_dict={x: fx, y: fy})
     mine, theirs = np.array(seen).T
     assert np.array_equal(mine, theirs) and mine[0] > mine[1] > mine[2], seen  # the same batch: it falls
 

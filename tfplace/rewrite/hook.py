@@ -225,8 +225,9 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
     def _warn_stale(self, fetches) -> None:
         """Warns once per tensor when the run fetches one computed from the script's trained
         variables (an accuracy, a loss the hook could not alias): they hold the last saved values,
-        not the trained replicas."""
-        g = tf.compat.v1.get_default_graph()
+        not the trained replicas. Names are looked up in the graph begin() set up (the session's),
+        which need not be the default graph where the script runs its loop."""
+        g = self._graph or tf.compat.v1.get_default_graph()
         for item in tf.nest.flatten(fetches):
             op = getattr(item, "op", item)
             if isinstance(op, str):
