@@ -307,3 +307,29 @@ def test_a_refused_sparse_update_names_the_table_not_its_slot():
     with pytest.raises(InputError) as info:
         rewrite_step(_embedding_step_graph("adam"), even_strategy(list(cluster.device_names), 12, 4), cluster)
     assert "of 'table'" in str(info.value) and "'table/Adam" not in str(info.value), str(info.value)
+
+
+def test_an_initial_value_that_reads_a_variable_waits_for_its_initializer():
+    """A bare step whose learning-rate variable starts at a value read from another variable (a
+    schedule of the step counter, as a new Keras optimizer's): the original init orders neither
+    initializer. The rewritten init, with the handles on their devices, read the counter before
+    it existed ("Could not find variable"); the read now waits for the counter's initializer."""
+    import tensorflow as tf
+    from tfplace.ir.loader import load_op_graph
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as g:
+        x = v1.placeholder(tf.float32, [None, 4], name="features")
+        step = v1.get_variable("counter", initializer=tf.constant(0.0), use_resource=True, trainable=False)
+        counter_at_init = tf.raw_ops.ReadVariableOp(resource=step.handle, dtype=tf.float32, name="counter_at_init")
+        rate = v1.Variable(0.1 * tf.pow(0.5, counter_at_init), name="rate", use_resource=True, trainable=False)
+        loss = tf.reduce_mean(tf.square(v1.layers.dense(x, 1, name="dense")), name="loss")
+        train_op = tf.group(v1.train.GradientDescentOptimizer(rate).minimize(loss), step.assign_add(1.0),
+                            name="train_op")
+        v1.global_variables_initializer()
+    graph = load_op_graph(g.as_graph_def(), sinks=[train_op.name], batch_size=12, loss="loss", source="scheduled")
+    cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
+    out = rewrite_step(graph, even_strategy(list(cluster.device_names), 12, 4), cluster).graph_def
+    read = next(n for n in out.node if n.name == "counter_at_init")
+    assert "^counter/Assign" in read.input, read
+    assign = next(n for n in out.node if n.name == "counter/Assign")
+    assert not any(i.lstrip("^").split(":")[0] == "counter_at_init" for i in assign.input)  # no cycle

@@ -645,9 +645,45 @@ class _Emitter:
         t = int(self.p.op_task_ptr[op])
         return self.inst(t), int(self.p.task_device[t])
 
+    def _init_read_orders(self) -> Dict[str, List[str]]:
+        """Init node -> the initializers (AssignVariableOp of the init subgraph) it must wait for:
+        a read of variable A inside the initial value of variable B waits for A's initializer.
+        TensorFlow orders neither (a new Keras optimizer with a learning-rate schedule starts
+        `current_learning_rate` at schedule(iteration)); on one device the executor's order
+        happened to win, while the rewritten init, with the handles on their devices, read A
+        before it existed ("Could not find variable"). Not where the read leads to A's own
+        initializer (a cycle)."""
+        nodes = set(self._init_nodes())
+        assigns: Dict[str, List[str]] = {}
+        for n in nodes:
+            node = self.orig[n]
+            if node.op == "AssignVariableOp" and node.input:
+                assigns.setdefault(node.input[0].split(":")[0], []).append(n)
+        out: Dict[str, List[str]] = {}
+        for n in sorted(nodes):
+            node = self.orig[n]
+            if node.op != "ReadVariableOp" or not node.input:
+                continue
+            waits = [a for a in assigns.get(node.input[0].split(":")[0], []) if n not in self._init_ancestors(a)]
+            if waits:
+                out[n] = waits
+        return out
+
+    def _init_ancestors(self, name: str) -> set:
+        """Init-subgraph nodes `name` depends on (data and control inputs)."""
+        nodes, seen, stack = set(self._init_nodes()), set(), [name]
+        while stack:
+            for x in self.orig[stack.pop()].input:
+                src = x.lstrip("^").split(":")[0]
+                if src in nodes and src not in seen:
+                    seen.add(src)
+                    stack.append(src)
+        return seen
+
     def init_subgraph(self) -> str:
         init = self._init_name()
         step = set(self.g.names)
+        orders = self._init_read_orders()
         for n in self._init_nodes():
             node = type(self.orig[n])()
             node.CopyFrom(self.orig[n])
@@ -662,6 +698,7 @@ class _Emitter:
                         node.device = self.dev[d]
                     body = new + (":" + port if port else "")
                 node.input.append(("^" if ctrl else "") + body)
+            node.input.extend("^" + a for a in orders.get(n, ()) if "^" + a not in node.input)
             if n == init:
                 node.name = "tfplace/init_once"
             self.add(node)
