@@ -24,6 +24,11 @@ What a strategy means, task by task (PlacedGraph documents the arrays):
     flows through pipeline stages first (tfplace.lowering.assemble); the run rank is a
     topological order that follows the profile's `run_order` where it has one
     (tfplace.lowering.graph_index.run_order_rank).
+  * legal strategies: a batch-statistics group's micro-batches hold at least
+    `min_batch_per_replica` samples, and a group that deduplicates a sparse gradient (Unique
+    before a Momentum/Adam update of an embedding) runs as one replica (check_min_batch,
+    check_whole_groups refuse a strategy file otherwise; Lowerer.legalize is how the planners,
+    the policy and the search keep to both).
   * control edges: per replica where both ends share a layout, else all-to-all.
   * memory: every copy of a variable is resident; optimizer slots only where updates run.
 
