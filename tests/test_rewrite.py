@@ -293,6 +293,11 @@ def test_every_planner_keeps_a_deduplicated_sparse_gradient_on_one_replica(optim
         rewrite_step(graph, strategy, cluster)
     dp = problem.lowerer.legalize(even_strategy(list(cluster.device_names), 12, 4))
     assert len(dp.default.shares) == 3  # the groups without a sparse gradient stay data parallel
+    from tfplace.cli.common import whole_groups_note  # what compare and plan tell the user
+    note = whole_groups_note(problem.lowerer)
+    assert all(repr(group) in note for group in whole) and "of 'table'" in note, note
+    sgd = make_problem(_embedding_step_graph("sgd"), cluster, cluster_profile(graph, cluster), max_groups=4)
+    assert whole_groups_note(sgd.lowerer) is None
 
 
 def test_a_sparse_gradient_sgd_applies_without_unique_is_not_refused():

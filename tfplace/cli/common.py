@@ -137,6 +137,20 @@ def print_profile_note(profile, graph_source: str, profile_path: Optional[str], 
             print(note, file=sys.stderr)
 
 
+def whole_groups_note(lowerer) -> Optional[str]:
+    """The line that says which groups every strategy runs as one replica (Lowerer.whole_groups:
+    they deduplicate a sparse gradient), or None: the planners' strategies keep them so without
+    being asked, and a user reading a plan should know why."""
+    whole = [(lowerer.index.group_names[g], var) for g, (_, var) in sorted(lowerer.whole_groups.items())]
+    if not whole:
+        return None
+    names = ", ".join(repr(name) for name, _ in whole)
+    tables = ", ".join(sorted({repr(var) for _, var in whole}))
+    return (f"note: group(s) {names} run whole on one device in every strategy here: they deduplicate the sparse "
+            f"gradient of {tables} (Momentum, Adam, ...), which replicas cannot sum; plain SGD for that table, or a "
+            "dense gradient, lets them split")
+
+
 def print_overheads_notes(cluster, cluster_path: str, overheads, overheads_path: Optional[str],
                           give: str = "--overheads {}", fix: Optional[str] = None,
                           machine_fix: Optional[str] = None) -> None:

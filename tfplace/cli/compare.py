@@ -221,6 +221,9 @@ def execute(args) -> int:
     problem = make_problem(graph, cluster, profile, max_groups=args.max_groups, global_batch_size=args.batch_size,
                            overheads=overheads)
     model = problem.graph_name
+    whole = common.whole_groups_note(problem.lowerer)
+    if whole:
+        print(whole, file=sys.stderr)
     for strategy in files.values():
         note = graph_mismatch_note(strategy, model)
         if note:

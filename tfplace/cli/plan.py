@@ -168,6 +168,9 @@ def main(argv) -> int:
         raise InputError("arguments", _MODEL_OPTION_FLAGS.get(err.field, "--model"), err.problem, err.fix) from None
     if FLAGS.profile:
         common.print_profile_note(result.task.profile, result.bundle, FLAGS.profile)
+    whole = common.whole_groups_note(result.task.lowerer)
+    if whole:
+        print(whole, file=sys.stderr)
     from tfplace.formats.strategy import save_strategy
     fits = result.best_fitting if result.best.oom else result.best
     if fits is not None and not FLAGS.confirm_real:  # written first: a closed pipe on stdout must not lose it
