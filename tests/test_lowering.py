@@ -895,3 +895,33 @@ def test_priority_ties_on_a_device_follow_the_profiles_run_order(run_order, firs
     second = "b" if first == "a" else "a"
     by_name = {"a": a, "b": b}
     assert placed.task_priority[by_name[first]] < placed.task_priority[by_name[second]]
+
+
+def test_joining_a_losss_partials_moves_no_batch_norm_or_weight_gradient():
+    """The forward pass's readers of several producers' partials join them to one layout
+    (GraphIndex._pin_partial_readers); the backward pass is never moved. With the global norm of
+    clipped gradients fetched by the train op, its readers read every weight gradient: joining
+    those moved batch-norm gradients away from their forward ops (which
+    _pin_batch_norm_gradients keeps together) and pulled weight gradients of many groups into one."""
+    import tensorflow as tf
+    from tfplace.ir.grouping import make_grouping
+    from tfplace.ir.loader import load_op_graph
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as graph:
+        h = v1.placeholder(tf.float32, [None, 8, 8, 3], name="x")
+        for i in range(3):
+            h = v1.layers.conv2d(h, 4, 3, padding="same", use_bias=False, name=f"c{i}")
+            h = tf.nn.relu(v1.layers.batch_normalization(h, training=True, fused=True, name=f"bn{i}"))
+        loss = tf.reduce_mean(tf.square(h), name="loss")
+        opt = v1.train.GradientDescentOptimizer(0.1)
+        with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
+            grads, variables = zip(*opt.compute_gradients(loss))
+        clipped, norm = tf.clip_by_global_norm(grads, 1.0)
+        tf.group(opt.apply_gradients(zip(clipped, variables)), tf.identity(norm), name="train_op")
+    g = load_op_graph(graph.as_graph_def(), sinks=["train_op"], batch_size=16, loss="loss", source="bn_clip")
+    grouping = make_grouping(g, 24)
+    pinned = GraphIndex._pin_batch_norm_gradients(g, GraphIndex._pin_variables(g, np.asarray(grouping.op_group).copy()))
+    index = GraphIndex(g, grouping)
+    heavy = [i for i, t in enumerate(g.op_types) if t in ("FusedBatchNormGradV3", "Conv2DBackpropFilter")]
+    assert len(heavy) == 6
+    assert [index.op_group[i] for i in heavy] == [pinned[i] for i in heavy]

@@ -254,7 +254,8 @@ class GraphIndex:
         role[graph.op_batch_dependent | is_input] = ROLE_REPLICA
         role[upd_side] = ROLE_UPDATE
         self.role = role
-        self.op_group = g = self._pin_partial_readers(graph, role, batched_in | batched_out | is_input, self.op_group)
+        self.op_group = g = self._pin_partial_readers(graph, role, batched_in | batched_out | is_input, self.op_group,
+                                                      batched_out)
         feeds_upd = np.zeros(n, dtype=bool)
         feeds_other = np.zeros(n, dtype=bool)
         same = g[prod] == g[dst]
@@ -270,7 +271,7 @@ class GraphIndex:
 
     @staticmethod
     def _pin_partial_readers(graph: OpGraph, role: np.ndarray, batched: np.ndarray,
-                             op_group: np.ndarray) -> np.ndarray:
+                             op_group: np.ndarray, batched_out: np.ndarray) -> np.ndarray:
         """op_group with each *partial reader* moved into the group of its partial input's producer.
 
         A partial reader is a REPLICA op without batched inputs or outputs that reads a partial
@@ -285,13 +286,17 @@ class GraphIndex:
         topological order, so a chain of readers follows its head. Left as is: readers with
         batched inputs (a batch statistic normalising activations, an approximation per replica
         anyway; batch-norm gradients are pinned by _pin_batch_norm_gradients) and metadata (recomputed in each consumer's group, tfplace.lowering.meta).
-        A reader of partials of several producers joins them all to one layout: the producers,
-        their readers and the readers' other producers take the group of the first producer (in
-        the first input of the first reader in topological order). Left apart, a partial of
-        another layout reaches the reader aggregated with the loss reduction's weight (samples /
-        B), which is a mean's: a per-replica *sum* (tf.compat.v1.losses' summed loss and its
-        `num_present`, divided by each other) came out halved, and so did the gradient that
-        tiled the division's 1/count over the batch (tests/test_equivalence.py, SEED_CASES).
+        In the forward pass (the loss and what it is computed from), a reader of partials of
+        several producers joins them to one layout: the readers and the producers that are
+        reductions (no batched output) take the group of the first producer (the first input of
+        the first reader, in topological order). Left apart, a partial of another layout reaches
+        the reader aggregated with the loss reduction's weight (samples / B), which is a mean's:
+        a per-replica *sum* (tf.compat.v1.losses' summed loss and its `num_present`, divided by
+        each other) came out halved, and so did the gradient that tiled the division's 1/count
+        over the batch (tests/test_equivalence.py, SEED_CASES). A producer with batched outputs
+        (a batch norm) and the backward pass (weight gradients, their pinned batch-norm
+        gradients) are never moved: elsewhere a reader of several groups' partials keeps the
+        first producer's group.
         """
         from tfplace.lowering.meta import metadata_ops, topological_order
         meta = metadata_ops(graph)
@@ -305,20 +310,23 @@ class GraphIndex:
             if not batched_t[t]:
                 ins[c].append(int(graph.tensor_op[t]))
         order = topological_order(graph).tolist()
-        first_src: Dict[int, int] = {}  # reader -> the producer of its first partial input
-        parent: Dict[int, int] = {}  # union-find over readers and their producers
+        forward = ~GraphIndex._backward_ops(graph) if graph.loss_tensor >= 0 else np.zeros(graph.num_ops, dtype=bool)
+        joinable = forward & (reader | ~batched_out)  # forward readers and reductions
+        first_src: Dict[int, int] = {}  # forward reader -> the producer of its first partial input
+        parent: Dict[int, int] = {}  # union-find over forward readers and the reductions they read
 
         def root(x: int) -> int:
             while parent.setdefault(x, x) != x:
                 parent[x] = x = parent[parent[x]]
             return x
         for i in order:
-            if reader[i]:
+            if reader[i] and forward[i]:
                 src = [p for p in ins[i] if partial_src[p]]
                 if src:
                     first_src[i] = src[0]
                     for p in src:
-                        parent[root(p)] = root(i)
+                        if joinable[p]:
+                            parent[root(p)] = root(i)
         anchor: Dict[int, int] = {}  # component root -> the producer whose group it takes
         for i in order:
             if i in first_src and root(i) not in anchor:
@@ -329,6 +337,11 @@ class GraphIndex:
         out = op_group.copy()
         for x in parent:
             out[x] = op_group[anchor[root(x)]]
+        for i in order:  # the rest: each reader follows its first producer (as moved above)
+            if reader[i] and i not in parent:
+                src = [p for p in ins[i] if partial_src[p]]
+                if src:
+                    out[i] = out[src[0]]
         return out
 
     # ---- tensors -------------------------------------------------------------------------------
