@@ -146,9 +146,10 @@ def whole_groups_note(lowerer) -> Optional[str]:
         return None
     names = ", ".join(repr(name) for name, _ in whole)
     tables = ", ".join(sorted({repr(var) for _, var in whole}))
-    return (f"note: group(s) {names} run whole on one device in every strategy here: they deduplicate the sparse "
-            f"gradient of {tables} (Momentum, Adam, ...), which replicas cannot sum; plain SGD for that table, or a "
-            "dense gradient, lets them split")
+    return (f"note: group(s) {names} run whole on one device in every strategy here: they make values whose shape "
+            f"depends on the ids the samples hold, feeding the update of {tables} (a sparse gradient that Momentum or "
+            "Adam deduplicates), which replicas cannot sum; plain SGD for that table, or a dense gradient, lets them "
+            "split")
 
 
 def print_overheads_notes(cluster, cluster_path: str, overheads, overheads_path: Optional[str],

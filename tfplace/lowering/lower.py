@@ -87,7 +87,8 @@ def data_dependent_update_ops(graph: OpGraph) -> Dict[int, str]:
     depends on the values of the batch, not only on its size (a -1 dimension at the reference
     batch, no batch axis), on the way into a variable's update: an optimizer's Momentum, Adam, ...
     deduplicates a sparse (IndexedSlices) gradient with Unique (one row per distinct id of the
-    samples) and sums its rows with UnsortedSegmentSum. Such values are not sums of per-replica
+    samples) and sums its rows with UnsortedSegmentSum; a step's own Unique of the ids, in the
+    forward pass, before such an update counts too. Such values are not sums of per-replica
     parts, so these ops run as one replica (Lowerer.check_whole_groups). Of the variables one
     update writes (a table and its slots), the shortest name; of a slot (`<table>/Adam`) its table."""
     names = {v.name for v in graph.variables}
@@ -331,12 +332,12 @@ class Lowerer:
             if d is not None and splits(d):
                 field = f"groups.{name}" if name in strategy.groups else "default"
                 raise InputError(strategy.source or "strategy", f"{field}.shares",
-                                 f"splits group {name!r} over replicas, but its {op_name!r} makes the deduplicated "
-                                 f"sparse gradient of {var!r} (one row per distinct id of its samples), which replicas "
-                                 "cannot sum",
-                                 f"run group {name!r} on one device (one share, one micro-batch), or train {var!r} with "
-                                 "plain SGD (no deduplication), or make its gradient dense (a one-hot matmul instead "
-                                 "of the lookup)")
+                                 f"splits group {name!r} over replicas, but its {op_name!r} makes a value whose shape "
+                                 f"depends on the ids its samples hold (feeding the update of {var!r}: a deduplicated "
+                                 "sparse gradient, Unique before a Momentum/Adam update), which replicas cannot sum",
+                                 f"run group {name!r} on one device (one share, one micro-batch); where an optimizer "
+                                 f"deduplicates {var!r}'s sparse gradient, plain SGD for it or a dense gradient (a one-hot "
+                                 "matmul instead of the lookup) lets the group split")
 
     def legalize(self, strategy: Strategy) -> Strategy:
         """`strategy` with every batch-statistics group's micro-batches raised to the minimum

@@ -182,11 +182,11 @@ def check_summable_updates(graph: OpGraph, placed: PlacedGraph, strategy: Strate
             continue
         group = f"group {grouping.group_names[int(grouping.op_group[op])]!r}" if grouping is not None else "its group"
         raise InputError(strategy.source or "strategy", "groups",
-                         f"{graph.names[op]!r} ({graph.op_types[op]}) makes the deduplicated sparse gradient of "
-                         f"{var!r} (one row per distinct id of its samples); {replicas} replicas of {group} cannot "
-                         "sum it",
-                         f"run {group} on one device (one share, one micro-batch), or train {var!r} with plain SGD "
-                         "(no deduplication), or make its gradient dense (a one-hot matmul instead of the lookup)")
+                         f"{graph.names[op]!r} ({graph.op_types[op]}) makes a value whose shape depends on the ids "
+                         f"its samples hold, feeding the update of {var!r}; {replicas} replicas of {group} cannot sum it",
+                         f"run {group} on one device (one share, one micro-batch); where an optimizer deduplicates "
+                         f"{var!r}'s sparse gradient, plain SGD for it or a dense gradient (a one-hot matmul instead of "
+                         "the lookup) lets the group split")
 
 
 def check_batch(graph: OpGraph, strategy: Strategy) -> None:
