@@ -314,11 +314,14 @@ def test_a_refused_sparse_update_names_the_table_not_its_slot():
     assert "of 'table'" in str(info.value) and "'table/Adam" not in str(info.value), str(info.value)
 
 
-def test_an_initial_value_that_reads_a_variable_waits_for_its_initializer():
+@pytest.mark.parametrize("step_reads_it_too", [False, True])
+def test_an_initial_value_that_reads_a_variable_waits_for_its_initializer(step_reads_it_too):
     """A bare step whose learning-rate variable starts at a value read from another variable (a
     schedule of the step counter, as a new Keras optimizer's): the original init orders neither
     initializer. The rewritten init, with the handles on their devices, read the counter before
-    it existed ("Could not find variable"); the read now waits for the counter's initializer."""
+    it existed ("Could not find variable"); the read now waits for the counter's initializer.
+    Where the step uses the same read, the init reads through a copy of its own that waits (the
+    step's read cannot: every step would run the initializer again)."""
     import tensorflow as tf
     from tfplace.ir.loader import load_op_graph
     v1 = tf.compat.v1
@@ -327,14 +330,20 @@ def test_an_initial_value_that_reads_a_variable_waits_for_its_initializer():
         step = v1.get_variable("counter", initializer=tf.constant(0.0), use_resource=True, trainable=False)
         counter_at_init = tf.raw_ops.ReadVariableOp(resource=step.handle, dtype=tf.float32, name="counter_at_init")
         rate = v1.Variable(0.1 * tf.pow(0.5, counter_at_init), name="rate", use_resource=True, trainable=False)
-        loss = tf.reduce_mean(tf.square(v1.layers.dense(x, 1, name="dense")), name="loss")
+        loss = tf.reduce_mean(tf.square(v1.layers.dense(x, 1, name="dense")))
+        loss = tf.identity(loss + 0.0 * counter_at_init if step_reads_it_too else loss, name="loss")
         train_op = tf.group(v1.train.GradientDescentOptimizer(rate).minimize(loss), step.assign_add(1.0),
                             name="train_op")
         v1.global_variables_initializer()
     graph = load_op_graph(g.as_graph_def(), sinks=[train_op.name], batch_size=12, loss="loss", source="scheduled")
     cluster = load_cluster(os.path.join(ROOT, "clusters", "local_cpu.json"))
     out = rewrite_step(graph, even_strategy(list(cluster.device_names), 12, 4), cluster).graph_def
-    read = next(n for n in out.node if n.name == "counter_at_init")
+    name = "tfplace/init_read/counter_at_init" if step_reads_it_too else "counter_at_init"
+    read = next(n for n in out.node if n.name == name)
     assert "^counter/Assign" in read.input, read
     assign = next(n for n in out.node if n.name == "counter/Assign")
-    assert not any(i.lstrip("^").split(":")[0] == "counter_at_init" for i in assign.input)  # no cycle
+    assert not any(i.lstrip("^").split(":")[0] == name for i in assign.input)  # no cycle
+    nodes = {n.name: n for n in out.node}
+    reads = [nodes[n] for n in _ancestors(nodes, "rate/Assign") if nodes[n].op == "ReadVariableOp"]
+    assert reads and all("^counter/Assign" in n.input for n in reads), reads  # every read the initial value makes
+

@@ -654,11 +654,7 @@ class _Emitter:
         before it existed ("Could not find variable"). Not where the read leads to A's own
         initializer (a cycle)."""
         nodes = set(self._init_nodes())
-        assigns: Dict[str, List[str]] = {}
-        for n in nodes:
-            node = self.orig[n]
-            if node.op == "AssignVariableOp" and node.input:
-                assigns.setdefault(node.input[0].split(":")[0], []).append(n)
+        assigns = self._init_assigns()
         out: Dict[str, List[str]] = {}
         for n in sorted(nodes):
             node = self.orig[n]
@@ -668,6 +664,40 @@ class _Emitter:
             if waits:
                 out[n] = waits
         return out
+
+    def _init_assigns(self) -> Dict[str, List[str]]:
+        """Variable handle name -> the AssignVariableOp nodes of the init subgraph that write it."""
+        assigns: Dict[str, List[str]] = {}
+        for n in self._init_nodes():
+            node = self.orig[n]
+            if node.op == "AssignVariableOp" and node.input:
+                assigns.setdefault(node.input[0].split(":")[0], []).append(n)
+        return assigns
+
+    def _init_only_read(self, src: str, reader: str) -> Optional[str]:
+        """For a read of the step (`src`, a ReadVariableOp) that the init node `reader` uses (an
+        initial value computed from a variable the step also reads): the name of a copy for the
+        init only, which waits for that variable's initializer as _init_read_orders' reads do
+        (the step's own read cannot: each step would run the initializer again). None where
+        there is nothing to wait for."""
+        node = self.orig[src]
+        if node.op != "ReadVariableOp" or not node.input:
+            return None
+        handle = node.input[0].split(":")[0]
+        waits = [a for a in self._init_assigns().get(handle, []) if a != reader and reader not in self._init_ancestors(a)]
+        if not waits or handle not in self.g.names:
+            return None
+        name = f"tfplace/init_read/{src}"
+        if name not in self._init_reads:
+            self._init_reads.add(name)
+            handle_inst, d = self._inst0(handle)
+            copy = type(node)()
+            copy.CopyFrom(node)
+            copy.name, copy.device = name, self.dev[d]
+            del copy.input[:]
+            copy.input.extend([handle_inst] + ["^" + a for a in waits])
+            self.add(copy)
+        return name
 
     def _init_ancestors(self, name: str) -> set:
         """Init-subgraph nodes `name` depends on (data and control inputs)."""
@@ -684,6 +714,7 @@ class _Emitter:
         init = self._init_name()
         step = set(self.g.names)
         orders = self._init_read_orders()
+        self._init_reads = set()
         for n in self._init_nodes():
             node = type(self.orig[n])()
             node.CopyFrom(self.orig[n])
@@ -692,7 +723,10 @@ class _Emitter:
             for x in self.orig[n].input:
                 ctrl, body = x.startswith("^"), x.lstrip("^")
                 src, _, port = body.partition(":")
-                if src in step:
+                init_read = self._init_only_read(src, n) if src in step and not ctrl else None
+                if init_read:
+                    body = init_read + (":" + port if port else "")
+                elif src in step:
                     new, d = self._inst0(src)
                     if self.g.op_types[self.g.index(src)] == "VarHandleOp":
                         node.device = self.dev[d]
