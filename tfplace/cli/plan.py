@@ -168,7 +168,7 @@ def main(argv) -> int:
         raise InputError("arguments", _MODEL_OPTION_FLAGS.get(err.field, "--model"), err.problem, err.fix) from None
     if FLAGS.profile:
         common.print_profile_note(result.task.profile, result.bundle, FLAGS.profile)
-    whole = common.whole_groups_note(result.task.lowerer)
+    whole = result.task and common.whole_groups_note(result.task.lowerer)  # task None: not made by planner.plan
     if whole:
         print(whole, file=sys.stderr)
     from tfplace.formats.strategy import save_strategy
