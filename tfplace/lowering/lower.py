@@ -60,8 +60,8 @@ from tfplace.lowering.meta import split_metadata
 from tfplace.lowering.patterns import PatternStore
 from tfplace.lowering.placed_graph import PlacedGraph
 from tfplace.formats.profile import Profile
-from tfplace.formats.strategy import (Strategy, made_for, micro_batch_shortfall, splits, whole_on_one_device,
-                                      with_min_batch)
+from tfplace.formats.strategy import (GroupDecision, Strategy, made_for, micro_batch_shortfall, splits,
+                                      whole_on_one_device, with_min_batch)
 
 # Ops that normalise with the statistics of their own batch when training (attr is_training).
 BATCH_STATISTICS_OPS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
@@ -107,8 +107,8 @@ def data_dependent_update_ops(graph: OpGraph) -> Dict[int, str]:
         for op in v.updaters:
             writes[op] = min(writes.get(op, owner(v.name)), owner(v.name), key=len)
     into_update = np.isin(graph.edge_dst, np.fromiter(writes, dtype=np.int64, count=len(writes)))
-    todo = [(t, writes[c]) for t, c in zip(graph.edge_tensor[into_update].tolist(), graph.edge_dst[into_update].tolist())
-            if value_dependent(t)]
+    edges = zip(graph.edge_tensor[into_update].tolist(), graph.edge_dst[into_update].tolist())
+    todo = [(t, writes[c]) for t, c in edges if value_dependent(t)]
     out: Dict[int, str] = {}
     while todo:  # and the ops before them that make values of such shapes (Unique before the sum)
         t, var = todo.pop()
@@ -304,6 +304,13 @@ class Lowerer:
             self._update_cache = (update_op, after)
         return self._update_cache
 
+    def _group_decision(self, strategy: Strategy, g: int) -> Tuple[str, Optional[GroupDecision], str]:
+        """(name, decision, field) of group `g` in `strategy`: its own entry ("groups.<name>") or
+        the default ("default"); the decision None when it has neither."""
+        name = self.index.group_names[g]
+        field = f"groups.{name}" if name in strategy.groups else "default"
+        return name, strategy.groups.get(name, strategy.default), field
+
     def check_min_batch(self, strategy: Strategy) -> None:
         """Raises InputError naming the group and the device when a replica of a batch-statistics
         group gets fewer samples than `strategy.effective_min_batch_per_replica`."""
@@ -311,11 +318,9 @@ class Lowerer:
         if least <= 1:
             return
         for g, op_name in self.batch_stat_groups.items():
-            name = self.index.group_names[g]
-            d = strategy.groups.get(name, strategy.default)
+            name, d, field = self._group_decision(strategy, g)
             short = None if d is None else micro_batch_shortfall(d, least)
             if short is not None:
-                field = f"groups.{name}" if name in strategy.groups else "default"
                 raise InputError(strategy.source or "strategy", f"{field}.shares.{short[0]}",
                                  f"gives a replica of group {name!r} {short[1]} sample(s), but it normalises with batch "
                                  f"statistics ({op_name}), which needs at least {least}",
@@ -327,17 +332,15 @@ class Lowerer:
         over replicas: summed element by element, the replicas' deduplicated sparse gradients
         crash (their row counts differ) or update the wrong rows with no error."""
         for g, (op_name, var) in self.whole_groups.items():
-            name = self.index.group_names[g]
-            d = strategy.groups.get(name, strategy.default)
+            name, d, field = self._group_decision(strategy, g)
             if d is not None and splits(d):
-                field = f"groups.{name}" if name in strategy.groups else "default"
                 raise InputError(strategy.source or "strategy", f"{field}.shares",
                                  f"splits group {name!r} over replicas, but its {op_name!r} makes a value whose shape "
                                  f"depends on the ids its samples hold (feeding the update of {var!r}: a deduplicated "
                                  "sparse gradient, Unique before a Momentum/Adam update), which replicas cannot sum",
                                  f"run group {name!r} on one device (one share, one micro-batch); where an optimizer "
-                                 f"deduplicates {var!r}'s sparse gradient, plain SGD for it or a dense gradient (a one-hot "
-                                 "matmul instead of the lookup) lets the group split")
+                                 f"deduplicates {var!r}'s sparse gradient, plain SGD for it or a dense gradient (a "
+                                 "one-hot matmul instead of the lookup) lets the group split")
 
     def legalize(self, strategy: Strategy) -> Strategy:
         """`strategy` with every batch-statistics group's micro-batches raised to the minimum
@@ -347,13 +350,12 @@ class Lowerer:
         least = strategy.effective_min_batch_per_replica
         raised = {}
         for g in self.batch_stat_groups:
-            name = self.index.group_names[g]
-            d = strategy.groups.get(name, strategy.default)
+            name, d, _ = self._group_decision(strategy, g)
             if d is not None and micro_batch_shortfall(d, least) is not None:
                 raised[name] = with_min_batch(d, least)
         for g in self.whole_groups:
-            name = self.index.group_names[g]
-            d = raised.get(name, strategy.groups.get(name, strategy.default))
+            name, d, _ = self._group_decision(strategy, g)
+            d = raised.get(name, d)
             if d is not None and splits(d):
                 raised[name] = whole_on_one_device(d)
         return dataclasses.replace(strategy, groups={**strategy.groups, **raised}) if raised else strategy

@@ -162,31 +162,9 @@ def rewrite_step(graph, strategy: Strategy, cluster: Cluster, *, grouping=None, 
     if tuple(placed.op_names) != tuple(graph.names):
         raise InputError(graph.source or "graph", "placed", "the PlacedGraph was lowered from another graph",
                          "pass the OpGraph and grouping the strategy was lowered with")
-    check_summable_updates(graph, placed, strategy, grouping)
     if key_base is None:
         key_base = 1 + zlib.crc32(repr((graph.names, strategy.to_json())).encode()) % (2 ** 29)
     return _Emitter(graph, placed, cluster, key_base, init_op, cpu_all_reduce).run()
-
-
-def check_summable_updates(graph: OpGraph, placed: PlacedGraph, strategy: Strategy, grouping=None) -> None:
-    """Raises InputError when an op that makes a deduplicated sparse gradient
-    (tfplace.lowering.lower.data_dependent_update_ops) runs as two or more replicas: a PlacedGraph
-    lowered by other means than Lowerer.lower, which refuses such a strategy first
-    (Lowerer.check_whole_groups). Summed element by element over replicas, these values crash
-    (row counts differ) or, where every replica saw as many distinct ids, update the wrong rows
-    with no error (a 4-row embedding under data parallelism: Momentum slot off by 186%)."""
-    from tfplace.lowering.lower import data_dependent_update_ops
-    for op, var in sorted(data_dependent_update_ops(graph).items()):
-        replicas = int((placed.task_samples[placed.tasks_of_op(op)] > 0).sum())
-        if replicas < 2:
-            continue
-        group = f"group {grouping.group_names[int(grouping.op_group[op])]!r}" if grouping is not None else "its group"
-        raise InputError(strategy.source or "strategy", "groups",
-                         f"{graph.names[op]!r} ({graph.op_types[op]}) makes a value whose shape depends on the ids "
-                         f"its samples hold, feeding the update of {var!r}; {replicas} replicas of {group} cannot sum it",
-                         f"run {group} on one device (one share, one micro-batch); where an optimizer deduplicates "
-                         f"{var!r}'s sparse gradient, plain SGD for it or a dense gradient (a one-hot matmul instead of "
-                         "the lookup) lets the group split")
 
 
 def check_batch(graph: OpGraph, strategy: Strategy) -> None:
@@ -645,24 +623,20 @@ class _Emitter:
         t = int(self.p.op_task_ptr[op])
         return self.inst(t), int(self.p.task_device[t])
 
-    def _init_read_orders(self) -> Dict[str, List[str]]:
+    def _init_read_orders(self, assigns: Dict[str, List[str]]) -> Dict[str, List[str]]:
         """Init node -> the initializers (AssignVariableOp of the init subgraph) it must wait for:
         a read of variable A inside the initial value of variable B waits for A's initializer.
         TensorFlow orders neither (a new Keras optimizer with a learning-rate schedule starts
         `current_learning_rate` at schedule(iteration)); on one device the executor's order
         happened to win, while the rewritten init, with the handles on their devices, read A
-        before it existed ("Could not find variable"). Not where the read leads to A's own
-        initializer (a cycle)."""
-        nodes = set(self._init_nodes())
-        assigns = self._init_assigns()
+        before it existed ("Could not find variable"). `assigns`: _init_assigns()."""
         out: Dict[str, List[str]] = {}
-        for n in sorted(nodes):
+        for n in self._init_nodes():
             node = self.orig[n]
-            if node.op != "ReadVariableOp" or not node.input:
-                continue
-            waits = [a for a in assigns.get(node.input[0].split(":")[0], []) if n not in self._init_ancestors(a)]
-            if waits:
-                out[n] = waits
+            if node.op == "ReadVariableOp" and node.input:
+                waits = self._init_waits(assigns, node.input[0], n)
+                if waits:
+                    out[n] = waits
         return out
 
     def _init_assigns(self) -> Dict[str, List[str]]:
@@ -674,8 +648,13 @@ class _Emitter:
                 assigns.setdefault(node.input[0].split(":")[0], []).append(n)
         return assigns
 
-    def _init_only_read(self, src: str, reader: str) -> Optional[str]:
-        """For a read of the step (`src`, a ReadVariableOp) that the init node `reader` uses (an
+    def _init_waits(self, assigns: Dict[str, List[str]], handle: str, user: str) -> List[str]:
+        """The initializers of the variable `handle` that a read used by the init node `user` waits
+        for: not where `user` leads to one of them (its own initial value: a cycle)."""
+        return [a for a in assigns.get(handle.split(":")[0], []) if a != user and user not in self._init_ancestors(a)]
+
+    def _init_only_read(self, src: str, user: str, assigns: Dict[str, List[str]]) -> Optional[str]:
+        """For a read of the step (`src`, a ReadVariableOp) that the init node `user` uses (an
         initial value computed from a variable the step also reads): the name of a copy for the
         init only, which waits for that variable's initializer as _init_read_orders' reads do
         (the step's own read cannot: each step would run the initializer again). None where
@@ -684,12 +663,11 @@ class _Emitter:
         if node.op != "ReadVariableOp" or not node.input:
             return None
         handle = node.input[0].split(":")[0]
-        waits = [a for a in self._init_assigns().get(handle, []) if a != reader and reader not in self._init_ancestors(a)]
+        waits = self._init_waits(assigns, handle, user)
         if not waits or handle not in self.g.names:
             return None
         name = f"tfplace/init_read/{src}"
-        if name not in self._init_reads:
-            self._init_reads.add(name)
+        if name not in self.nodes:  # one copy, whichever init nodes use it
             handle_inst, d = self._inst0(handle)
             copy = type(node)()
             copy.CopyFrom(node)
@@ -713,8 +691,8 @@ class _Emitter:
     def init_subgraph(self) -> str:
         init = self._init_name()
         step = set(self.g.names)
-        orders = self._init_read_orders()
-        self._init_reads = set()
+        assigns = self._init_assigns()
+        orders = self._init_read_orders(assigns)
         for n in self._init_nodes():
             node = type(self.orig[n])()
             node.CopyFrom(self.orig[n])
@@ -723,7 +701,7 @@ class _Emitter:
             for x in self.orig[n].input:
                 ctrl, body = x.startswith("^"), x.lstrip("^")
                 src, _, port = body.partition(":")
-                init_read = self._init_only_read(src, n) if src in step and not ctrl else None
+                init_read = self._init_only_read(src, n, assigns) if src in step and not ctrl else None
                 if init_read:
                     body = init_read + (":" + port if port else "")
                 elif src in step:
@@ -759,9 +737,15 @@ class _Emitter:
         op, port = int(g.tensor_op[lt]), int(g.tensor_port[lt])
         name = g.names[op] if port == 0 else "tfplace/loss"
         dtype = g.tensor_dtype[lt]
-        mean = bool(p.tensor_weight_mean[lt])
-        parts = self._replica_parts(lt, mean, dtype)
-        if len(parts) > 1 and not mean:
+        parts = []
+        for t in p.tasks_of_op(op).tolist():
+            b = self._out_buffer(t, lt)
+            if p.task_samples[t] == 0:
+                parts = [self.bname(b)]
+                break
+            w = float(p.task_weight[t]) if p.tensor_weight_mean[lt] else 1.0
+            parts.append(self.bname(b) if w == 1.0 else self._scaled_loss(b, t, w, dtype))
+        if len(parts) > 1 and not p.tensor_weight_mean[lt]:
             # a summed loss plus terms that do not depend on the batch (a weight decay): every
             # replica's loss holds each such term once, so the sum of R replicas holds it R times
             replicas = len(parts)
@@ -771,19 +755,6 @@ class _Emitter:
                 parts.append(term + ":0")
         self.add(rn.add_n(name, self.feed_dev, parts, dtype))
         return name + ":0"
-
-    def _replica_parts(self, tensor: int, mean: bool, dtype: str) -> List[str]:
-        """`tensor`'s value per replica of its op, each weighted for the global loss (samples_r /
-        B under a mean reduction, else 1); the one value of an op that is not batch-split."""
-        p = self.p
-        parts = []
-        for t in p.tasks_of_op(int(self.g.tensor_op[tensor])).tolist():
-            b = self._out_buffer(t, tensor)
-            if p.task_samples[t] == 0:
-                return [self.bname(b)]
-            w = float(p.task_weight[t]) if mean else 1.0
-            parts.append(self.bname(b) if w == 1.0 else self._scaled_loss(b, t, w, dtype))
-        return parts
 
     def _out_buffer(self, task: int, tensor: int) -> int:
         """The buffer of `tensor` that `task` makes."""
