@@ -41,9 +41,18 @@ cache=${TFPLACE_CACHE:-$HOME/.cache/tfplace}
 venv="$cache/venv-$key"
 mkdir -p "$cache"
 
+# One build at a time per environment: a second set-up (another checkout, the tests beside the main
+# job) waits here for the first, then finds the environment complete. Without the lock both would
+# delete and rebuild the same folder under each other.
+exec 9>"$venv.lock"
+if command -v flock >/dev/null 2>&1 && ! flock -n 9; then
+  log "waiting for another set-up that is building $venv"
+  flock 9
+fi
 if [ ! -f "$venv/.complete" ]; then
   bash scripts/build_stack.sh "$python_bin" "$venv"
 fi
+exec 9>&-
 
 # The shared environment holds the stack only: an editable tfplace there (older set-ups put one
 # there) would point every checkout at whichever checkout installed it.

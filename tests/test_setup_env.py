@@ -69,3 +69,26 @@ def test_a_foreign_venv_is_refused(tmp_path):
     assert done.returncode == 2
     assert ".venv exists and was not made by scripts/setup_env.sh" in done.stderr and "fix:" in done.stderr
     assert os.path.isfile(keep)
+
+
+def test_a_second_set_up_waits_for_the_build_in_progress(tmp_path):
+    """While another set-up holds the environment's lock (building it), a set-up waits instead of
+    deleting and rebuilding the same folder under it; once the lock is released it goes on."""
+    import fcntl
+    import time
+    with open(MARKER) as f:
+        stack = f.read().strip()
+    other = _copy_checkout(str(tmp_path / "other"))
+    env = dict(os.environ, TFPLACE_CACHE=os.path.dirname(stack))
+    with open(stack + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.Popen(["bash", os.path.join(other, "scripts", "setup_env.sh")], cwd=other, env=env,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(3)
+            assert proc.poll() is None, "the set-up did not wait for the lock: " + proc.stderr.read()[-2000:]
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert "waiting for another set-up" in err and "ready: .venv" in err
