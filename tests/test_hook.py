@@ -170,8 +170,8 @@ def test_placeholders_that_are_not_the_batch_are_fed_as_the_script_feeds_them(lo
 @pytest.mark.multiprocess
 def test_a_second_session_on_the_same_graph_and_hook_continues_training(local_cluster, tmp_path):
     """A script that opens MonitoredTrainingSession twice on one graph with one hook and one
-    checkpoint dir: 2 + 2 steps train like 4 steps in one session (begin() ran again and refused the
-    hook's own saver: "SAVERS collection already holds a Saver"). Once a session has ended, even
+    checkpoint dir: 2 + 2 steps train like 4 steps in one session (begin() ran again and set the graph up a
+    second time). Once a session has ended, even
     one without checkpoints, the script's variables hold the trained values, as the plain script's
     do, for a plain Session that reads them (they held the initial values)."""
     import tensorflow as tf
@@ -203,27 +203,28 @@ def test_a_second_session_on_the_same_graph_and_hook_continues_training(local_cl
     assert np.allclose(losses[2], losses[1], rtol=1e-6, atol=0), losses
 
 
-@pytest.mark.parametrize("own_saver", [True, False])
-def test_a_saver_of_the_script_is_warned_about(own_saver):
-    """A Saver built by the script (e.g. for MonitoredTrainingSession's Scaffold(saver=...)) saves the
-    script's variables, which hold the untrained values: on the cluster, after 3 steps, its
-    checkpoint held the initial kernel under global step 3, with no word. begin() says so."""
-    import warnings
+def test_every_saver_of_the_graph_reads_what_the_sync_left():
+    """Every Save op's variable reads (the script's own Saver's and the hook's, added to the SAVERS
+    collection) are fresh reads that wait for the conditional sync, never the variable's own read
+    (`<var>/Read/ReadVariableOp`, which a plain fetch of the variable runs: it must not sync)."""
     import tensorflow as tf
     from tfplace.rewrite.hook import PlacementHook
-    with tf.Graph().as_default():
+    with tf.Graph().as_default() as g:
         _, _, loss, train_op, _, _ = mlp_training_script(global_step=True)
-        if own_saver:
-            tf.compat.v1.train.Saver(max_to_keep=3)
+        tf.compat.v1.train.Saver(max_to_keep=3)  # e.g. for MonitoredTrainingSession's Scaffold(saver=...)
         hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            hook.begin()
-    said = [str(w.message) for w in seen if "a Saver of the script" in str(w.message)]
-    if own_saver:
-        assert len(said) == 1 and "'save/SaveV2'" in said[0] and "leave the Saver out" in said[0], said
-    else:
-        assert said == []
+        hook.begin()
+        assert tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS) == [hook.saver]
+        saves = [op for op in g.get_operations() if op.type == "SaveV2"]
+        assert len(saves) == 2
+        for op in saves:
+            reads = [t.op for t in op.inputs if t.op.type == "ReadVariableOp"]
+            assert len(reads) == len(hook.step.variables), op.name
+            for read in reads:
+                assert read.name.startswith("tfplace_save_read/"), read.name
+                assert [c.name for c in read.control_inputs] == [hook._sync_if_live.name]  # noqa: SLF001
+        kernel = g.get_operation_by_name("dense_0/kernel/Read/ReadVariableOp")
+        assert kernel.control_inputs == []
 
 
 def test_a_run_without_the_scripts_feeds_refuses_a_placeholder_it_cannot_fill():

@@ -4,7 +4,10 @@ more steps train exactly like 2N uninterrupted steps on the same batches: every 
 variable, optimizer slot (Momentum, Adam m/v and beta powers) and the global step agree to 1e-5
 relative, and so do the losses of the last N steps. The final checkpoint holds the trained
 values under the script's names: the plain single-device script restores them with its own
-tf.compat.v1.train.Saver.
+tf.compat.v1.train.Saver. So do the checkpoints of a Saver the script brings: one passed in
+MonitoredTrainingSession's Scaffold (CheckpointSaverHook saves with it before any hook of the
+script runs; it used to save the untrained values under the trained global step) and one in the
+graph's SAVERS collection.
 """
 
 import os
@@ -35,18 +38,23 @@ def _batches():
             for _ in range(2 * N)]
 
 
-def _train(lc, strategy_path, optimizer, batches, checkpoint_dir):
+def _train(lc, strategy_path, optimizer, batches, checkpoint_dir, saver="hook"):
     """One lifetime of the script: trains on `batches`, saving to checkpoint_dir (every 2 steps
-    and at the end). Returns (losses, global step, {variable: [mirror values]}); then the
+    and at the end) with the hook's Saver (`saver="hook"`), the script's own in the Scaffold
+    ("scaffold") or the script's own in the SAVERS collection ("collection"). Returns (losses, global step, {variable: [mirror values]}); then the
     servers forget every variable, as a restarted cluster would."""
     import tensorflow as tf
     from tfplace.rewrite.hook import SCOPE, PlacementHook
     losses = []
     with tf.Graph().as_default() as g:
         x, y, loss, train_op, _, step = mlp_training_script(8, optimizer, global_step=True)
+        own = tf.compat.v1.train.Saver(max_to_keep=2) if saver != "hook" else None
+        if saver == "collection":
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, own)
+        scaffold = tf.compat.v1.train.Scaffold(saver=own) if saver == "scaffold" else None
         hook = PlacementHook(strategy_path, CLUSTER, train_op, loss)
         with tf.compat.v1.train.MonitoredTrainingSession(
-                master=lc.target, config=hook.session_config(lc.session_config()), hooks=[hook],
+                master=lc.target, config=hook.session_config(lc.session_config()), hooks=[hook], scaffold=scaffold,
                 checkpoint_dir=checkpoint_dir, save_checkpoint_steps=2, save_checkpoint_secs=None,
                 save_summaries_steps=None, save_summaries_secs=None, log_step_count_steps=None) as sess:
             for fx, fy in batches:
@@ -85,26 +93,27 @@ def runs(local_cluster, tmp_path_factory):
     """(optimizer, strategy) -> the uninterrupted and the resumed run (computed once per case)."""
     done = {}
 
-    def get(optimizer, strategy):
-        if (optimizer, strategy) not in done:
-            tmp = str(tmp_path_factory.mktemp(f"{optimizer}_{strategy}"))
+    def get(optimizer, strategy, saver):
+        if (optimizer, strategy, saver) not in done:
+            tmp = str(tmp_path_factory.mktemp(f"{optimizer}_{strategy}_{saver}"))
             path, batches = _strategy_path(strategy, tmp), _batches()
-            whole = _train(local_cluster, path, optimizer, batches, os.path.join(tmp, "whole"))
+            whole = _train(local_cluster, path, optimizer, batches, os.path.join(tmp, "whole"), saver)
             resumed_dir = os.path.join(tmp, "resumed")
-            first = _train(local_cluster, path, optimizer, batches[:N], resumed_dir)
-            second = _train(local_cluster, path, optimizer, batches[N:], resumed_dir)
-            done[(optimizer, strategy)] = whole, first, second, resumed_dir
-        return done[(optimizer, strategy)]
+            first = _train(local_cluster, path, optimizer, batches[:N], resumed_dir, saver)
+            second = _train(local_cluster, path, optimizer, batches[N:], resumed_dir, saver)
+            done[(optimizer, strategy, saver)] = whole, first, second, resumed_dir
+        return done[(optimizer, strategy, saver)]
     return get
 
 
-CASES = [(o, s) for s in ("data_parallel", "uneven") for o in ("sgd", "momentum", "adam")]
+CASES = [(o, s, "hook") for s in ("data_parallel", "uneven") for o in ("sgd", "momentum", "adam")] + [
+    ("adam", "uneven", "scaffold"), ("momentum", "data_parallel", "collection")]
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("optimizer,strategy", CASES)
-def test_resumed_run_continues_like_an_uninterrupted_one(runs, optimizer, strategy):
-    (losses, whole_step, whole), first, (resumed_losses, resumed_step, resumed), _ = runs(optimizer, strategy)
+@pytest.mark.parametrize("optimizer,strategy,saver", CASES)
+def test_resumed_run_continues_like_an_uninterrupted_one(runs, optimizer, strategy, saver):
+    (losses, whole_step, whole), first, (resumed_losses, resumed_step, resumed), _ = runs(optimizer, strategy, saver)
     assert first[1] == N and whole_step == resumed_step == 2 * N
     assert _rel(resumed_losses, np.asarray(losses[N:])) <= RTOL, "the resumed steps' losses differ"
     expected = {"sgd": 4 + 1, "momentum": 2 * 4 + 1, "adam": 3 * 4 + 3}[optimizer]  # + step, beta powers
@@ -117,10 +126,10 @@ def test_resumed_run_continues_like_an_uninterrupted_one(runs, optimizer, strate
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("optimizer,strategy", CASES)
-def test_plain_script_restores_the_trained_values(runs, optimizer, strategy):
+@pytest.mark.parametrize("optimizer,strategy,saver", CASES)
+def test_plain_script_restores_the_trained_values(runs, optimizer, strategy, saver):
     import tensorflow as tf
-    (_, _, whole), _, _, resumed_dir = runs(optimizer, strategy)
+    (_, _, whole), _, _, resumed_dir = runs(optimizer, strategy, saver)
     checkpoint = tf.train.latest_checkpoint(resumed_dir)
     assert checkpoint.endswith(f"-{2 * N}"), checkpoint
     restored = _plain_restore(optimizer, checkpoint)

@@ -20,17 +20,18 @@ global step included):
   - after the session is created (the Scaffold initialised or restored the script's
     variables), `after_create_session` copies every script variable into all its replicas
     (`copy_op`), so a restart continues from the checkpoint;
-  - before a save, replica 0 of every variable is copied back into the script's variable
-    (`sync_op`). `begin()` puts a Saver that does so into the graph's SAVERS collection
-    (`hook.saver`, built like the Scaffold's default), which MonitoredTrainingSession's
-    Scaffold and CheckpointSaverHook then use; a script that saves with a Saver of its own
-    must run `hook.sync_op` before each save. A Saver passed in the Scaffold cannot be synced
-    (its CheckpointSaverHook saves before any hook of the script runs) and would save the
-    untrained values: begin() warns about every Saver of the script. The checkpoint holds the
-    trained values under the script's names, readable by the plain single-device script;
-    between saves the script's variables (the global step aside) hold the last saved values,
-    and the trained ones once the session has ended (`end`). A second MonitoredTrainingSession
-    on the same graph takes the same hook (begin() sets the graph up once);
+  - every save copies replica 0 of every variable into the script's variable first (`sync_op`),
+    in the graph: begin() re-points the variable reads of every Saver the graph holds (the
+    script's own, one passed in MonitoredTrainingSession's Scaffold, one in the SAVERS
+    collection, or the hook's, `hook.saver`, added there when the collection is empty) onto
+    reads that run the sync first. The sync runs only while the replicas hold the session's
+    state (from `copy_op` until `end`), so the save CheckpointSaverHook makes when a session is
+    created, before any hook of the script runs, writes the restored or initial values as they
+    are. The checkpoint holds the trained values under the script's names, readable by the
+    plain single-device script; between saves the script's variables (the global step aside)
+    hold the last saved values, and the trained ones once the session has ended (`end`). A
+    second MonitoredTrainingSession on the same graph takes the same hook (begin() sets the
+    graph up once);
   - the global step is copied back after every step (one scalar), as part of the re-pointed
     train op: StopAtStepHook, CheckpointSaverHook and the script read it every step.
 
@@ -50,6 +51,7 @@ import numpy as np
 import tensorflow as tf
 
 SCOPE = "tfplace_step"
+_SET_UP = "tfplace_placement_hook"  # graph collection: the copy op of the hook that set the graph up
 
 
 class PlacementHook(tf.compat.v1.train.SessionRunHook):
@@ -66,7 +68,7 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         self.loss = None
         self.variables = {}
         self.copy_op = self.sync_op = self.saver = None
-        self._live_session = None  # the session whose replicas hold the trained state
+        self._sync_if_live = self._end_op = None  # sync_op while the replicas hold the state; end(): it, then not
         self._graph = None  # the graph begin() set up
         self._stale_vars, self._stale, self._warned = set(), {}, set()  # stale variables, op -> reads them, warned
 
@@ -80,18 +82,15 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         from tfplace.ir.loader import load_op_graph
         from tfplace.rewrite.graph_rewrite import rewrite_step
         g = tf.compat.v1.get_default_graph()
-        savers = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)
-        if self._graph is g and self.saver in savers:
+        set_up = tf.compat.v1.get_collection(_SET_UP)
+        if set_up and self._graph is g:
             # a second MonitoredTrainingSession on this graph (the first unfinalizes it on close): the
             # rewritten step is imported and the train op re-pointed already; doing it again would
             # rewrite the rewritten graph
             return
-        if any(isinstance(saver, _SyncingSaver) for saver in savers):
+        if set_up:
             raise ValueError("PlacementHook: another PlacementHook has set up this graph (its train op runs that "
                              "hook's rewritten step); pass the same hook to every session made on this graph")
-        if savers:
-            raise ValueError("PlacementHook: the graph's SAVERS collection already holds a Saver, which would save "
-                             "the script's untrained variables; leave it out (the hook provides one, hook.saver)")
         train_op = self._train_op if self._train_op is not None else _inferred_train_op(g)
         train_op = getattr(train_op, "op", train_op)
         if train_op.type != "NoOp":
@@ -119,9 +118,13 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         # variables whose script copy holds the last saved values (the global step is kept current)
         self._stale_vars = set(self.step.variables) - ({step_var.op.name} if step_var is not None else set())
         self._stale, self._warned = {}, set()
-        _warn_own_savers(g, self._stale_vars)
-        self.saver = _SyncingSaver(self._sync_before_save, sharded=True, allow_empty=True)  # as the Scaffold's
-        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, self.saver)
+        savers = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+        if not savers:  # the Scaffold would build this one after begin(), out of the sync's reach
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS,
+                                           tf.compat.v1.train.Saver(sharded=True, allow_empty=True))
+        self.saver = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)[0]
+        _sync_every_save(g, self._sync_if_live)
+        tf.compat.v1.add_to_collection(_SET_UP, self.copy_op)
         self._graph = g
 
     def _alias_script_loss(self, g, loss_name) -> Optional[str]:
@@ -149,8 +152,9 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
 
     def _state_ops(self, g) -> None:
         """copy_op: every script variable into all its replicas; sync_op: replica 0 into the script's
-        variable. Un-deviced ops that take a handle run on the handle's device (TF's placer)."""
-        copies, syncs = [], []
+        variable; _sync_if_live: sync_op's copy that runs only while the replicas hold the session's
+        state. Un-deviced ops that take a handle run on the handle's device (TF's placer)."""
+        copies = []
         for name, reads in self.step.variables.items():
             original = _handle(g, name)
             dtype = original.op.get_attr("dtype")
@@ -159,10 +163,33 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
                 replica = g.get_tensor_by_name(f"{SCOPE}/{read}").op.inputs[0]
                 copies.append(tf.raw_ops.AssignVariableOp(resource=replica, value=value,
                                                           name=f"tfplace_copy/{name}/replica_{k}"))
-            syncs.append(tf.raw_ops.AssignVariableOp(resource=original, value=self.variables[name],
+        self.sync_op = tf.group(*self._syncs(g), name="tfplace_sync")
+        # "the replicas hold the session's state": a flag that exists (is initialised) from the copy
+        # until end() destroys it; no collection holds it, so the Scaffold neither initialises nor
+        # waits for it. A flag cannot be fed: a Saver's run feeds only its file name.
+        live = tf.raw_ops.VarHandleOp(dtype=tf.bool, shape=[], shared_name="tfplace_hook_live", name="tfplace_live")
+        with tf.control_dependencies(copies):
+            mark = tf.raw_ops.AssignVariableOp(resource=live, value=True, name="tfplace_live/set")
+        self.copy_op = tf.group(*copies, mark, name="tfplace_copy")
+        with g.name_scope("tfplace_sync_if_live"):
+            # the branch builds its own reads: a tensor made outside a branch is computed whatever
+            # the condition, and a replica read before the first copy fails
+            self._sync_if_live = tf.compat.v1.cond(tf.raw_ops.VarIsInitializedOp(resource=live),
+                                                   lambda: _after(self._syncs(g), True),
+                                                   lambda: tf.constant(False)).op
+            with tf.control_dependencies([self._sync_if_live]):
+                self._end_op = tf.raw_ops.DestroyResourceOp(resource=live, ignore_lookup_error=True)
+
+    def _syncs(self, g) -> list:
+        """[an op assigning replica 0's value to the script's variable, per variable of the step]"""
+        syncs = []
+        for name, reads in self.step.variables.items():
+            replica = g.get_tensor_by_name(f"{SCOPE}/{reads[0]}").op.inputs[0]
+            value = tf.raw_ops.ReadVariableOp(resource=replica, dtype=replica.op.get_attr("dtype"),
+                                              name=f"tfplace_sync/{name}/read")
+            syncs.append(tf.raw_ops.AssignVariableOp(resource=_handle(g, name), value=value,
                                                      name=f"tfplace_sync/{name}"))
-        self.copy_op = tf.group(*copies, name="tfplace_copy")
-        self.sync_op = tf.group(*syncs, name="tfplace_sync")
+        return syncs
 
     def _repoint(self, g, train_op) -> None:
         """The script's train op runs the rewritten step, then copies its global step back."""
@@ -188,13 +215,13 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
 
     def after_create_session(self, session, coord):
         session.run(self.copy_op)
-        self._live_session = session
 
     def end(self, session):
         """Copies the trained replicas into the script's variables: once the session has ended, a
         plain Session on the same servers reads the trained values, as after the plain script
-        (they held the initial or the last saved ones)."""
-        self._sync_before_save(session)
+        (they held the initial or the last saved ones). The replicas no longer hold the state of
+        a session then: the next session's first save writes what it restored."""
+        session.run(self._end_op)
 
     def before_run(self, run_context):
         """Checks the run's feeds of the step's inputs: each must hold the strategy's global batch
@@ -244,13 +271,6 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
                               "of the last checkpoint save, not the trained replicas; fetch hook.loss, or compute it "
                               "from hook.variables", stacklevel=2)
 
-    def _sync_before_save(self, session) -> None:
-        """Until the hook has copied a session's state into the replicas (MonitoredTrainingSession's
-        CheckpointSaverHook saves before that, on every session it creates), the script's
-        variables are the state and are saved as they are."""
-        if session is self._live_session:
-            session.run(self.sync_op)
-
 
 def _inferred_train_op(g):
     """The op the script runs to train, found as for a bare step (tfplace.ir.step_roles): the
@@ -269,22 +289,31 @@ def _inferred_train_op(g):
     return g.get_operation_by_name(names[0])
 
 
-def _warn_own_savers(g, stale_vars) -> None:
-    """Warns when a Saver of the script (its Save ops, built before begin()) saves one of the step's
-    trained variables: unless hook.sync_op runs before each of its saves it writes the untrained
-    values, and MonitoredTrainingSession cannot run it for a Saver passed in its Scaffold."""
+def _after(ops, value):
+    with tf.control_dependencies(ops):
+        return tf.constant(value)
+
+
+_SAVE_OPS = ("SaveV2", "Save", "SaveSlices")
+
+
+def _sync_every_save(g, sync) -> None:
+    """Re-points every variable read of every Save op in `g` onto a read of the same variable
+    that runs `sync` first (the Saver's own read, `<var>/Read/ReadVariableOp`, is the variable's
+    too: fetching `var` must not sync). A save then writes the values the sync leaves."""
+    reads = {}
     for op in g.get_operations():
-        if op.type not in ("SaveV2", "Save", "SaveSlices"):
+        if op.type not in _SAVE_OPS:
             continue
-        read = [t.op.inputs[0].op.name for t in op.inputs if t.op.type == "ReadVariableOp"]
-        saved = sorted(set(read) & stale_vars)
-        if saved:
-            warnings.warn(f"PlacementHook: a Saver of the script ({op.name!r}) saves {saved[0]!r} and "
-                          f"{len(saved) - 1} more trained variables, whose trained values are in the replicas: its "
-                          "checkpoints hold the untrained values unless hook.sync_op runs before each save. "
-                          "MonitoredTrainingSession cannot run it for a Saver in its Scaffold: leave the Saver out "
-                          "(the hook's, hook.saver, saves the trained values)", stacklevel=3)
-            return
+        for i, tensor in enumerate(op.inputs):
+            if tensor.op.type != "ReadVariableOp":
+                continue
+            if tensor.name not in reads:
+                handle = tensor.op.inputs[0]
+                with g.colocate_with(handle.op), tf.control_dependencies([sync]):
+                    reads[tensor.name] = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tensor.dtype,
+                                                                    name=f"tfplace_save_read/{handle.op.name}")
+            op._update_input(i, reads[tensor.name])  # noqa: SLF001 (no public API rewires an op's input)
 
 
 def _handle(g, name: str):
@@ -294,19 +323,6 @@ def _handle(g, name: str):
         raise ValueError(f"PlacementHook: variable {name!r} is a {op.type}; the hook needs resource variables: "
                          f"{RESOURCE_VARIABLES_FIX}; the Grappler plugin takes either kind")
     return op.outputs[0]
-
-
-class _SyncingSaver(tf.compat.v1.train.Saver):
-    """A Saver over the script's variables that runs `before_save(sess)` first (the hook's copy of
-    the trained replicas into them)."""
-
-    def __init__(self, before_save, **kwargs):
-        super().__init__(**kwargs)
-        self._before_save = before_save
-
-    def save(self, sess, *args, **kwargs):
-        self._before_save(sess)
-        return super().save(sess, *args, **kwargs)
 
 
 def check_feed_batches(inputs, feed_dict, strategy) -> None:
