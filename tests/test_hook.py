@@ -8,6 +8,7 @@ agrees to 1e-6 relative, and so does the loss of each step.
 """
 
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -257,8 +258,10 @@ def test_a_run_without_the_scripts_feeds_refuses_a_placeholder_it_cannot_fill():
 @pytest.mark.parametrize("loss_op", ["Identity", "Mean", "Sum"])
 def test_an_unchanged_loop_that_fetches_its_own_loss_sees_the_steps_loss(local_cluster, loss_op):
     """The script's loss tensor reads the rewritten step's global loss (it computed a second
-    forward pass on the script's stale variables: the same number every step); fetching another
-    tensor of the script's step (an accuracy) warns once."""
+    forward pass on the script's stale variables: the same number every step). Other tensors of
+    the script (an accuracy, a confidence, the kernel itself) read the trained replica 0 (they read
+    the values of the last save, with a warning); a value read inside a cond, whose read the hook
+    cannot re-point, warns once."""
     import tensorflow as tf
     from tfplace.rewrite.hook import PlacementHook
     v1 = tf.compat.v1
@@ -279,16 +282,27 @@ def test_an_unchanged_loop_that_fetches_its_own_loss_sees_the_steps_loss(local_c
         rate = 0.5 / (BATCH if loss_op == "Sum" else 1)  # a summed loss's gradient is BATCH times larger
         train_op = tf.group(v1.train.GradientDescentOptimizer(rate).minimize(loss), name="train_op")
         hook = PlacementHook(strategy, cluster, train_op, loss)
+        kernel = v1.trainable_variables()[0]
+        in_cond = tf.cond(tf.reduce_all(y >= 0), lambda: tf.reduce_sum(kernel), lambda: tf.constant(0.0),
+                          name="in_cond")
         with v1.train.MonitoredTrainingSession(master=local_cluster.target, hooks=[hook],
                                                config=hook.session_config(local_cluster.session_config())) as sess:
             seen = [sess.run([train_op, loss, hook.loss], feed_dict={x: fx, y: fy})[1:] for _ in range(3)]
-            with pytest.warns(UserWarning, match="computed from the script's variables"):
-                sess.run([train_op, accuracy], feed_dict={x: fx, y: fy})
-            # fetched by name while another graph is the default (looked up in the session's graph)
-            with tf.Graph().as_default(), pytest.warns(UserWarning, match="'confidence' is computed"):
-                sess.run([train_op, confidence.name], feed_dict={x: fx, y: fy})
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                # fetched by name while another graph is the default (looked up in the session's graph)
+                with tf.Graph().as_default():
+                    got = sess.run([accuracy, confidence.name, kernel, hook.variables], feed_dict={x: fx, y: fy})
+            with pytest.warns(UserWarning, match="'in_cond.*' is computed from the script's variables"):
+                sess.run([train_op, in_cond], feed_dict={x: fx, y: fy})
     mine, theirs = np.array(seen).T
     assert np.array_equal(mine, theirs) and mine[0] > mine[1] > mine[2], seen  # the same batch: it falls
+    accuracy_got, confidence_got, kernel_got, trained = got
+    logits_np = fx @ trained["dense_0/kernel"] + trained["dense_0/bias"]
+    assert np.array_equal(kernel_got, trained["dense_0/kernel"])
+    assert accuracy_got == pytest.approx(np.mean(np.argmax(logits_np, 1) == fy))
+    softmax = np.exp(logits_np - logits_np.max(1, keepdims=True))
+    assert confidence_got == pytest.approx(np.max(softmax / softmax.sum(1, keepdims=True)), rel=1e-5)
 
 
 def test_a_run_of_a_step_with_reference_variables_is_refused_with_the_fix():

@@ -37,9 +37,11 @@ global step included):
 
 `hook.loss` is the global loss tensor of the rewritten step, and the script's own loss tensor
 reads it (an Identity, Mean or Sum loss: `_alias_script_loss`), so an unchanged loop that fetches
-its loss sees the step's; other tensors of the script's step (an accuracy) read its variables and
-are warned about once when fetched. `hook.variables` maps variable names to their mirror-0 read
-tensors.
+its loss sees the step's. The script's other reads of its trained variables read replica 0
+(`_read_replicas`), so an accuracy, a summary or a fetch of a variable sees the trained values;
+a value read where the hook cannot re-point the read (inside a cond or a tf.function) still
+reads the script's variable and is warned about once when fetched. `hook.variables` maps
+variable names to their mirror-0 read tensors.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         from tfplace.ir.loader import load_op_graph
         from tfplace.rewrite.graph_rewrite import rewrite_step
         g = tf.compat.v1.get_default_graph()
+        script_ops = g.get_operations()
         set_up = tf.compat.v1.get_collection(_SET_UP)
         if set_up and self._graph is g:
             # a second MonitoredTrainingSession on this graph (the first unfinalizes it on close): the
@@ -124,6 +127,7 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
                                            tf.compat.v1.train.Saver(sharded=True, allow_empty=True))
         self.saver = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)[0]
         _sync_every_save(g, self._sync_if_live)
+        self._read_replicas(g, script_ops)
         tf.compat.v1.add_to_collection(_SET_UP, self.copy_op)
         self._graph = g
 
@@ -191,6 +195,28 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
                                                      name=f"tfplace_sync/{name}"))
         return syncs
 
+    def _read_replicas(self, g, script_ops) -> None:
+        """Re-points the script's reads of its trained variables (ReadVariableOps among
+        `script_ops` that take the variable's handle) onto replica 0, so that what the script
+        computes besides its step (an accuracy, a summary, a fetch of the variable) sees the
+        trained values. Left alone: the reads feeding a variable's initializer (replicas hold
+        nothing before the copy that follows initialisation) and the Savers' reads
+        (`_sync_every_save` replaced them). A read of a function or a v1 cond/while takes the handle
+        through another op and keeps the script's variable (`_warn_stale` says so)."""
+        replica = {name: self.variables[name].op.inputs[0] for name in self._stale_vars}
+        initializers = [v.initializer for v in tf.compat.v1.global_variables() + tf.compat.v1.local_variables()]
+        feeding_init = _upstream(initializers)
+        for op in script_ops:
+            if op.type != "ReadVariableOp" or op.name in feeding_init:
+                continue
+            handle = op.inputs[0].op
+            if handle.type == "VarHandleOp" and handle.name in replica:
+                op._update_input(0, replica[handle.name])  # noqa: SLF001 (as _alias_script_loss)
+                # placed where the replica is: its own device and colocation were the script variable's
+                op._set_device("")  # noqa: SLF001
+                if "_class" in op.node_def.attr:
+                    op._clear_attr("_class")  # noqa: SLF001
+
     def _repoint(self, g, train_op) -> None:
         """The script's train op runs the rewritten step, then copies its global step back."""
         new_train = g.get_operation_by_name(f"{SCOPE}/{self.step.train_op}")
@@ -251,17 +277,16 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
 
     def _warn_stale(self, fetches) -> None:
         """Warns once per tensor when the run fetches one computed from the script's trained
-        variables (an accuracy, a loss the hook could not alias): they hold the last saved values,
-        not the trained replicas. Names are looked up in the graph begin() set up (the session's),
+        variables through a read `_read_replicas` could not re-point (inside a cond or a
+        function): they hold the last saved values, not the trained replicas. Names are looked up in the graph begin() set up (the session's),
         which need not be the default graph where the script runs its loop."""
         g = self._graph or tf.compat.v1.get_default_graph()
         for item in tf.nest.flatten(fetches):
-            op = getattr(item, "op", item)
-            if isinstance(op, str):
-                try:
-                    op = g.as_graph_element(op).op if ":" in op else g.get_operation_by_name(op.lstrip("^"))
-                except (KeyError, ValueError):
-                    continue
+            try:  # as the session reads a fetch: a variable is its read, a name an op or a tensor
+                element = g.as_graph_element(item.lstrip("^") if isinstance(item, str) else item)
+            except (KeyError, ValueError, TypeError):
+                continue
+            op = getattr(element, "op", element)
             if not isinstance(op, tf.Operation) or op.type == "NoOp":
                 continue  # the train op (re-pointed) or a group
             name = op.name
@@ -287,6 +312,18 @@ def _inferred_train_op(g):
         raise ValueError(f"PlacementHook: the script has {len(names)} train ops ({', '.join(names)}); group them "
                          "with tf.group(...) and pass the group as train_op=")
     return g.get_operation_by_name(names[0])
+
+
+def _upstream(ops) -> set:
+    """Names of `ops` and of every op they depend on (data and control inputs)."""
+    todo, seen = list(ops), set()
+    while todo:
+        op = todo.pop()
+        if op.name not in seen:
+            seen.add(op.name)
+            todo.extend(t.op for t in op.inputs)
+            todo.extend(op.control_inputs)
+    return seen
 
 
 def _after(ops, value):
