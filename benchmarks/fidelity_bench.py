@@ -42,6 +42,8 @@ import sys
 import tempfile
 import time
 
+from tfplace.formats.errors import InputError
+
 from fidelity.cluster_setup import HETERO, local_cluster_setup
 from fidelity.conditions import (BUNDLED_COMM, PROFILE_REPEATS, RoundConditions, attach_comm, cluster_comm,
                                  median_profile, profile_file, profile_path, profile_repeats)
@@ -77,7 +79,8 @@ def parser() -> argparse.ArgumentParser:
                         "processes' speeds) or every round on one set started for the run (run)")
     p.add_argument("--round-s", type=float, default=ROUND_S,
                    help="each round times --steps steps at a time until at least this many seconds of steps ran")
-    p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "tfplace_fidelity"))
+    p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "tfplace_fidelity"),
+                   help="folder of the measured profiles; one run at a time (a second run there stops at once)")
     p.add_argument("--reuse-profiles", action="store_true",
                    help="use the profiles a former run left in --workdir instead of measuring them again "
                         "a pass before each round (quicker; the machine's speed may have drifted since)")
@@ -111,6 +114,20 @@ def main(argv=None):
         return replay(args.replay, args.verbose)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.makedirs(args.workdir, exist_ok=True)
+    from tfplace.cli.common import OutputLock
+    with contextlib.ExitStack() as stack:
+        # One run per workdir (the default is one folder for every run on the machine): a second run
+        # there removed the profiles the first had measured (each pass starts afresh) and wrote its
+        # own under the same names, so the first simulated with the other run's profiles.
+        try:
+            stack.enter_context(OutputLock(args.workdir, "argument --workdir"))
+        except InputError as err:
+            p.error(str(err))
+        return _run(args, argv)
+
+
+def _run(args, argv) -> int:
+    """The bench's timed run (main, with --workdir locked)."""
     from tfplace.runtime.local_cluster import LocalCluster
     cluster, lc_kwargs = local_cluster_setup(args.hetero, args.inter_threads)
     results, record = {}, ({} if args.record else None)

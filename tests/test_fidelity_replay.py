@@ -211,3 +211,33 @@ def test_the_page_has_the_command_the_setup_the_summary_and_every_row(flags, set
     assert len(summary_row) == 1 and summary_row[0].startswith("| m | 2 | 5.0% | 10.0% | 1.00 | 0.0% |")
     assert summary_row[0].endswith("| 37.5% | 1.00 |")  # against the fastest: 37.5% and 0%
     assert "| m | a | 10.00 | 8.00 | 11.00 | 1.10 | 1.38 | 2.00/1.00/1.00 | 2.00 | 9.00/0.00/0.00 |" in page
+
+
+def test_a_comm_fit_that_fails_mid_write_leaves_the_profile_whole(tmp_path):
+    """attach_comm rewrites a profile that a later --reuse-profiles run reads: a write stopped
+    half-way (here a value json cannot write, after the first keys are out) used to leave a
+    truncated file there, which that run then failed to read."""
+    path = str(tmp_path / "m_t1.json")
+    write_json(path, {"ops": {"a": {"CPU": {"1": 1e-3}}}, "conditions": {"pass": 0}})
+    with open(path) as f:
+        before = f.read()
+    with pytest.raises(TypeError):
+        fb.attach_comm(path, {"comm": {"latency_s": 1e-5, "fit": object()}, "conditions": {"comm": {}}})
+    with open(path) as f:
+        assert f.read() == before
+    assert os.listdir(tmp_path) == ["m_t1.json"]
+
+
+def test_a_second_run_on_the_same_workdir_stops_before_it_measures(tmp_path, monkeypatch, capsys):
+    """Two runs on one --workdir (by default one folder for every run on the machine) removed and
+    rewrote each other's profiles; the second now stops at once, naming the flag."""
+    from tfplace.cli.common import OutputLock
+    monkeypatch.setattr(fb, "bench_model", lambda *a, **k: pytest.fail("ran beside the run holding the workdir"))
+    workdir = str(tmp_path / "work")
+    os.makedirs(workdir)
+    with OutputLock(workdir, "the other run"):
+        with pytest.raises(SystemExit) as stop:
+            fb.main(["--workdir", workdir, "--models", "tiny_mlp", "--out", str(tmp_path / "page.md")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --workdir" in err and "is in use by another run" in err, err

@@ -636,6 +636,41 @@ def test_an_atomic_write_leaves_the_whole_file_or_none(tmp_path, binary, write, 
         assert path.read_bytes() == expected and os.listdir(tmp_path) == ["out.bin"]
 
 
+def test_two_atomic_writes_of_one_file_at_once_each_leave_a_whole_file(tmp_path):
+    """Two writers of one path with the same pid (two threads here; across pid namespaces, two
+    containers sharing a cache folder) must not share a temporary file: with <path>.tmp<pid> the
+    second truncated the first's, renamed it into place, the first went on writing into the renamed
+    file (path half of each) and then failed its own rename."""
+    import threading
+    from tfplace.formats.jsonio import atomic_write
+    path = tmp_path / "out.json"
+    first_half_written, second_done = threading.Event(), threading.Event()
+    errors = []
+
+    def slow(f):
+        f.write("A" * 100)
+        f.flush()  # on disk, as a file larger than the buffer is while it is written
+        first_half_written.set()
+        second_done.wait(10)
+        f.write("A" * 100)
+
+    def first():
+        try:
+            atomic_write(path, slow)
+        except Exception as err:  # noqa: BLE001  (reported by the assert below)
+            errors.append(err)
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert first_half_written.wait(10)
+    atomic_write(path, lambda f: f.write("B" * 150))
+    assert path.read_text() == "B" * 150
+    second_done.set()
+    thread.join(10)
+    assert path.read_text() == "A" * 200  # the last rename wins, whole (was "B" * 100 + "A" * 100)
+    assert errors == []
+    assert os.listdir(tmp_path) == ["out.json"]
+
+
 @pytest.mark.parametrize("shares, whole", [
     ({"a": 12}, {"a": 12}),                     # one replica already: unchanged
     ({"a": [6, 6]}, {"a": 12}),                 # micro-batches joined

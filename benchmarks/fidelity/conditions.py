@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 
+from tfplace.formats.jsonio import atomic_write
 from tfplace.profiling.overheads_probe import (comm_of_passes, comm_pass, handler_threads, measure_overheads,
                                                median_overheads)
 
@@ -99,19 +100,19 @@ def median_profile(paths, out: str) -> str:
                    for kind, by_batch in by_kind.items()}
     conditions = {**first.get("conditions", {}), "profile_passes": len(passes),
                   "statistic_over_passes": f"median of {len(passes)} passes per op, kind and batch size"}
-    with open(out, "w") as f:
-        json.dump({**first, "ops": ops, "conditions": conditions}, f)
+    atomic_write(out, lambda f: json.dump({**first, "ops": ops, "conditions": conditions}, f))
     return out
 
 
 def attach_comm(path: str, comm: dict) -> str:
-    """Writes `comm` (cluster_comm's form) into the profile file `path` as its comm fit; returns path."""
+    """Writes `comm` (cluster_comm's form) into the profile file `path` as its comm fit; returns path.
+    Written atomically, as median_profile's file: a run stopped mid-write leaves the file whole, and
+    a later --reuse-profiles run reads it."""
     with open(path) as f:
         prof = json.load(f)
     prof["comm"] = comm["comm"]
     prof.setdefault("conditions", {})["comm"] = comm["conditions"]["comm"]
-    with open(path, "w") as f:
-        json.dump(prof, f)
+    atomic_write(path, lambda f: json.dump(prof, f))
     return path
 
 

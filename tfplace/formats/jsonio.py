@@ -27,6 +27,7 @@ import errno
 import json
 import math
 import os
+import secrets
 from typing import IO, Any, Callable, Iterator, List, Optional, Sequence, Tuple, Type, Union
 
 from tfplace.formats.errors import InputError
@@ -273,15 +274,22 @@ def resolve_path(value: str, source: str, field: str, base_dirs: Sequence[str], 
 
 
 def atomic_write(path: Union[str, os.PathLike], write: Callable[[IO], None], binary: bool = False) -> None:
-    """Calls `write(f)` on a temporary file beside `path` (<path>.tmp<pid>; text in UTF-8, or bytes
-    when `binary`), then renames it to `path`, so an interrupted or failed write never leaves a
-    truncated file behind, nor the temporary one (it is removed on any error, Ctrl-C included). A
-    file system that refuses the write (full, read-only, over quota) raises InputError naming
-    `path`, not a bare OSError."""
+    """Calls `write(f)` on a temporary file beside `path` (<path>.tmp<pid>-<random>; text in UTF-8,
+    or bytes when `binary`), then renames it to `path`, so an interrupted or failed write never
+    leaves a truncated file behind, nor the temporary one (it is removed on any error, Ctrl-C
+    included). A file system that refuses the write (full, read-only, over quota) raises InputError
+    naming `path`, not a bare OSError.
+
+    The temporary name is new for each call and created exclusively: the pid alone is shared by the
+    threads of a process and, across pid namespaces, by processes of two containers that share a
+    folder; two writers of one path under one name wrote into each other's file, and one renamed
+    the other's half-written file into place."""
     path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = f"{path}.tmp{os.getpid()}-{secrets.token_hex(4)}"
+    created = False
     try:
-        with (open(tmp, "wb") if binary else open(tmp, "w", encoding="utf-8")) as f:
+        with (open(tmp, "xb") if binary else open(tmp, "x", encoding="utf-8")) as f:
+            created = True
             write(f)
         os.replace(tmp, path)
     except OSError as err:
@@ -289,7 +297,7 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[IO], None], bin
         raise InputError(path, "", f"cannot be written ({err.strerror or err})",
                          "free space or choose another folder" if full else "choose another folder") from None
     finally:
-        if os.path.lexists(tmp):
+        if created and os.path.lexists(tmp):  # never another writer's file of the same name
             with contextlib.suppress(OSError):
                 os.remove(tmp)
 
