@@ -515,3 +515,55 @@ def test_the_hook_example_answers_help_and_bad_input_in_one_line(argv, status, s
         assert says in result.stdout and not errors
     else:
         assert len(errors) == 1 and says in errors[0] and "Fix:" in errors[0], result.stderr[-2000:]
+
+
+def _lr_schedule_script():
+    """A script with a learning-rate variable the loop sets with its own assign ops (a schedule)."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    x = v1.placeholder(tf.float32, [None, 16], name="features")
+    y = v1.placeholder(tf.int32, [None], name="labels")
+    logits = v1.layers.dense(x, 4, name="dense_0", kernel_initializer=v1.glorot_uniform_initializer(seed=1))
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits), name="loss")
+    lr = v1.get_variable("lr", [], initializer=tf.constant_initializer(0.5), trainable=False, use_resource=True)
+    value = v1.placeholder(tf.float32, [], name="lr_value")
+    writes = {"set": lr.assign(value), "add": lr.assign_add(value), "sub": lr.assign_sub(value)}
+    train_op = tf.group(v1.train.GradientDescentOptimizer(lr).minimize(loss), name="train_op")
+    return x, y, loss, train_op, value, writes
+
+
+LR_SCHEDULE = [("step", None), ("set", 0.0), ("step", None), ("add", 0.25), ("step", None), ("sub", 0.125),
+               ("step", None)]
+
+
+@pytest.mark.multiprocess
+def test_a_variable_the_script_assigns_reaches_the_steps_replicas(local_cluster):
+    """The step reads the replicas of a learning-rate variable; the script's own `lr.assign(...)`
+    (and assign_add/sub) wrote only the script's variable: a step after `lr = 0` still trained at 0.5,
+    with no error. Hooked and plain runs of one schedule end with the same kernel."""
+    import tensorflow as tf
+    from tfplace.rewrite.hook import PlacementHook
+    fx, fy = _feeds()[0]
+    kernels = {}
+    for run in ("hooked", "plain"):
+        with tf.Graph().as_default() as g:
+            x, y, loss, train_op, value, writes = _lr_schedule_script()
+            if run == "hooked":
+                hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
+                session = tf.compat.v1.train.MonitoredTrainingSession(
+                    master=local_cluster.target, hooks=[hook], config=hook.session_config(local_cluster.session_config()))
+            else:
+                session = tf.compat.v1.train.MonitoredTrainingSession()
+            with session as sess:
+                frozen = []
+                for what, amount in LR_SCHEDULE:
+                    if what == "step":
+                        before = sess.run(g.get_tensor_by_name("dense_0/kernel/Read/ReadVariableOp:0"))
+                        sess.run(train_op, feed_dict={x: fx, y: fy})
+                        after = sess.run(g.get_tensor_by_name("dense_0/kernel/Read/ReadVariableOp:0"))
+                        frozen.append(np.array_equal(before, after))
+                    else:
+                        sess.run(writes[what], feed_dict={value: amount})
+                kernels[run] = sess.run(g.get_tensor_by_name("dense_0/kernel/Read/ReadVariableOp:0"))
+        assert frozen == [False, True, False, False], (run, frozen)  # the step at lr 0 leaves the kernel
+    assert _rel(kernels["hooked"], kernels["plain"]) <= 1e-5

@@ -33,7 +33,9 @@ global step included):
     second MonitoredTrainingSession on the same graph takes the same hook (begin() sets the
     graph up once);
   - the global step is copied back after every step (one scalar), as part of the re-pointed
-    train op: StopAtStepHook, CheckpointSaverHook and the script read it every step.
+    train op: StopAtStepHook, CheckpointSaverHook and the script read it every step;
+  - a write of the script to a step variable outside the step (`lr.assign(new_lr)`, assign_add,
+    assign_sub: a learning-rate schedule) writes every replica too (`_mirror_writes`).
 
 `hook.loss` is the global loss tensor of the rewritten step, and the script's own loss tensor
 reads it (an Identity, Mean or Sum loss: `_alias_script_loss`), so an unchanged loop that fetches
@@ -128,6 +130,7 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         self.saver = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)[0]
         _sync_every_save(g, self._sync_if_live)
         self._read_replicas(g, script_ops)
+        self._mirror_writes(g, script_ops, set(graph.names))
         tf.compat.v1.add_to_collection(_SET_UP, self.copy_op)
         self._graph = g
 
@@ -159,12 +162,11 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         variable; _sync_if_live: sync_op's copy that runs only while the replicas hold the session's
         state. Un-deviced ops that take a handle run on the handle's device (TF's placer)."""
         copies = []
-        for name, reads in self.step.variables.items():
+        for name in self.step.variables:
             original = _handle(g, name)
             dtype = original.op.get_attr("dtype")
             value = tf.raw_ops.ReadVariableOp(resource=original, dtype=dtype, name=f"tfplace_copy/{name}/read")
-            for k, read in enumerate(reads):
-                replica = g.get_tensor_by_name(f"{SCOPE}/{read}").op.inputs[0]
+            for k, replica in enumerate(self._replica_handles(g, name)):
                 copies.append(tf.raw_ops.AssignVariableOp(resource=replica, value=value,
                                                           name=f"tfplace_copy/{name}/replica_{k}"))
         self.sync_op = tf.group(*self._syncs(g), name="tfplace_sync")
@@ -187,8 +189,8 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
     def _syncs(self, g) -> list:
         """[an op assigning replica 0's value to the script's variable, per variable of the step]"""
         syncs = []
-        for name, reads in self.step.variables.items():
-            replica = g.get_tensor_by_name(f"{SCOPE}/{reads[0]}").op.inputs[0]
+        for name in self.step.variables:
+            replica = self._replica_handles(g, name)[0]
             value = tf.raw_ops.ReadVariableOp(resource=replica, dtype=replica.op.get_attr("dtype"),
                                               name=f"tfplace_sync/{name}/read")
             syncs.append(tf.raw_ops.AssignVariableOp(resource=_handle(g, name), value=value,
@@ -216,6 +218,29 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
                 op._set_device("")  # noqa: SLF001
                 if "_class" in op.node_def.attr:
                     op._clear_attr("_class")  # noqa: SLF001
+
+    def _mirror_writes(self, g, script_ops, step_ops) -> None:
+        """Makes the script's own writes of a step variable (an AssignVariableOp, AssignAdd or
+        AssignSub outside the step: `lr.assign(new_lr)` for a schedule) write every replica too,
+        with the same value, before the script's variable: the step reads the replicas, so a
+        learning rate set by the script was ignored. Not the variables' initializers and not the
+        step's own updates (the copy after initialisation and the step write those)."""
+        initializers = [v.initializer for v in tf.compat.v1.global_variables() + tf.compat.v1.local_variables()]
+        skip = _upstream(initializers) | step_ops
+        for op in script_ops:
+            if op.type not in _WRITE_OPS or op.name in skip or op.inputs[0].op.type != "VarHandleOp":
+                continue
+            name = op.inputs[0].op.name
+            if name not in self.step.variables:
+                continue
+            write = getattr(tf.raw_ops, op.type)
+            mirrors = [write(resource=replica, value=op.inputs[1], name=f"tfplace_mirror/{op.name}_{k}")
+                       for k, replica in enumerate(self._replica_handles(g, name))]
+            op._add_control_inputs(mirrors)  # noqa: SLF001 (as _repoint)
+
+    def _replica_handles(self, g, name: str) -> list:
+        """The resource handles of every replica of variable `name` in the imported step, replica 0 first."""
+        return [g.get_tensor_by_name(f"{SCOPE}/{read}").op.inputs[0] for read in self.step.variables[name]]
 
     def _repoint(self, g, train_op) -> None:
         """The script's train op runs the rewritten step, then copies its global step back."""
@@ -332,6 +357,7 @@ def _after(ops, value):
 
 
 _SAVE_OPS = ("SaveV2", "Save", "SaveSlices")
+_WRITE_OPS = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
 
 
 def _sync_every_save(g, sync) -> None:
