@@ -259,9 +259,9 @@ def test_a_run_without_the_scripts_feeds_refuses_a_placeholder_it_cannot_fill():
 def test_an_unchanged_loop_that_fetches_its_own_loss_sees_the_steps_loss(local_cluster, loss_op):
     """The script's loss tensor reads the rewritten step's global loss (it computed a second
     forward pass on the script's stale variables: the same number every step). Other tensors of
-    the script (an accuracy, a confidence, the kernel itself) read the trained replica 0 (they read
-    the values of the last save, with a warning); a value read inside a cond, whose read the hook
-    cannot re-point, warns once."""
+    the script (an accuracy, a confidence, the kernel itself, a value read inside a cond) read the
+    trained replica 0 (they read the values of the last save, with a warning); a value read inside
+    a cond that also writes a variable, whose read the hook does not re-point, warns once."""
     import tensorflow as tf
     from tfplace.rewrite.hook import PlacementHook
     v1 = tf.compat.v1
@@ -285,6 +285,13 @@ def test_an_unchanged_loop_that_fetches_its_own_loss_sees_the_steps_loss(local_c
         kernel = v1.trainable_variables()[0]
         in_cond = tf.cond(tf.reduce_all(y >= 0), lambda: tf.reduce_sum(kernel), lambda: tf.constant(0.0),
                           name="in_cond")
+        counter = v1.get_variable("counter", [], initializer=tf.zeros_initializer(), trainable=False,
+                                  use_resource=True)
+
+        def count_and_sum():
+            with tf.control_dependencies([counter.assign_add(1.0)]):
+                return tf.reduce_sum(kernel)
+        writes_in_cond = tf.cond(tf.reduce_all(y >= 0), count_and_sum, lambda: tf.constant(0.0), name="writes_in_cond")
         with v1.train.MonitoredTrainingSession(master=local_cluster.target, hooks=[hook],
                                                config=hook.session_config(local_cluster.session_config())) as sess:
             seen = [sess.run([train_op, loss, hook.loss], feed_dict={x: fx, y: fy})[1:] for _ in range(3)]
@@ -292,13 +299,15 @@ def test_an_unchanged_loop_that_fetches_its_own_loss_sees_the_steps_loss(local_c
                 warnings.simplefilter("error")
                 # fetched by name while another graph is the default (looked up in the session's graph)
                 with tf.Graph().as_default():
-                    got = sess.run([accuracy, confidence.name, kernel, hook.variables], feed_dict={x: fx, y: fy})
-            with pytest.warns(UserWarning, match="'in_cond.*' is computed from the script's variables"):
-                sess.run([train_op, in_cond], feed_dict={x: fx, y: fy})
+                    got = sess.run([accuracy, confidence.name, kernel, hook.variables, in_cond],
+                                   feed_dict={x: fx, y: fy})
+            with pytest.warns(UserWarning, match="'writes_in_cond.*' is computed from the script's variables"):
+                sess.run([train_op, writes_in_cond], feed_dict={x: fx, y: fy})
     mine, theirs = np.array(seen).T
     assert np.array_equal(mine, theirs) and mine[0] > mine[1] > mine[2], seen  # the same batch: it falls
-    accuracy_got, confidence_got, kernel_got, trained = got
+    accuracy_got, confidence_got, kernel_got, trained, in_cond_got = got
     logits_np = fx @ trained["dense_0/kernel"] + trained["dense_0/bias"]
+    assert in_cond_got == pytest.approx(np.sum(trained["dense_0/kernel"]), rel=1e-5)  # a v2 cond reads replica 0
     assert np.array_equal(kernel_got, trained["dense_0/kernel"])
     assert accuracy_got == pytest.approx(np.mean(np.argmax(logits_np, 1) == fy))
     softmax = np.exp(logits_np - logits_np.max(1, keepdims=True))
@@ -567,3 +576,101 @@ def test_a_variable_the_script_assigns_reaches_the_steps_replicas(local_cluster)
                 kernels[run] = sess.run(g.get_tensor_by_name("dense_0/kernel/Read/ReadVariableOp:0"))
         assert frozen == [False, True, False, False], (run, frozen)  # the step at lr 0 leaves the kernel
     assert _rel(kernels["hooked"], kernels["plain"]) <= 1e-5
+
+
+def _momentum_script():
+    """A Momentum script with a learning-rate variable, its slots reachable for a re-initialisation."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    x = v1.placeholder(tf.float32, [None, 16], name="features")
+    y = v1.placeholder(tf.int32, [None], name="labels")
+    logits = v1.layers.dense(x, 4, name="dense_0", kernel_initializer=v1.glorot_uniform_initializer(seed=1))
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits), name="loss")
+    lr = v1.get_variable("lr", [], initializer=tf.constant_initializer(0.5), trainable=False, use_resource=True)
+    optimizer = v1.train.MomentumOptimizer(lr, 0.9)
+    train_op = tf.group(optimizer.minimize(loss), name="train_op")
+    return x, y, loss, train_op, lr, v1.variables_initializer(optimizer.variables())
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("write", ["load", "reset_slots"])
+def test_a_variable_the_script_initialises_again_reaches_the_steps_replicas(local_cluster, write):
+    """`lr.load(0.0, sess)` runs lr's initializer with the value fed, and a script that resets its
+    optimizer's slots runs their initializers mid-training: the hook did not mirror initializers,
+    so the step kept training at lr 0.5 with the old momentum, silently. Hooked and plain kernels agree."""
+    import tensorflow as tf
+    from tfplace.rewrite.hook import PlacementHook
+    kernels = {}
+    for run in ("hooked", "plain"):
+        with tf.Graph().as_default() as g:
+            x, y, loss, train_op, lr, reset = _momentum_script()
+            if run == "hooked":
+                hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
+                session = tf.compat.v1.train.MonitoredTrainingSession(
+                    master=local_cluster.target, hooks=[hook],
+                    config=hook.session_config(local_cluster.session_config()))
+            else:
+                session = tf.compat.v1.train.MonitoredTrainingSession()
+            with session as sess:
+                for i, (fx, fy) in enumerate(_feeds()):
+                    if i == 1:
+                        lr.load(0.25, sess) if write == "load" else sess.run(reset)
+                    sess.run(train_op, feed_dict={x: fx, y: fy})
+                kernels[run] = sess.run(g.get_tensor_by_name("dense_0/kernel/Read/ReadVariableOp:0"))
+    assert _rel(kernels["hooked"], kernels["plain"]) <= 1e-5
+
+
+@pytest.mark.multiprocess
+def test_an_embedding_lookup_of_the_script_reads_the_trained_table(local_cluster):
+    """tf.nn.embedding_lookup of a resource variable is a ResourceGather, not a ReadVariableOp: a
+    lookup the script fetched besides its step (an accuracy, a prediction) read the table of the
+    last save, with a warning. It reads replica 0 now: the rows of the trained table, no warning."""
+    import tensorflow as tf
+    from tfplace.rewrite.hook import PlacementHook
+    v1 = tf.compat.v1
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 4, (BATCH, 3)).astype(np.int32)
+    labels = rng.integers(0, 4, BATCH).astype(np.int32)
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.int32, [None, 3], name="ids")
+        y = v1.placeholder(tf.int32, [None], name="labels")
+        table = v1.get_variable("table", [4, 8], initializer=v1.glorot_uniform_initializer(seed=3), use_resource=True)
+        rows = tf.nn.embedding_lookup(table, x)
+        logits = v1.layers.dense(tf.reduce_mean(rows, 1), 4, name="dense_0",
+                                 kernel_initializer=v1.glorot_uniform_initializer(seed=1))
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits), name="loss")
+        train_op = tf.group(v1.train.GradientDescentOptimizer(1.0).minimize(loss), name="train_op")
+        hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
+        with v1.train.MonitoredTrainingSession(master=local_cluster.target, hooks=[hook],
+                                               config=hook.session_config(local_cluster.session_config())) as sess:
+            for _ in range(STEPS):
+                sess.run(train_op, feed_dict={x: ids, y: labels})
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                got, trained = sess.run([rows, hook.variables["table"]], feed_dict={x: ids})
+    assert _rel(got, trained[ids]) == 0.0
+
+
+def test_an_update_of_a_step_variable_outside_the_train_op_is_refused():
+    """A GAN script that runs its generator's train op apart from the discriminator's (the one the
+    hook re-points): the generator's updates wrote the script's variables, which the step never reads
+    and the next save overwrote: the generator silently did not train. begin() refuses it, naming
+    the update, before it changes the train op."""
+    import tensorflow as tf
+    from tfplace.rewrite.hook import PlacementHook
+    v1 = tf.compat.v1
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float32, [None, 16], name="features")
+        y = v1.placeholder(tf.int32, [None], name="labels")
+        fake = v1.layers.dense(x, 16, name="generator")
+        logits = v1.layers.dense(fake, 4, name="discriminator")
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits), name="loss")
+        d_train = tf.group(v1.train.GradientDescentOptimizer(0.1).minimize(
+            loss, var_list=v1.trainable_variables("discriminator")), name="d_train")
+        v1.train.GradientDescentOptimizer(0.1).minimize(-loss, var_list=v1.trainable_variables("generator"))
+        hook = PlacementHook(STRATEGY, LOCAL_CPU, d_train, loss)
+        before = [op.name for op in d_train.control_inputs]
+        with pytest.raises(ValueError, match=r"PlacementHook: '.*ResourceApplyGradientDescent' .* updates "
+                                             r"'generator/(kernel|bias)' outside the train op"):
+            hook.begin()
+        assert [op.name for op in d_train.control_inputs] == before

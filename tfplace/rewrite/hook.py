@@ -35,14 +35,18 @@ global step included):
   - the global step is copied back after every step (one scalar), as part of the re-pointed
     train op: StopAtStepHook, CheckpointSaverHook and the script read it every step;
   - a write of the script to a step variable outside the step (`lr.assign(new_lr)`, assign_add,
-    assign_sub: a learning-rate schedule) writes every replica too (`_mirror_writes`).
+    assign_sub: a learning-rate schedule; its initializer run again: `var.load(value, sess)`,
+    re-initialised optimizer slots) writes every replica too (`_mirror_writes`); an update the
+    hook cannot mirror (a second train op, a scatter) is refused when begin() runs.
 
 `hook.loss` is the global loss tensor of the rewritten step, and the script's own loss tensor
 reads it (an Identity, Mean or Sum loss: `_alias_script_loss`), so an unchanged loop that fetches
 its loss sees the step's. The script's other reads of its trained variables read replica 0
-(`_read_replicas`), so an accuracy, a summary or a fetch of a variable sees the trained values;
-a value read where the hook cannot re-point the read (inside a cond or a tf.function) still
-reads the script's variable and is warned about once when fetched. `hook.variables` maps
+(`_read_replicas`: variable reads, embedding lookups, and v2 conds, loops and function calls that
+write no variable), so an accuracy, a summary, a batch-norm evaluation or a fetch of a variable
+sees the trained values; a value read where the hook cannot re-point the read (a v1 cond, or a
+cond or function that also writes) still reads the script's variable and is warned about once
+when fetched. `hook.variables` maps
 variable names to their mirror-0 read tensors.
 """
 
@@ -109,6 +113,9 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
                               source="default graph")
         for v in graph.variables:  # the step's only: the rewrite cannot import reference variables
             _handle(g, v.name)
+        # before the step is imported: a refused script's train op still runs its own update
+        step_vars = {v.name for v in graph.variables}
+        _refuse_other_updates(script_ops, _upstream(_initializers()) | set(graph.names), step_vars)
         self.step = rewrite_step(graph, self.strategy, self.cluster, init_op=init.name)
         # the script's placeholders (the batch and the others: a fed learning rate, keep_prob)
         fed = [spec.tensor for spec in self.step.inputs] + list(self.step.feeds)
@@ -201,15 +208,26 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         """Re-points the script's reads of its trained variables (ReadVariableOps among
         `script_ops` that take the variable's handle) onto replica 0, so that what the script
         computes besides its step (an accuracy, a summary, a fetch of the variable) sees the
-        trained values. Left alone: the reads feeding a variable's initializer (replicas hold
+        trained values. A gather (`tf.nn.embedding_lookup` of a resource variable: ResourceGather)
+        is such a read too: an accuracy of an embedding model read the stale table. Left alone:
+        the reads feeding a variable's initializer (replicas hold
         nothing before the copy that follows initialisation) and the Savers' reads
-        (`_sync_every_save` replaced them). A read of a function or a v1 cond/while takes the handle
-        through another op and keeps the script's variable (`_warn_stale` says so)."""
+        (`_sync_every_save` replaced them). A v2 cond, loop or function call (an If: a batch-norm
+        layer's moving mean under a `training` placeholder) takes the handle as an input, re-pointed
+        too unless one of its functions writes a variable (it would write replica 0 alone); a read
+        of a v1 cond/while takes the handle through a Switch and keeps the script's variable
+        (`_warn_stale` says so)."""
         replica = {name: self.variables[name].op.inputs[0] for name in self._stale_vars}
-        initializers = [v.initializer for v in tf.compat.v1.global_variables() + tf.compat.v1.local_variables()]
-        feeding_init = _upstream(initializers)
+        feeding_init = _upstream(_initializers())
         for op in script_ops:
-            if op.type != "ReadVariableOp" or op.name in feeding_init:
+            if op.name in feeding_init:
+                continue
+            if op.type in _CALL_OPS and not _writes(g, op):
+                for i, tensor in enumerate(op.inputs):
+                    if tensor.op.type == "VarHandleOp" and tensor.op.name in replica:
+                        op._update_input(i, replica[tensor.op.name])  # noqa: SLF001
+                continue
+            if op.type not in _READ_OPS:
                 continue
             handle = op.inputs[0].op
             if handle.type == "VarHandleOp" and handle.name in replica:
@@ -223,10 +241,15 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         """Makes the script's own writes of a step variable (an AssignVariableOp, AssignAdd or
         AssignSub outside the step: `lr.assign(new_lr)` for a schedule) write every replica too,
         with the same value, before the script's variable: the step reads the replicas, so a
-        learning rate set by the script was ignored. Not the variables' initializers and not the
-        step's own updates (the copy after initialisation and the step write those)."""
-        initializers = [v.initializer for v in tf.compat.v1.global_variables() + tf.compat.v1.local_variables()]
-        skip = _upstream(initializers) | step_ops
+        learning rate set by the script was ignored. A variable's own initializer is such a write
+        too: `var.load(value, sess)` runs it with the value fed, and a script that re-initialises
+        its optimizer's slots (`variables_initializer(opt.variables())`) runs it mid-training (at
+        session creation the copy that follows overwrites the replicas anyway). Not the writes
+        feeding an initializer and not the step's own updates (the step writes those).
+        An update the hook cannot mirror (an optimizer's, a scatter) begin() refused
+        (`_refuse_other_updates`)."""
+        initializers = _initializers()
+        skip = (_upstream(initializers) - {op.name for op in initializers}) | step_ops
         for op in script_ops:
             if op.type not in _WRITE_OPS or op.name in skip or op.inputs[0].op.type != "VarHandleOp":
                 continue
@@ -314,6 +337,8 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
             op = getattr(element, "op", element)
             if not isinstance(op, tf.Operation) or op.type == "NoOp":
                 continue  # the train op (re-pointed) or a group
+            if op.type in _WRITE_OPS:  # mirrored (`_mirror_writes`): only its value can be stale
+                op = op.inputs[1].op
             name = op.name
             if name not in self._warned and self._reads_stale(op):
                 self._warned.add(name)
@@ -339,6 +364,11 @@ def _inferred_train_op(g):
     return g.get_operation_by_name(names[0])
 
 
+def _initializers() -> list:
+    """The initializer ops of the default graph's global and local variables."""
+    return [v.initializer for v in tf.compat.v1.global_variables() + tf.compat.v1.local_variables()]
+
+
 def _upstream(ops) -> set:
     """Names of `ops` and of every op they depend on (data and control inputs)."""
     todo, seen = list(ops), set()
@@ -358,6 +388,50 @@ def _after(ops, value):
 
 _SAVE_OPS = ("SaveV2", "Save", "SaveSlices")
 _WRITE_OPS = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
+_READ_OPS = ("ReadVariableOp", "ResourceGather", "ResourceGatherNd")  # a handle at input 0, no write
+# writes the hook cannot mirror: an optimizer's update (ResourceApplyAdam, ResourceSparseApply...), a scatter
+_UPDATE_PREFIXES = ("ResourceApply", "ResourceSparseApply", "ResourceScatter", "ResourceStridedSliceAssign")
+
+
+_CALL_OPS = ("If", "StatelessIf", "Case", "StatelessCase", "While", "StatelessWhile", "PartitionedCall",
+             "StatefulPartitionedCall")
+
+
+def _writes(g, op) -> bool:
+    """Whether a function-call op (a v2 cond, while or call) may write a variable: a function of
+    its attributes, or one they call, holds an assign, an optimizer update or a scatter."""
+    todo, seen = [op.node_def.attr], set()
+    while todo:
+        for value in todo.pop().values():
+            names = [f.name for f in value.list.func] + ([value.func.name] if value.func.name else [])
+            for name in names:
+                if name in seen:
+                    continue
+                seen.add(name)
+                fn = g._get_function(name)  # noqa: SLF001 (the graph's function library)
+                if fn is None:
+                    return True
+                for node in fn.definition.node_def:
+                    if "Assign" in node.op or "Scatter" in node.op or node.op.startswith(_UPDATE_PREFIXES):
+                        return True
+                    todo.append(node.attr)
+    return False
+
+
+def _refuse_other_updates(script_ops, skip, step_variables) -> None:
+    """ValueError naming the first op among `script_ops` (not in `skip`: the step's and what
+    feeds an initializer) that updates one of `step_variables` by an op the hook cannot mirror: a
+    second train op (a GAN's generator step run apart from the discriminator's) or a scatter
+    update. It would update the script's variable alone, which the step never reads (it
+    trains the replicas) and the next save overwrites: its training was silently lost."""
+    for op in script_ops:
+        if op.name in skip or not op.type.startswith(_UPDATE_PREFIXES) or not op.inputs:
+            continue
+        handle = op.inputs[0].op
+        if handle.type == "VarHandleOp" and handle.name in step_variables:
+            raise ValueError(f"PlacementHook: {op.name!r} ({op.type}) updates {handle.name!r} outside the train op the "
+                             "hook runs (the step trains replicas of it, and this update would be lost); run every "
+                             "update in the one train op (tf.group(...), passed as train_op=)")
 
 
 def _sync_every_save(g, sync) -> None:
