@@ -674,3 +674,37 @@ def test_an_update_of_a_step_variable_outside_the_train_op_is_refused():
                                              r"'generator/(kernel|bias)' outside the train op"):
             hook.begin()
         assert [op.name for op in d_train.control_inputs] == before
+
+
+@pytest.mark.multiprocess
+def test_a_batch_norm_under_a_training_placeholder_trains_on_several_tasks_and_evaluates_trained(local_cluster):
+    """tf.compat.v1.layers.batch_normalization(training=<placeholder>) updates its moving averages
+    in v2 conds whose branch functions colocate nodes by name: with the cond's replicas on two
+    tasks the first step failed ("Cannot merge devices with incompatible tasks"). It trains now, and
+    the script's evaluation (training=False: the moving averages, read inside a cond) computes from
+    the trained replica 0, as numpy does from hook.variables."""
+    import tensorflow as tf
+    from tfplace.rewrite.hook import PlacementHook
+    v1 = tf.compat.v1
+    fx, fy = _feeds()[0]
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float32, [None, 16], name="features")
+        y = v1.placeholder(tf.int32, [None], name="labels")
+        training = v1.placeholder_with_default(True, [], name="training")
+        h = v1.layers.dense(x, 8, name="d0", kernel_initializer=v1.glorot_uniform_initializer(seed=1))
+        h = v1.layers.batch_normalization(h, training=training, momentum=0.5, name="bn")
+        logits = v1.layers.dense(tf.nn.relu(h), 4, name="d1", kernel_initializer=v1.glorot_uniform_initializer(seed=2))
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits), name="loss")
+        with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
+            train_op = tf.group(v1.train.GradientDescentOptimizer(0.3).minimize(loss), name="train_op")
+        hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
+        with v1.train.MonitoredTrainingSession(master=local_cluster.target, hooks=[hook],
+                                               config=hook.session_config(local_cluster.session_config())) as sess:
+            initial = sess.run(hook.variables)
+            losses = [sess.run([train_op, hook.loss], feed_dict={x: fx, y: fy})[1] for _ in range(3)]
+            logits_eval, w = sess.run([logits, hook.variables], feed_dict={x: fx, training: False})
+    assert losses[0] > losses[-1], losses
+    assert not np.array_equal(w["bn/moving_mean"], initial["bn/moving_mean"])  # the updates ran
+    h_np = (fx @ w["d0/kernel"] + w["d0/bias"] - w["bn/moving_mean"]) / np.sqrt(w["bn/moving_variance"] + 1e-3)
+    h_np = np.maximum(h_np * w["bn/gamma"] + w["bn/beta"], 0.0)
+    assert _rel(logits_eval, h_np @ w["d1/kernel"] + w["d1/bias"]) <= 1e-5

@@ -347,3 +347,30 @@ def test_an_initial_value_that_reads_a_variable_waits_for_its_initializer(step_r
     reads = [nodes[n] for n in _ancestors(nodes, "rate/Assign") if nodes[n].op == "ReadVariableOp"]
     assert reads and all("^counter/Assign" in n.input for n in reads), reads  # every read the initial value makes
 
+
+
+def test_the_steps_function_library_is_its_own_and_colocates_nothing_by_name():
+    """nodes.private_function_library: every function renamed with every reference (an If's
+    branches, in the graph and inside bodies), no `_class` left in any body, and the result
+    imports into the graph it came from (the hook's case: a library of the same names but other
+    bodies is refused by TensorFlow)."""
+    import tensorflow as tf
+    from tfplace.rewrite.nodes import FUNCTION_SUFFIX, private_function_library
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as g:
+        x = v1.placeholder(tf.float32, [None, 4], name="x")
+        training = v1.placeholder_with_default(True, [], name="training")
+        v1.layers.batch_normalization(x, training=training, name="bn")
+        original = g.as_graph_def()
+    assert any("_class" in n.attr for f in original.library.function for n in f.node_def)  # what is dropped
+    renamed = type(original)()
+    renamed.CopyFrom(original)
+    private_function_library(renamed)
+    functions = {f.signature.name for f in renamed.library.function}
+    assert functions == {f.signature.name + FUNCTION_SUFFIX for f in original.library.function}
+    branches = [n.attr[key].func.name for n in renamed.node if n.op in ("If", "StatelessIf")
+                for key in ("then_branch", "else_branch")]
+    assert branches and set(branches) <= functions
+    assert not any("_class" in n.attr for f in renamed.library.function for n in f.node_def)
+    with g.as_default():
+        tf.graph_util.import_graph_def(renamed, name="step")

@@ -297,6 +297,7 @@ class _Emitter:
         out.versions.CopyFrom(self.g.graph_def.versions)
         out.library.CopyFrom(self.g.graph_def.library)
         out.node.extend(self.nodes.values())
+        rn.private_function_library(out)
         inputs = tuple(self.input_spec(i) for i in self.g.inputs)
         return RewrittenStep(out, train_op, init_op, loss, inputs, variables, p, self.feeds, self.g.source or "")
 

@@ -115,3 +115,52 @@ def reseed_replica(replica, k: int, host_device: str) -> List:
     replica.input[index] = name
     return out
 
+
+
+# ---- the step's own function library -------------------------------------------------------------
+FUNCTION_SUFFIX = "_tfplace"
+
+
+def private_function_library(graph_def) -> None:
+    """Renames every function of `graph_def`'s library to `<name>_tfplace`, with every reference to
+    it (a node's op or func attrs, in the graph and in function bodies; gradients), and drops the
+    colocation attrs (`_class`) of the function bodies' nodes; in place.
+
+    Why: a v2 cond's branch (a batch-norm layer's moving-average update under a `training`
+    placeholder) holds nodes colocated by name (`loc:@AssignMovingAvg/...`). TensorFlow inlines a
+    function once per call and keeps those names, so the copies of every replica's cond, on
+    several tasks, fell into one colocation group: "Cannot merge devices with incompatible tasks"
+    at the first step (the graph's own `_class` attrs are dropped as each node is emitted). The new
+    names keep the step's library apart from the script's when the hook imports the step into the
+    script's graph (TensorFlow refuses two functions of one name that differ)."""
+    names = {f.signature.name: f.signature.name + FUNCTION_SUFFIX for f in graph_def.library.function}
+    if not names:
+        return
+
+    def rename(n) -> None:
+        if n.op in names:  # a direct call
+            n.op = names[n.op]
+        _rename_func_attrs(n.attr, names)
+
+    for n in graph_def.node:
+        rename(n)
+    for f in graph_def.library.function:
+        f.signature.name = names[f.signature.name]
+        _rename_func_attrs(f.attr, names)
+        for n in f.node_def:
+            rename(n)
+            if "_class" in n.attr:
+                del n.attr["_class"]
+    for gradient in graph_def.library.gradient:
+        gradient.function_name = names.get(gradient.function_name, gradient.function_name)
+        gradient.gradient_func = names.get(gradient.gradient_func, gradient.gradient_func)
+
+
+def _rename_func_attrs(attrs, names) -> None:
+    """Points the function attrs among `attrs` (an If's branches, a call's `f`, a Case's list) at the new names."""
+    for value in attrs.values():
+        if value.HasField("func") and value.func.name in names:
+            value.func.name = names[value.func.name]
+        for fn in value.list.func:
+            if fn.name in names:
+                fn.name = names[fn.name]
