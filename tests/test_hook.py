@@ -685,18 +685,12 @@ def test_a_batch_norm_under_a_training_placeholder_trains_on_several_tasks_and_e
     the trained replica 0, as numpy does from hook.variables."""
     import tensorflow as tf
     from tfplace.rewrite.hook import PlacementHook
+    from tfplace.testing import batch_norm_training_script
     v1 = tf.compat.v1
     fx, fy = _feeds()[0]
-    with tf.Graph().as_default():
-        x = v1.placeholder(tf.float32, [None, 16], name="features")
-        y = v1.placeholder(tf.int32, [None], name="labels")
-        training = v1.placeholder_with_default(True, [], name="training")
-        h = v1.layers.dense(x, 8, name="d0", kernel_initializer=v1.glorot_uniform_initializer(seed=1))
-        h = v1.layers.batch_normalization(h, training=training, momentum=0.5, name="bn")
-        logits = v1.layers.dense(tf.nn.relu(h), 4, name="d1", kernel_initializer=v1.glorot_uniform_initializer(seed=2))
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits), name="loss")
-        with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
-            train_op = tf.group(v1.train.GradientDescentOptimizer(0.3).minimize(loss), name="train_op")
+    with tf.Graph().as_default() as g:
+        x, y, loss, train_op, _, training = batch_norm_training_script()
+        logits = g.get_tensor_by_name("d1/BiasAdd:0")
         hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
         with v1.train.MonitoredTrainingSession(master=local_cluster.target, hooks=[hook],
                                                config=hook.session_config(local_cluster.session_config())) as sess:

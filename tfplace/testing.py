@@ -147,6 +147,25 @@ def mlp_training_script(hidden: int = 32, optimizer: str = "momentum", global_st
     return x, y, loss, train_op, v1.global_variables_initializer(), step
 
 
+def batch_norm_training_script():
+    """A tf.compat.v1 script whose batch norm takes a `training` placeholder (default True), in the
+    default graph: `features` [None, 16] -> Dense(8) `d0` -> batch_normalization `bn` (its moving
+    averages updated in v2 conds, through UPDATE_OPS) -> relu -> Dense(4) `d1`, mean cross-entropy
+    `loss`, SGD `train_op`. Returns (x, y, loss, train_op, init, training)."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    x = v1.placeholder(tf.float32, [None, 16], name="features")
+    y = v1.placeholder(tf.int32, [None], name="labels")
+    training = v1.placeholder_with_default(True, [], name="training")
+    h = v1.layers.dense(x, 8, name="d0", kernel_initializer=v1.glorot_uniform_initializer(seed=1))
+    h = v1.layers.batch_normalization(h, training=training, momentum=0.5, name="bn")
+    logits = v1.layers.dense(tf.nn.relu(h), 4, name="d1", kernel_initializer=v1.glorot_uniform_initializer(seed=2))
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits), name="loss")
+    with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
+        train_op = tf.group(v1.train.GradientDescentOptimizer(0.3).minimize(loss), name="train_op")
+    return x, y, loss, train_op, v1.global_variables_initializer(), training
+
+
 def _dense(x, width, name):
     import tensorflow as tf
     v1 = tf.compat.v1

@@ -119,7 +119,8 @@ def rewrite(graph, strategy: Strategy, cluster: Cluster, **kwargs):
 
 def rewrite_step(graph, strategy: Strategy, cluster: Cluster, *, grouping=None, profile=None,
                  placed: Optional[PlacedGraph] = None, key_base: Optional[int] = None,
-                 init_op: Optional[str] = None, cpu_all_reduce: str = rn.CPU_ALL_REDUCE[0]) -> RewrittenStep:
+                 init_op: Optional[str] = None, cpu_all_reduce: str = rn.CPU_ALL_REDUCE[0],
+                 private_functions: bool = True) -> RewrittenStep:
     """Lowers `strategy` (unless `placed` is given) and emits it as TF ops.
 
     Args:
@@ -131,6 +132,10 @@ def rewrite_step(graph, strategy: Strategy, cluster: Cluster, *, grouping=None, 
       init_op: the variable initializer op (default: the bundle's `init_op`, else "init").
       cpu_all_reduce: how an all-reduce among CPU devices is emitted: "exchange" (shards over
         Send/Recv, the default) or "collective" (CollectiveReduceV2, as on GPUs).
+      private_functions: rename the library's functions and drop their bodies' colocation
+        (nodes.private_function_library: wherever TensorFlow inlines the replicas' function
+        calls). The Grappler plugin keeps them: its session runs If ops as functions
+        (grappler.session_config) and knows only the library it was given.
     """
     if cpu_all_reduce not in rn.CPU_ALL_REDUCE:
         raise InputError("argument", "cpu_all_reduce", f"unknown value {cpu_all_reduce!r}",
@@ -164,7 +169,10 @@ def rewrite_step(graph, strategy: Strategy, cluster: Cluster, *, grouping=None, 
                          "pass the OpGraph and grouping the strategy was lowered with")
     if key_base is None:
         key_base = 1 + zlib.crc32(repr((graph.names, strategy.to_json())).encode()) % (2 ** 29)
-    return _Emitter(graph, placed, cluster, key_base, init_op, cpu_all_reduce).run()
+    step = _Emitter(graph, placed, cluster, key_base, init_op, cpu_all_reduce).run()
+    if private_functions:
+        rn.private_function_library(step.graph_def)
+    return step
 
 
 def check_batch(graph: OpGraph, strategy: Strategy) -> None:
@@ -297,7 +305,6 @@ class _Emitter:
         out.versions.CopyFrom(self.g.graph_def.versions)
         out.library.CopyFrom(self.g.graph_def.library)
         out.node.extend(self.nodes.values())
-        rn.private_function_library(out)
         inputs = tuple(self.input_spec(i) for i in self.g.inputs)
         return RewrittenStep(out, train_op, init_op, loss, inputs, variables, p, self.feeds, self.g.source or "")
 

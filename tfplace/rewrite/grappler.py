@@ -207,6 +207,10 @@ def session_config(strategy_path, cluster_path, base_config=None, *, train_op, i
     del ro.optimizers[:]
     ro.optimizers.append(OPTIMIZER_NAME)  # by name: only this optimizer runs, on the unpruned graph
     del ro.custom_optimizers[:]
+    # v2 conds and loops stay If/While ops until the plugin has seen them: lowered to Switch/Merge
+    # first (the default), a batch-norm layer's cond under a training placeholder reached the
+    # rewrite as TF1 control flow, which it refuses
+    out.experimental.disable_functional_ops_lowering = True
     custom = ro.custom_optimizers.add(name=OPTIMIZER_NAME)
     for key, value in vars(params).items():
         if value:

@@ -126,7 +126,7 @@ def rewrite_graph_def(graph_def, p: PluginParams):
     strategy, cluster = load_strategy(p.strategy), load_cluster(p.cluster)
     graph = load_op_graph(graph_def, sinks=[p.train_op], batch_size=strategy.global_batch_size,
                           loss=p.loss or None, loss_reduction=p.loss_reduction or None, source=SOURCE)
-    return rewrite_step(graph, strategy, cluster, init_op=p.init_op)
+    return rewrite_step(graph, strategy, cluster, init_op=p.init_op, private_functions=False)
 
 
 def _file_bytes(path: str) -> bytes:
