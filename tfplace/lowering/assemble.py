@@ -16,7 +16,7 @@ import numpy as np
 
 from tfplace.lowering.graph_index import LK_UPD, GraphIndex
 from tfplace.lowering.layouts import SYNC_PS
-from tfplace.lowering.placed_graph import (weighted_reads, TASK_COLLECTIVE, TASK_COMPUTE, TASK_RESPLIT, TASK_SUM,
+from tfplace.lowering.placed_graph import (exclusive_cumsum, weighted_reads, TASK_COLLECTIVE, TASK_COMPUTE, TASK_RESPLIT, TASK_SUM,
                                   TASK_TRANSFER, PlacedGraph)
 
 
@@ -26,12 +26,6 @@ def expand(counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     owner = np.repeat(np.arange(len(counts)), counts)
     starts = np.cumsum(counts) - counts
     return owner, np.arange(len(owner)) - starts[owner]
-
-
-def exclusive_cumsum(x: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(x) + 1, dtype=np.int64)
-    np.cumsum(x, out=out[1:])
-    return out
 
 
 def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np.ndarray,
@@ -202,7 +196,7 @@ def assemble(ix: GraphIndex, ctx, lay_of: np.ndarray, sync: np.ndarray, prio: np
 def _scratch(kind, send_backs, collectives, is_cpu) -> dict:
     """PlacedGraph.scratch_*: what the rewritten step's nodes hold beyond the PlacedGraph's buffers
     (the exact live bytes of the rewritten step, reconstructed from TF FULL_TRACE allocation
-    records, /tmp/memrev: without these the simulated DP-PS workers were 0.72-0.85 of the real
+    records: without these the simulated DP-PS workers were 0.72-0.85 of the real
     peak, and a plan said to fit ran out of memory):
       * a PS send-back's received value on the worker (the Recv output the rewrite assigns to
         the mirror), at the transfer;

@@ -251,7 +251,7 @@ def _pack_scratch(p: PlacedGraph, rep: np.ndarray, total: np.ndarray, is_coll: n
     the kept task (a bucket's exchange shards and received send-back values add up), plus the
     packed concat of each TRANSFER bucket on its sender: the rewrite concatenates the members
     there and sends that one tensor, which TensorFlow holds until the receiver has taken it
-    (measured, /tmp/memrev exact live bytes: at the ResNet-50 DP-PS worker's peak the 66 MB
+    (measured, exact live bytes from TF FULL_TRACE allocation records: at the ResNet-50 DP-PS worker's peak the 66 MB
     tfplace/transfer_*/packed is live next to 68 MB of member gradients; without it the
     simulated worker was 0.84 of the real peak). A COLLECTIVE bucket adds none: its members'
     buffers, which the simulator keeps until the collective ends, stand for its packed concat

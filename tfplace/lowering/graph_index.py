@@ -65,7 +65,7 @@ PM_NONE, PM_LOCAL, PM_AGG = 0, 1, 2
 _ALIAS_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable", "ReadVariableOp", "_VarHandlesOp"})
 # Ops that put a resource variable in TensorFlow's copy-on-read mode (EnsureSparseVariableAccess in
 # resource_variable_ops.cc / training_ops.cc): once one touches the variable, every dense
-# ReadVariableOp copies it instead of aliasing it (the review's OOM, /tmp/memrev: a 65.5 MB copy
+# ReadVariableOp copies it instead of aliasing it (measured: a real OOM in a 65.5 MB copy
 # in softmax/MatMul/ReadVariableOp of the transformer's tied embedding, read by ResourceGather).
 _COPY_ON_READ_PREFIXES = ("ResourceGather", "ResourceScatter", "ResourceSparseApply")
 # Batch norm forward ops (training mode: they save their batch statistics) and their gradients.

@@ -258,8 +258,8 @@ class PlacedGraph:
         rorder = np.argsort(readers, kind="stable")
         device = np.concatenate([self.buf_device, self.scratch_device]).astype(np.int64)[border]
         nbytes = np.concatenate([self.buf_bytes, self.scratch_bytes]).astype(np.float64)[border]
-        return (exclusive_ptr(np.bincount(owner, minlength=m)), device, nbytes,
-                exclusive_ptr(np.bincount(readers, minlength=m)), new_id[read_buf[rorder]])
+        return (exclusive_cumsum(np.bincount(owner, minlength=m)), device, nbytes,
+                exclusive_cumsum(np.bincount(readers, minlength=m)), new_id[read_buf[rorder]])
 
     def tasks_of_op(self, op: int) -> np.ndarray:
         """Task ids of op `op`'s instances (its replicas or mirrors)."""
@@ -356,8 +356,8 @@ def weighted_reads(kind, device, samples, read_task, read_buf, buf_task, buf_ten
     return buf, dev, weight[sel], charged.astype(np.int64)
 
 
-def exclusive_ptr(counts: np.ndarray) -> np.ndarray:
-    """CSR pointer [n+1] int64 of `counts` [n]."""
+def exclusive_cumsum(counts: np.ndarray) -> np.ndarray:
+    """CSR pointer [n+1] int64 of `counts` [n]: 0, counts[0], counts[0] + counts[1], ..."""
     out = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=out[1:])
     return out
