@@ -191,7 +191,9 @@ def schedule(placed: PlacedGraph, factor: np.ndarray, engine: str = "auto",
         order = np.lexsort((np.arange(m), prio)).astype(np.int64)
     rank = np.empty(m, dtype=np.int64)
     rank[order] = np.arange(m)
-    reads = np.bincount(placed.in_buf, minlength=len(placed.buf_task)).astype(np.int64)
+    # buffers and scratch (memory a task holds that is no buffer: PlacedGraph.memory_buffers)
+    out_ptr, buf_device, buf_bytes, in_ptr, in_buf = placed.memory_buffers()
+    reads = np.bincount(in_buf, minlength=len(buf_device)).astype(np.int64)
     seconds = placed.task_seconds.astype(np.float64)
     hold = placed.task_hold_seconds.astype(np.float64) if len(placed.task_hold_seconds) else seconds
     if slots is None:
@@ -199,9 +201,9 @@ def schedule(placed: PlacedGraph, factor: np.ndarray, engine: str = "auto",
     start, finish, peak, done, makespan = run(
         lane_dev, seconds, rank, order, succ_ptr, succ_idx, indegree,
         placed.link_ptr.astype(np.int64),
-        placed.link_idx.astype(np.int64), len(placed.link_names), placed.out_ptr.astype(np.int64),
-        placed.buf_device.astype(np.int64), placed.buf_bytes.astype(np.float64), reads,
-        placed.in_ptr.astype(np.int64), placed.in_buf.astype(np.int64), placed.static_bytes.astype(np.float64),
+        placed.link_idx.astype(np.int64), len(placed.link_names), out_ptr.astype(np.int64),
+        buf_device.astype(np.int64), buf_bytes.astype(np.float64), reads,
+        in_ptr.astype(np.int64), in_buf.astype(np.int64), placed.static_bytes.astype(np.float64),
         np.asarray(factor, dtype=np.float64), hold, slots[0], slots[1].astype(np.int64))
     if done != m:
         raise RuntimeError(f"simulator: {m - done} of {m} tasks never became ready (a dependency cycle in the "

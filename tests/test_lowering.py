@@ -15,6 +15,7 @@ from tfplace.formats.profile import Profile
 from tfplace.formats.strategy import Strategy, decision
 
 from tfplace.simulator import fakes as fk
+from tfplace.simulator import simulate
 
 W = 1_200_000
 
@@ -925,3 +926,53 @@ def test_joining_a_losss_partials_moves_no_batch_norm_or_weight_gradient():
     heavy = [i for i, t in enumerate(g.op_types) if t in ("FusedBatchNormGradV3", "Conv2DBackpropFilter")]
     assert len(heavy) == 6
     assert [index.op_group[i] for i in heavy] == [pinned[i] for i in heavy]
+
+
+# ---- memory the rewritten step holds beyond the buffers (PlacedGraph.scratch_*) -----------------
+def test_a_send_back_counts_the_received_weights_on_the_worker():
+    """The V100 receives the updated w (W bytes) from the PS and assigns it to its mirror: while
+    that value is live the worker holds the weight twice (measured on the real step: the received
+    weights were never counted before)."""
+    g, placed = _dp({"v100_0": 4, "p100_0": 4}, "ps", "p100_0")
+    back = [t for t in _tasks(placed, TASK_TRANSFER) if not placed.is_control_message(t)
+            and placed.out_ptr[t] == placed.out_ptr[t + 1]]
+    assert [(int(placed.task_device[t]), float(placed.task_bytes[t])) for t in back] == [(0, W)]
+    held = list(zip(placed.scratch_task.tolist(), placed.scratch_device.tolist(), placed.scratch_bytes.tolist(),
+                    placed.scratch_free_task.tolist()))
+    assert held == [(back[0], 0, W, back[0])]  # on the V100, while the send-back lands
+    # the simulator counts it: the V100's peak with the scratch left out is W lower at most
+    report = simulate(placed, fk.pair_cluster())
+    bare = dataclasses.replace(placed, scratch_task=placed.scratch_task[:0], scratch_device=placed.scratch_device[:0],
+                               scratch_bytes=placed.scratch_bytes[:0], scratch_free_task=placed.scratch_free_task[:0])
+    assert report.peak_memory_bytes[0] >= simulate(bare, fk.pair_cluster()).peak_memory_bytes[0]
+    assert report.peak_memory_bytes[0] >= placed.static_bytes[0] + W
+
+
+def _gather_graph(gather: bool):
+    """dp_graph whose weight is also read by a ResourceGather (an embedding lookup) or not."""
+    ops = [("x", "Placeholder", 8000, True, True), ("w", "VarHandleOp", 8, False, False),
+           ("r", "ReadVariableOp", W, False, False), ("lr", "Const", 4, False, False),
+           ("f", "MatMul", 8000, True, True)]
+    ops += [("gat", "ResourceGather", 8000, True, True)] if gather else []
+    ops += [("g", "MatMul", W, False, True), ("apply", "ResourceApplyGradientDescent", None, False, True),
+            ("train_op", "NoOp", None, False, False)]
+    edges = [("w", "r"), ("x", "f"), ("r", "f"), ("x", "g"), ("f", "g"), ("w", "apply"), ("lr", "apply"),
+             ("g", "apply")]
+    edges += [("w", "gat"), ("x", "gat")] if gather else []
+    readers = ["r", "gat"] if gather else ["r"]
+    return fk.op_graph(ops, edges, variables=[("w", readers, ["apply"], W, False)], control=[("apply", "train_op")],
+                       loss="f")
+
+
+@pytest.mark.parametrize("gather, read_bytes", [(False, 0.0), (True, W)])
+def test_a_dense_read_of_a_copy_on_read_variable_is_a_copy(gather, read_bytes):
+    """TensorFlow puts a variable that a ResourceGather (or a sparse update) touches in copy-on-read
+    mode: a dense ReadVariableOp then copies it (the review's real OOM was such a copy), else it
+    aliases the resident variable."""
+    g = _gather_graph(gather)
+    placed = lower(g, fk.grouping(g), fk.pair_cluster(), Strategy(8, 1, decision({"v100_0": 8}), {}),
+                   testing.uniform_profile(g, ["V100", "P100"], 1e-3))
+    r = int(placed.op_task_ptr[g.index("r")])
+    assert placed.buf_bytes[placed.out_ptr[r]:placed.out_ptr[r + 1]].sum() == read_bytes
+    report = simulate(placed, fk.pair_cluster())
+    assert report.peak_memory_bytes[0] >= placed.static_bytes[0] + read_bytes + 8000  # the copy next to f's output

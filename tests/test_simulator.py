@@ -200,6 +200,25 @@ def test_peak_memory_hand_computed():
     assert report.peak_memory_bytes == (65536 + 4096 + 4096 + 65536 + 4, 0)
 
 
+@pytest.mark.parametrize("held_by, freed_by, extra", [
+    ("w_grad", "w_grad", 1000),   # held while w_grad runs, at the peak
+    ("w_grad", "apply", 1000),    # held on until apply ends: still at the peak
+    ("input", "input", 0),        # held and freed before the peak
+])
+def test_scratch_is_counted_from_its_task_to_its_free_task(held_by, freed_by, extra):
+    """PlacedGraph.scratch_*: memory a task holds beyond its buffers (a bucket's packed concat,
+    received shards) is live from its task's allocation to the end of its free task."""
+    g = testing.chain_graph(1, 4096, 8)
+    cluster = fk.pair_cluster()
+    placed = lower(g, fk.grouping(g), cluster, Strategy(8, 1, decision({"v100_0": 8}), {}),
+                   testing.uniform_profile(g, ["V100", "P100"], 1e-3))
+    task = lambda name: int(placed.op_task_ptr[g.index(name)])  # noqa: E731
+    held = dataclasses.replace(placed, scratch_task=np.array([task(held_by)], np.int32),
+                               scratch_device=np.zeros(1, np.int32), scratch_bytes=np.array([1000.0]),
+                               scratch_free_task=np.array([task(freed_by)], np.int32))
+    assert simulate(held, cluster).peak_memory_bytes[0] == simulate(placed, cluster).peak_memory_bytes[0] + extra
+
+
 # ---- fast loop == reference loop ---------------------------------------------------------------
 def _random_placed(rng, seed):
     """A random graph, grouping and strategy lowered onto the pair (even seed) or quad cluster."""

@@ -63,6 +63,11 @@ _CONST_OP_TYPES = frozenset({"Const", "HostConst"})
 PM_NONE, PM_LOCAL, PM_AGG = 0, 1, 2
 # Outputs that alias the resident variable (counted once as static memory, not as a buffer).
 _ALIAS_OP_TYPES = frozenset({"VarHandleOp", "VariableV2", "Variable", "ReadVariableOp", "_VarHandlesOp"})
+# Ops that put a resource variable in TensorFlow's copy-on-read mode (EnsureSparseVariableAccess in
+# resource_variable_ops.cc / training_ops.cc): once one touches the variable, every dense
+# ReadVariableOp copies it instead of aliasing it (measured: a real OOM in a 65.5 MB copy
+# in softmax/MatMul/ReadVariableOp of the transformer's tied embedding, read by ResourceGather).
+_COPY_ON_READ_PREFIXES = ("ResourceGather", "ResourceScatter", "ResourceSparseApply")
 # Batch norm forward ops (training mode: they save their batch statistics) and their gradients.
 _BN_FORWARD_OP_TYPES = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
 _BN_GRAD_OP_TYPES = frozenset({"FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3"})
@@ -357,6 +362,7 @@ class GraphIndex:
         self.tensor_ps_bytes = np.where(batched, nbytes / graph.reference_batch_size, 0.0)
         self.tensor_full_bytes = np.where(batched, 0.0, nbytes)
         alias = np.array([graph.op_types[p] in _ALIAS_OP_TYPES for p in prod.tolist()], dtype=bool)
+        alias &= ~_copied_reads(graph)[prod]
         self.tensor_mem_scale = np.where(alias, 0.0, 1.0)
         self.op_out_ps_bytes = np.bincount(prod, weights=self.tensor_ps_bytes, minlength=graph.num_ops)
         self.op_out_full_bytes = np.bincount(prod, weights=self.tensor_full_bytes, minlength=graph.num_ops)
@@ -527,3 +533,20 @@ class GraphIndex:
         """Signature ids that involve any of `groups` (as producer or consumer)."""
         parts = [self.group_sig_idx[self.group_sig_ptr[g]:self.group_sig_ptr[g + 1]] for g in groups]
         return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _copied_reads(graph: OpGraph) -> np.ndarray:
+    """bool[N]: the ReadVariableOps of variables in copy-on-read mode (a sparse op reads or
+    updates them, _COPY_ON_READ_PREFIXES), whose output is a copy of the variable, not an alias."""
+    types = graph.op_types
+    handle_of = np.full(graph.num_ops, -1, dtype=np.int64)  # the handle op an op reads, if any
+    src = graph.tensor_op[graph.edge_tensor].astype(np.int64)
+    is_handle = np.zeros(graph.num_ops, dtype=bool)
+    is_handle[[v.op for v in graph.variables]] = True
+    from_handle = is_handle[src]
+    handle_of[graph.edge_dst[from_handle]] = src[from_handle]
+    sparse = np.array([t.startswith(_COPY_ON_READ_PREFIXES) for t in types], dtype=bool)
+    cow = np.zeros(graph.num_ops, dtype=bool)
+    cow[src[from_handle & sparse[graph.edge_dst]]] = True  # every handle a sparse op takes
+    reads = np.array([t == "ReadVariableOp" for t in types], dtype=bool)
+    return reads & (handle_of >= 0) & cow[np.maximum(handle_of, 0)]

@@ -106,6 +106,16 @@ Times in seconds, sizes in bytes, sample ranges are half-open [lo, hi) of the gl
   buckets                              variables (tfplace.lowering.buckets) lists every member's
                                        handle op here; a send-back not listed carries its task_op
                                        alone (empty: none; additive fields)
+  scratch     scratch_task[H], scratch_device[H], scratch_free_task[H] int32, scratch_bytes[H]
+                                       float64: memory a task's TensorFlow nodes hold that is no
+                                       buffer of the PlacedGraph (a bucket's packed concat, the CPU
+                                       exchange's received shards, a PS send-back's received
+                                       value): allocated on
+                                       scratch_device when scratch_task allocates its outputs,
+                                       freed when scratch_free_task finishes (a TRANSFER /
+                                       COLLECTIVE allocates at its end, so its scratch counts
+                                       there, next to its inputs and outputs; memory only: the
+                                       rewrite reads none of it; empty: none; additive fields)
 
 Reading it to emit a graph (the rewrite): COMPUTE task k of op i is replica k of i on
 task_device, reading in_buf in port order; a buffer is (producer task, tensor) on buf_device;
@@ -177,6 +187,10 @@ class PlacedGraph:
     feed_bytes: float = 0.0
     send_back_task: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     send_back_op: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    scratch_task: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    scratch_device: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    scratch_bytes: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    scratch_free_task: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int32))
 
     def is_step_message(self, task: int) -> bool:
         """Whether `task` is one of the step's own messages (a feed slice or a device's "done")."""
@@ -210,6 +224,9 @@ class PlacedGraph:
             raise ValueError("PlacedGraph.static_bytes: one entry per device")
         if len(self.send_back_task) != len(self.send_back_op):
             raise ValueError("PlacedGraph: send_back_task/send_back_op lengths differ")
+        h = len(self.scratch_task)
+        if any(len(getattr(self, name)) != h for name in ("scratch_device", "scratch_bytes", "scratch_free_task")):
+            raise ValueError("PlacedGraph: scratch_task/device/bytes/free_task lengths differ")
 
     @property
     def num_tasks(self) -> int:
@@ -223,6 +240,26 @@ class PlacedGraph:
         """The handle ops of the variables PS send-back `task` carries (send_back_task/op)."""
         listed = self.send_back_op[self.send_back_task == task]
         return tuple(int(x) for x in listed) if len(listed) else (int(self.task_op[task]),)
+
+    def memory_buffers(self) -> Tuple[np.ndarray, ...]:
+        """What the simulator's memory accounting reads: the buffers followed by the scratch
+        entries, each scratch entry a buffer of its task read once by its free task. Returns
+        (out_ptr[M+1], buf_device[F+H], buf_bytes[F+H], in_ptr[M+1], in_buf[R+H]), buffers
+        grouped by task (CSR) as out_ptr / in_ptr are."""
+        if not len(self.scratch_task):
+            return self.out_ptr, self.buf_device, self.buf_bytes, self.in_ptr, self.in_buf
+        m, f = self.num_tasks, len(self.buf_task)
+        owner = np.concatenate([self.buf_task, self.scratch_task]).astype(np.int64)
+        border = np.argsort(owner, kind="stable")
+        new_id = np.empty(len(border), dtype=np.int64)
+        new_id[border] = np.arange(len(border))
+        readers = np.concatenate([np.repeat(np.arange(m), np.diff(self.in_ptr)), self.scratch_free_task])
+        read_buf = np.concatenate([self.in_buf, f + np.arange(len(self.scratch_task))]).astype(np.int64)
+        rorder = np.argsort(readers, kind="stable")
+        device = np.concatenate([self.buf_device, self.scratch_device]).astype(np.int64)[border]
+        nbytes = np.concatenate([self.buf_bytes, self.scratch_bytes]).astype(np.float64)[border]
+        return (exclusive_cumsum(np.bincount(owner, minlength=m)), device, nbytes,
+                exclusive_cumsum(np.bincount(readers, minlength=m)), new_id[read_buf[rorder]])
 
     def tasks_of_op(self, op: int) -> np.ndarray:
         """Task ids of op `op`'s instances (its replicas or mirrors)."""
@@ -317,6 +354,13 @@ def weighted_reads(kind, device, samples, read_task, read_buf, buf_task, buf_ten
     maker = buf_task[buf]
     charged = np.where((kind[maker] == TASK_COMPUTE) & (device[maker] == dev), maker, read_task[sel])
     return buf, dev, weight[sel], charged.astype(np.int64)
+
+
+def exclusive_cumsum(counts: np.ndarray) -> np.ndarray:
+    """CSR pointer [n+1] int64 of `counts` [n]: 0, counts[0], counts[0] + counts[1], ..."""
+    out = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
 
 
 def csr_from_pairs(keys: np.ndarray, values: np.ndarray, n: int) -> Tuple[np.ndarray, np.ndarray]:
