@@ -16,8 +16,8 @@ import numpy as np
 
 from tfplace.lowering.graph_index import LK_UPD, GraphIndex
 from tfplace.lowering.layouts import SYNC_PS
-from tfplace.lowering.placed_graph import (exclusive_cumsum, weighted_reads, TASK_COLLECTIVE, TASK_COMPUTE, TASK_RESPLIT, TASK_SUM,
-                                  TASK_TRANSFER, PlacedGraph)
+from tfplace.lowering.placed_graph import (exclusive_cumsum, weighted_reads, TASK_COLLECTIVE, TASK_COMPUTE,
+                                           TASK_RESPLIT, TASK_SUM, TASK_TRANSFER, PlacedGraph)
 
 
 def expand(counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
