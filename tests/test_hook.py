@@ -526,8 +526,10 @@ def test_the_hook_example_answers_help_and_bad_input_in_one_line(argv, status, s
         assert len(errors) == 1 and says in errors[0] and "Fix:" in errors[0], result.stderr[-2000:]
 
 
-def _lr_schedule_script():
-    """A script with a learning-rate variable the loop sets with its own assign ops (a schedule)."""
+def _lr_schedule_script(optimizer="sgd"):
+    """A script with a learning-rate variable the loop sets with its own assign ops (a schedule).
+    Returns (x, y, loss, train_op, lr, lr value placeholder, {"set"|"add"|"sub": write}, an op that
+    re-initialises the optimizer's slots)."""
     import tensorflow as tf
     v1 = tf.compat.v1
     x = v1.placeholder(tf.float32, [None, 16], name="features")
@@ -537,8 +539,9 @@ def _lr_schedule_script():
     lr = v1.get_variable("lr", [], initializer=tf.constant_initializer(0.5), trainable=False, use_resource=True)
     value = v1.placeholder(tf.float32, [], name="lr_value")
     writes = {"set": lr.assign(value), "add": lr.assign_add(value), "sub": lr.assign_sub(value)}
-    train_op = tf.group(v1.train.GradientDescentOptimizer(lr).minimize(loss), name="train_op")
-    return x, y, loss, train_op, value, writes
+    opt = v1.train.MomentumOptimizer(lr, 0.9) if optimizer == "momentum" else v1.train.GradientDescentOptimizer(lr)
+    train_op = tf.group(opt.minimize(loss), name="train_op")
+    return x, y, loss, train_op, lr, value, writes, v1.variables_initializer(opt.variables())
 
 
 LR_SCHEDULE = [("step", None), ("set", 0.0), ("step", None), ("add", 0.25), ("step", None), ("sub", 0.125),
@@ -556,7 +559,7 @@ def test_a_variable_the_script_assigns_reaches_the_steps_replicas(local_cluster)
     kernels = {}
     for run in ("hooked", "plain"):
         with tf.Graph().as_default() as g:
-            x, y, loss, train_op, value, writes = _lr_schedule_script()
+            x, y, loss, train_op, _, value, writes, _ = _lr_schedule_script()
             if run == "hooked":
                 hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
                 session = tf.compat.v1.train.MonitoredTrainingSession(
@@ -578,20 +581,6 @@ def test_a_variable_the_script_assigns_reaches_the_steps_replicas(local_cluster)
     assert _rel(kernels["hooked"], kernels["plain"]) <= 1e-5
 
 
-def _momentum_script():
-    """A Momentum script with a learning-rate variable, its slots reachable for a re-initialisation."""
-    import tensorflow as tf
-    v1 = tf.compat.v1
-    x = v1.placeholder(tf.float32, [None, 16], name="features")
-    y = v1.placeholder(tf.int32, [None], name="labels")
-    logits = v1.layers.dense(x, 4, name="dense_0", kernel_initializer=v1.glorot_uniform_initializer(seed=1))
-    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits), name="loss")
-    lr = v1.get_variable("lr", [], initializer=tf.constant_initializer(0.5), trainable=False, use_resource=True)
-    optimizer = v1.train.MomentumOptimizer(lr, 0.9)
-    train_op = tf.group(optimizer.minimize(loss), name="train_op")
-    return x, y, loss, train_op, lr, v1.variables_initializer(optimizer.variables())
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("write", ["load", "reset_slots"])
 def test_a_variable_the_script_initialises_again_reaches_the_steps_replicas(local_cluster, write):
@@ -603,7 +592,7 @@ def test_a_variable_the_script_initialises_again_reaches_the_steps_replicas(loca
     kernels = {}
     for run in ("hooked", "plain"):
         with tf.Graph().as_default() as g:
-            x, y, loss, train_op, lr, reset = _momentum_script()
+            x, y, loss, train_op, lr, _, _, reset = _lr_schedule_script("momentum")
             if run == "hooked":
                 hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
                 session = tf.compat.v1.train.MonitoredTrainingSession(
