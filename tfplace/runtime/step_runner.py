@@ -149,12 +149,18 @@ class StepRunner:
 
     def traced_step(self, feed: Mapping[str, np.ndarray]) -> str:
         """Runs one FULL_TRACE training step; returns its Chrome trace JSON."""
-        import tensorflow as tf
         from tensorflow.python.client import timeline
-        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        return timeline.Timeline(self.traced_metadata(feed).step_stats).generate_chrome_trace_format()
+
+    def traced_metadata(self, feed: Mapping[str, np.ndarray], partition_graphs: bool = False):
+        """Runs one FULL_TRACE training step; returns its RunMetadata (step stats with allocation
+        records; with `partition_graphs`, the graph each device ran, its _Send/_Recv pairs included)."""
+        import tensorflow as tf
+        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
+                                          output_partition_graphs=partition_graphs)
         meta = tf.compat.v1.RunMetadata()
         self._run(self.step_def.train_op, dict(feed), options=options, run_metadata=meta)
-        return timeline.Timeline(meta.step_stats).generate_chrome_trace_format()
+        return meta
 
 
 def reference_run(graph: OpGraph, feeds: Sequence[Mapping[str, np.ndarray]],
