@@ -179,6 +179,26 @@ def load_any_policy(run_dir: Optional[str] = None, weights: Optional[str] = None
     return learner, TrainConfig((), (), (), "", max_groups=w.max_groups, network=w.network), None
 
 
+_READ_TRIES = 3
+
+
+def _read_weights(learner, run_dir: str, ckpt: str) -> None:
+    """Restores the network's weights from `ckpt`, a checkpoint of the training run `run_dir`. A
+    run still training keeps its last two checkpoints, so the one load_policy chose may be gone by
+    the time the task is built (seconds later, after two more saves): then the run's newest usable
+    one, at most _READ_TRIES times. The network's shapes are the run's config's, whichever checkpoint."""
+    for attempt in range(_READ_TRIES):
+        try:
+            tf.train.Checkpoint(network=learner.network).read(ckpt).expect_partial()
+            return
+        except tf.errors.NotFoundError:
+            if attempt == _READ_TRIES - 1:
+                raise InputError(run_dir, "checkpoints", f"{ckpt} was removed while it was being read, "
+                                 f"{_READ_TRIES} times (the run saves faster than planning reads)",
+                                 "plan from a run that has stopped, or from a copy of its output_dir") from None
+            ckpt = load_policy(run_dir)[2]
+
+
 def plan(run_dir: Optional[str], *, graph: Optional[str], model: Optional[str], batch_size: Optional[int],
          cluster: str, image_size: Optional[int] = None, seq_len: Optional[int] = None,
          num_layers: Optional[int] = None, optimizer: Optional[str] = None,
@@ -205,7 +225,7 @@ def plan(run_dir: Optional[str], *, graph: Optional[str], model: Optional[str], 
     task = train_lib.build_task(label, bundle, batch, cluster, profile, config, overheads)
     learner.build(task.features.as_observation())
     if ckpt is not None:
-        tf.train.Checkpoint(network=learner.network).read(ckpt).expect_partial()
+        _read_weights(learner, run_dir, ckpt)
     result = plan_task(learner, task, search_seconds, samples, seed, progress=progress)
     result.task, result.bundle = task, bundle
     if out:

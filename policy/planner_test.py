@@ -308,3 +308,25 @@ def test_plan_gives_the_zoo_sizes_to_the_export_and_names_its_error_as_the_flag(
         ("tiny_cnn", 16, 8, None, None, "adam")]
     assert status == 2 and errors == ["error: arguments: --batch_size: too large for int32 sizes. Fix: use a smaller "
                                       "batch size"], errors
+
+
+def test_plan_reads_the_runs_newest_checkpoint_when_the_chosen_one_is_removed_meanwhile(tmp_path, monkeypatch):
+    """A run still training keeps its last two checkpoints: the one load_policy chose can be
+    removed before plan reads its weights (NotFoundError, the plan lost). plan reads the newest
+    usable one instead."""
+    run = _trained_run(tmp_path).output_dir  # checkpoints 1 and 2
+    real = planner.load_any_policy
+    chosen = []
+
+    def load_then_lose_it(run_dir=None, weights=None):
+        learner, config, ckpt = real(run_dir, weights)
+        chosen.append(ckpt)
+        for name in os.listdir(os.path.dirname(ckpt)):  # as the trainer's clean-up after two more saves
+            if name.startswith(os.path.basename(ckpt) + "."):
+                os.remove(os.path.join(os.path.dirname(ckpt), name))
+        return learner, config, ckpt
+
+    monkeypatch.setattr(planner, "load_any_policy", load_then_lose_it)
+    r = planner.plan(run, graph=os.path.join(REPO, "graph_defs/zoo/tiny_mlp_b16_sgd.json"), model=None, batch_size=None,
+                     cluster=os.path.join(REPO, "clusters/two_kind_4gpu.json"), samples=2)
+    assert chosen == [os.path.join(run, "checkpoints", "ckpt-2")] and r.best is not None
