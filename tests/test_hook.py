@@ -563,7 +563,8 @@ def test_a_variable_the_script_assigns_reaches_the_steps_replicas(local_cluster)
             if run == "hooked":
                 hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
                 session = tf.compat.v1.train.MonitoredTrainingSession(
-                    master=local_cluster.target, hooks=[hook], config=hook.session_config(local_cluster.session_config()))
+                    master=local_cluster.target, hooks=[hook],
+                    config=hook.session_config(local_cluster.session_config()))
             else:
                 session = tf.compat.v1.train.MonitoredTrainingSession()
             with session as sess:
@@ -691,3 +692,54 @@ def test_a_batch_norm_under_a_training_placeholder_trains_on_several_tasks_and_e
     h_np = (fx @ w["d0/kernel"] + w["d0/bias"] - w["bn/moving_mean"]) / np.sqrt(w["bn/moving_variance"] + 1e-3)
     h_np = np.maximum(h_np * w["bn/gamma"] + w["bn/beta"], 0.0)
     assert _rel(logits_eval, h_np @ w["d1/kernel"] + w["d1/bias"]) <= 1e-5
+
+
+def test_a_cond_that_assigns_a_step_variable_is_refused_and_one_that_assigns_another_is_not():
+    """A v2 cond that assigns the learning rate outside the step wrote the script's variable alone,
+    which the step never reads, silently; one that assigns a counter of the script's own (not a step
+    variable) while reading the kernel is left to run."""
+    import tensorflow as tf
+    from tfplace.rewrite.hook import PlacementHook
+    v1 = tf.compat.v1
+    for target, refused in (("lr", True), ("counter", False)):
+        with tf.Graph().as_default():
+            x, y, loss, train_op, lr, value, _, _ = _lr_schedule_script()
+            counter = v1.get_variable("counter", [], initializer=tf.zeros_initializer(), use_resource=True,
+                                      trainable=False)
+            written = {"lr": lr, "counter": counter}[target]
+            kernel = v1.trainable_variables()[0]
+
+            def write():
+                with tf.control_dependencies([written.assign(value)]):
+                    return tf.reduce_sum(kernel)
+            tf.cond(value > 0, write, lambda: tf.constant(0.0), name="maybe_write")
+            hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
+            if refused:
+                with pytest.raises(ValueError, match=r"'maybe_write' \(If\) updates 'lr' outside the train op"):
+                    hook.begin()
+            else:
+                hook.begin()
+
+
+@pytest.mark.multiprocess
+def test_a_write_the_script_builds_between_two_sessions_reaches_the_replicas(local_cluster):
+    """A second MonitoredTrainingSession on the same graph and hook: an assign built after the first
+    session closed (the graph is unfinalized then) was not set up, so it wrote the script's
+    variable alone. begin() sets up what was built since: lr = 0 freezes the next step."""
+    import tensorflow as tf
+    from tfplace.rewrite.hook import PlacementHook
+    fx, fy = _feeds()[0]
+    with tf.Graph().as_default():
+        x, y, loss, train_op, lr, _, _, _ = _lr_schedule_script()
+        hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
+        config = hook.session_config(local_cluster.session_config())
+        with tf.compat.v1.train.MonitoredTrainingSession(master=local_cluster.target, hooks=[hook], config=config) as s:
+            s.run(train_op, feed_dict={x: fx, y: fy})
+        freeze = lr.assign(0.0)
+        with tf.compat.v1.train.MonitoredTrainingSession(master=local_cluster.target, hooks=[hook], config=config) as s:
+            s.run(freeze)
+            before = s.run(hook.variables["dense_0/kernel"])
+            s.run(train_op, feed_dict={x: fx, y: fy})
+            after = s.run(hook.variables["dense_0/kernel"])
+    tf.compat.v1.Session.reset(local_cluster.target)
+    assert np.array_equal(before, after)

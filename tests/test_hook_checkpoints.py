@@ -41,8 +41,9 @@ def _batches():
 def _train(lc, strategy_path, optimizer, batches, checkpoint_dir, saver="hook"):
     """One lifetime of the script: trains on `batches`, saving to checkpoint_dir (every 2 steps
     and at the end) with the hook's Saver (`saver="hook"`), the script's own in the Scaffold
-    ("scaffold") or the script's own in the SAVERS collection ("collection"). Returns (losses, global step, {variable: [mirror values]}); then the
-    servers forget every variable, as a restarted cluster would."""
+    ("scaffold") or the script's own in the SAVERS collection ("collection"). Returns (losses,
+    global step, {variable: [mirror values]}); then the servers forget every variable, as a
+    restarted cluster would."""
     import tensorflow as tf
     from tfplace.rewrite.hook import SCOPE, PlacementHook
     losses = []
@@ -136,3 +137,43 @@ def test_plain_script_restores_the_trained_values(runs, optimizer, strategy, sav
     assert set(restored) == set(whole)
     for name, value in restored.items():
         assert _rel(value, whole[name][0]) <= RTOL, f"{name}: the checkpoint does not hold the trained value"
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.multiprocess
+def test_a_session_ended_by_an_error_leaves_the_next_sessions_first_save_as_restored(local_cluster, tmp_path):
+    """A session closed by an exception skips the hooks' end(): the hook's flag stays set on the
+    servers, and the next session's first save (CheckpointSaverHook's, before the hook's copy)
+    synced the replicas, holding a step the checkpoint never saw, into what it had just restored,
+    saving them under the restored step. The restore now writes every replica too (the hook's own
+    Saver included): that save holds the restored values."""
+    import tensorflow as tf
+    from tfplace.rewrite.hook import PlacementHook
+    path, batches = _strategy_path("data_parallel", str(tmp_path)), _batches()
+    ckpt_dir = str(tmp_path / "ckpt")
+    with tf.Graph().as_default():
+        x, y, loss, train_op, _, _ = mlp_training_script(8, "momentum", global_step=True)
+        hook = PlacementHook(path, CLUSTER, train_op, loss)
+
+        def session():
+            return tf.compat.v1.train.MonitoredTrainingSession(
+                master=local_cluster.target, config=hook.session_config(local_cluster.session_config()), hooks=[hook],
+                checkpoint_dir=ckpt_dir, save_checkpoint_steps=2, save_checkpoint_secs=None,
+                save_summaries_steps=None, save_summaries_secs=None, log_step_count_steps=None)
+        with pytest.raises(_Stop):
+            with session() as sess:
+                for fx, fy in batches[:3]:  # saves at steps 0 and 2; step 3 lives in the replicas only
+                    sess.run(train_op, feed_dict={x: fx, y: fy})
+                raise _Stop()
+        saved = tf.train.load_checkpoint(tf.train.latest_checkpoint(ckpt_dir))
+        before = {name: saved.get_tensor(name) for name in saved.get_variable_to_shape_map()}
+        with session():
+            pass  # restores step 2, saves it again at creation
+    tf.compat.v1.Session.reset(local_cluster.target)
+    again = tf.train.load_checkpoint(tf.train.latest_checkpoint(ckpt_dir))
+    assert tf.train.latest_checkpoint(ckpt_dir).endswith("-2") and before["global_step"] == 2
+    for name, value in before.items():
+        assert np.array_equal(again.get_tensor(name), value), f"{name}: the first save is not what was restored"

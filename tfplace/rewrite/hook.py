@@ -25,19 +25,21 @@ global step included):
     script's own, one passed in MonitoredTrainingSession's Scaffold, one in the SAVERS
     collection, or the hook's, `hook.saver`, added there when the collection is empty) onto
     reads that run the sync first. The sync runs only while the replicas hold the session's
-    state (from `copy_op` until `end`), so the save CheckpointSaverHook makes when a session is
-    created, before any hook of the script runs, writes the restored or initial values as they
-    are. The checkpoint holds the trained values under the script's names, readable by the
-    plain single-device script; between saves the script's variables (the global step aside)
+    state (from `copy_op` until `end`; after a session that ended without `end`, also when the
+    next one restores or initialises, which writes every replica too), so the save
+    CheckpointSaverHook makes when a session is created, before any hook of the script runs,
+    writes the restored or initial values. The checkpoint holds the trained values under the
+    script's names, readable by the plain single-device script; between saves the script's variables (the global step aside)
     hold the last saved values, and the trained ones once the session has ended (`end`). A
     second MonitoredTrainingSession on the same graph takes the same hook (begin() sets the
-    graph up once);
+    step up once, and what the script built in between);
   - the global step is copied back after every step (one scalar), as part of the re-pointed
     train op: StopAtStepHook, CheckpointSaverHook and the script read it every step;
   - a write of the script to a step variable outside the step (`lr.assign(new_lr)`, assign_add,
     assign_sub: a learning-rate schedule; its initializer run again: `var.load(value, sess)`,
-    re-initialised optimizer slots) writes every replica too (`_mirror_writes`); an update the
-    hook cannot mirror (a second train op, a scatter) is refused when begin() runs.
+    re-initialised optimizer slots; a Saver's restore) writes every replica too (`_mirror_writes`);
+    an update the hook cannot mirror (a second train op, a scatter, a cond that assigns) is
+    refused when begin() runs.
 
 `hook.loss` is the global loss tensor of the rewritten step, and the script's own loss tensor
 reads it (an Identity, Mean or Sum loss: `_alias_script_loss`), so an unchanged loop that fetches
@@ -46,12 +48,12 @@ its loss sees the step's. The script's other reads of its trained variables read
 write no variable), so an accuracy, a summary, a batch-norm evaluation or a fetch of a variable
 sees the trained values; a value read where the hook cannot re-point the read (a v1 cond, or a
 cond or function that also writes) still reads the script's variable and is warned about once
-when fetched. `hook.variables` maps
-variable names to their mirror-0 read tensors.
+when fetched. `hook.variables` maps variable names to their mirror-0 read tensors.
 """
 
 from __future__ import annotations
 
+import uuid
 import warnings
 from typing import Optional
 
@@ -78,6 +80,7 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         self.copy_op = self.sync_op = self.saver = None
         self._sync_if_live = self._end_op = None  # sync_op while the replicas hold the state; end(): it, then not
         self._graph = None  # the graph begin() set up
+        self._ops_seen, self._step_ops = 0, set()  # its number of ops then; the step's op names
         self._stale_vars, self._stale, self._warned = set(), {}, set()  # stale variables, op -> reads them, warned
 
     def session_config(self, base=None):
@@ -90,12 +93,15 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         from tfplace.ir.loader import load_op_graph
         from tfplace.rewrite.graph_rewrite import rewrite_step
         g = tf.compat.v1.get_default_graph()
-        script_ops = g.get_operations()
         set_up = tf.compat.v1.get_collection(_SET_UP)
         if set_up and self._graph is g:
             # a second MonitoredTrainingSession on this graph (the first unfinalizes it on close): the
-            # rewritten step is imported and the train op re-pointed already; doing it again would
-            # rewrite the rewritten graph
+            # rewritten step is imported and the train op re-pointed already (doing it again would
+            # rewrite the rewritten graph); what the script built since (a Saver, an assign) is set up
+            new_ops = g.get_operations()[self._ops_seen:]
+            _refuse_other_updates(new_ops, _upstream(_initializers()) | self._step_ops, set(self.step.variables))
+            self._adopt(g, new_ops)
+            self._ops_seen = len(g.get_operations())
             return
         if set_up:
             raise ValueError("PlacementHook: another PlacementHook has set up this graph (its train op runs that "
@@ -105,6 +111,13 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         if train_op.type != "NoOp":
             raise ValueError(f"PlacementHook: train op {train_op.name!r} is a {train_op.type}; group it "
                              "with tf.group(...) so that the hook can re-point it")
+        if not tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS):
+            # the Scaffold would build this one after begin(), out of reach; built before the script's ops
+            # are taken, its restores reach the replicas as the script's own Saver's do (_mirror_writes)
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS,
+                                           tf.compat.v1.train.Saver(sharded=True, allow_empty=True))
+        self.saver = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)[0]
+        script_ops = g.get_operations()
         # the rewrite needs an init op; the hook itself initialises replicas with copy_op
         init = tf.compat.v1.variables_initializer(tf.compat.v1.global_variables(), name="tfplace_hook_init")
         loss = getattr(self._loss, "name", self._loss)
@@ -114,8 +127,9 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         for v in graph.variables:  # the step's only: the rewrite cannot import reference variables
             _handle(g, v.name)
         # before the step is imported: a refused script's train op still runs its own update
-        step_vars = {v.name for v in graph.variables}
-        _refuse_other_updates(script_ops, _upstream(_initializers()) | set(graph.names), step_vars)
+        self._step_ops = set(graph.names)
+        _refuse_other_updates(script_ops, _upstream(_initializers()) | self._step_ops,
+                              {v.name for v in graph.variables})
         self.step = rewrite_step(graph, self.strategy, self.cluster, init_op=init.name)
         # the script's placeholders (the batch and the others: a fed learning rate, keep_prob)
         fed = [spec.tensor for spec in self.step.inputs] + list(self.step.feeds)
@@ -130,16 +144,17 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         # variables whose script copy holds the last saved values (the global step is kept current)
         self._stale_vars = set(self.step.variables) - ({step_var.op.name} if step_var is not None else set())
         self._stale, self._warned = {}, set()
-        savers = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)
-        if not savers:  # the Scaffold would build this one after begin(), out of the sync's reach
-            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS,
-                                           tf.compat.v1.train.Saver(sharded=True, allow_empty=True))
-        self.saver = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)[0]
-        _sync_every_save(g, self._sync_if_live)
-        self._read_replicas(g, script_ops)
-        self._mirror_writes(g, script_ops, set(graph.names))
+        self._adopt(g, script_ops)
         tf.compat.v1.add_to_collection(_SET_UP, self.copy_op)
-        self._graph = g
+        self._graph, self._ops_seen = g, len(g.get_operations())
+
+    def _adopt(self, g, script_ops) -> None:
+        """Sets the script's own ops up to work on the replicas: every save syncs first, the reads
+        of trained variables read replica 0, the writes of step variables write every replica."""
+        script_var = {self.variables[name].op.inputs[0].op.name: _handle(g, name) for name in self.step.variables}
+        _sync_every_save(g, script_ops, self._sync_if_live, script_var)
+        self._read_replicas(g, script_ops)
+        self._mirror_writes(g, script_ops, self._step_ops)
 
     def _alias_script_loss(self, g, loss_name) -> Optional[str]:
         """Makes the script's loss tensor read the rewritten step's global loss, so that a loop
@@ -180,14 +195,21 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         # "the replicas hold the session's state": a flag that exists (is initialised) from the copy
         # until end() destroys it; no collection holds it, so the Scaffold neither initialises nor
         # waits for it. A flag cannot be fed: a Saver's run feeds only its file name.
-        live = tf.raw_ops.VarHandleOp(dtype=tf.bool, shape=[], shared_name="tfplace_hook_live", name="tfplace_live")
+        # A session that ends without end() (an error, MonitoredSession's recovery) leaves the flag set
+        # on the servers: the next session's first save then syncs, before the copy, which is harmless
+        # (the restore or init that just ran wrote every replica too, _mirror_writes) unless replica 0 is
+        # gone with a restarted task: the sync also waits for every replica 0 to exist.
+        live = tf.raw_ops.VarHandleOp(dtype=tf.bool, shape=[], shared_name=f"tfplace_hook_live_{uuid.uuid4().hex}",
+                                      name="tfplace_live")
         with tf.control_dependencies(copies):
             mark = tf.raw_ops.AssignVariableOp(resource=live, value=True, name="tfplace_live/set")
         self.copy_op = tf.group(*copies, mark, name="tfplace_copy")
         with g.name_scope("tfplace_sync_if_live"):
             # the branch builds its own reads: a tensor made outside a branch is computed whatever
             # the condition, and a replica read before the first copy fails
-            self._sync_if_live = tf.compat.v1.cond(tf.raw_ops.VarIsInitializedOp(resource=live),
+            exist = [tf.raw_ops.VarIsInitializedOp(resource=h) for h in [live] + [
+                self._replica_handles(g, name)[0] for name in self.step.variables]]
+            self._sync_if_live = tf.compat.v1.cond(tf.reduce_all(tf.stack(exist)),
                                                    lambda: _after(self._syncs(g), True),
                                                    lambda: tf.constant(False)).op
             with tf.control_dependencies([self._sync_if_live]):
@@ -325,9 +347,10 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
 
     def _warn_stale(self, fetches) -> None:
         """Warns once per tensor when the run fetches one computed from the script's trained
-        variables through a read `_read_replicas` could not re-point (inside a cond or a
-        function): they hold the last saved values, not the trained replicas. Names are looked up in the graph begin() set up (the session's),
-        which need not be the default graph where the script runs its loop."""
+        variables through a read `_read_replicas` could not re-point (a v1 cond, or a cond or
+        function that also writes): they hold the last saved values, not the trained replicas.
+        Names are looked up in the graph begin() set up (the session's), which need not be the
+        default graph where the script runs its loop."""
         g = self._graph or tf.compat.v1.get_default_graph()
         for item in tf.nest.flatten(fetches):
             try:  # as the session reads a fetch: a variable is its read, a name an op or a tensor
@@ -418,6 +441,30 @@ def _writes(g, op) -> bool:
     return False
 
 
+def _written_inputs(g, op) -> list:
+    """Positions of the inputs of a function-call op that one of its functions may write: the
+    argument a write's resource comes from, in each function of the op's attributes; every input
+    when a write is deeper (in a function those call) or its resource is no argument."""
+    offset = 1 if op.type in ("If", "StatelessIf", "Case", "StatelessCase") else 0  # the predicate / index
+    everything = list(range(len(op.inputs)))
+    written = set()
+    for value in op.node_def.attr.values():
+        for name in [f.name for f in value.list.func] + ([value.func.name] if value.func.name else []):
+            fn = g._get_function(name)  # noqa: SLF001 (the graph's function library)
+            if fn is None:
+                return everything
+            args = [a.name for a in fn.definition.signature.input_arg]
+            for node in fn.definition.node_def:
+                if any(attr.func.name or attr.list.func for attr in node.attr.values()):
+                    return everything  # a nested call: its writes are not traced to arguments
+                if "Assign" in node.op or "Scatter" in node.op or node.op.startswith(_UPDATE_PREFIXES):
+                    source = node.input[0].split(":")[0] if node.input else ""
+                    if source not in args:
+                        return everything
+                    written.add(offset + args.index(source))
+    return sorted(i for i in written if i < len(op.inputs))
+
+
 def _refuse_other_updates(script_ops, skip, step_variables) -> None:
     """ValueError naming the first op among `script_ops` (not in `skip`: the step's and what
     feeds an initializer) that updates one of `step_variables` by an op the hook cannot mirror: a
@@ -425,21 +472,29 @@ def _refuse_other_updates(script_ops, skip, step_variables) -> None:
     update. It would update the script's variable alone, which the step never reads (it
     trains the replicas) and the next save overwrites: its training was silently lost."""
     for op in script_ops:
-        if op.name in skip or not op.type.startswith(_UPDATE_PREFIXES) or not op.inputs:
+        if op.name in skip or not op.inputs:
             continue
-        handle = op.inputs[0].op
-        if handle.type == "VarHandleOp" and handle.name in step_variables:
-            raise ValueError(f"PlacementHook: {op.name!r} ({op.type}) updates {handle.name!r} outside the train op the "
-                             "hook runs (the step trains replicas of it, and this update would be lost); run every "
-                             "update in the one train op (tf.group(...), passed as train_op=)")
+        if op.type.startswith(_UPDATE_PREFIXES):
+            handles = [op.inputs[0].op]
+        elif op.type in _CALL_OPS and _writes(op.graph, op):  # a v2 cond that assigns: not mirrored either
+            handles = [op.inputs[i].op for i in _written_inputs(op.graph, op)]
+        else:
+            continue
+        for handle in handles:
+            if handle.type == "VarHandleOp" and handle.name in step_variables:
+                raise ValueError(f"PlacementHook: {op.name!r} ({op.type}) updates {handle.name!r} outside the train op "
+                                 "the hook runs (the step trains replicas of it, and this update would be lost); run "
+                                 "every update in the one train op (tf.group(...), passed as train_op=)")
 
 
-def _sync_every_save(g, sync) -> None:
-    """Re-points every variable read of every Save op in `g` onto a read of the same variable
-    that runs `sync` first (the Saver's own read, `<var>/Read/ReadVariableOp`, is the variable's
-    too: fetching `var` must not sync). A save then writes the values the sync leaves."""
+def _sync_every_save(g, ops, sync, script_var) -> None:
+    """Re-points every variable read of every Save op among `ops` onto a read of the script's
+    variable that runs `sync` first (the Saver's own read, `<var>/Read/ReadVariableOp`, is the
+    variable's too: fetching `var` must not sync). A save then writes the values the sync leaves.
+    `script_var`: replica 0's handle op name -> the script variable's handle, for a read that
+    _read_replicas re-pointed already (a Saver built between two sessions reads those)."""
     reads = {}
-    for op in g.get_operations():
+    for op in ops:
         if op.type not in _SAVE_OPS:
             continue
         for i, tensor in enumerate(op.inputs):
@@ -447,6 +502,7 @@ def _sync_every_save(g, sync) -> None:
                 continue
             if tensor.name not in reads:
                 handle = tensor.op.inputs[0]
+                handle = script_var.get(handle.op.name, handle)
                 with g.colocate_with(handle.op), tf.control_dependencies([sync]):
                     reads[tensor.name] = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tensor.dtype,
                                                                     name=f"tfplace_save_read/{handle.op.name}")
