@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,8 +83,8 @@ def run(models, strategies, cluster_path: str, steps: int):
     cluster = load_cluster(cluster_path)
     print(f"{cluster.name}: median peak over {steps} traced steps; MB = 1e6 bytes")
     print(f"{'model':<34} {'strategy':<27} {'device':<7} {'sim MB':>9} {'real MB':>9} {'ratio':>6}")
-    with private_tmpdir() as tmp:
-        out_dir = os.path.join(tmp or ".", "bundles")
+    with private_tmpdir() as tmp, tempfile.TemporaryDirectory(dir=tmp) as exports:
+        out_dir = os.path.join(exports, "bundles")  # removed with the run, whether or not tmp could be made
         with LocalCluster.for_cluster(cluster) as lc:
             for text, (model, opts) in models:
                 t0 = time.perf_counter()

@@ -64,12 +64,18 @@ def load_policy(run_dir: str, log: Callable[[str], None] = _to_stderr):
         if not os.path.exists(os.path.join(run_dir, name)):
             raise InputError(run_dir, name, "missing", fix)
     config = load_train_config(os.path.join(run_dir, "config.json"))
+    learner = ReinforceLearner(PlacementNetwork(config.network, A.ActionLayout()), config.rl)
+    return learner, config, _newest_checkpoint(run_dir, log)
+
+
+def _newest_checkpoint(run_dir: str, log: Callable[[str], None] = _to_stderr) -> str:
+    """Prefix of the newest TF checkpoint of training run `run_dir` that reads back (load_policy's)."""
+    fix = "give the output_dir of a training run"
     saved, rejected = train_state.read_states(run_dir)  # not checked against a run: any graph may be planned
     state = train_state.newest_usable(run_dir, saved, rejected, tf.train.load_checkpoint, log, "plan with",
                                       f"{fix} whose checkpoints are intact, or train again with a new "
                                       "output_dir (python -m tfplace.train) and plan with that")
-    learner = ReinforceLearner(PlacementNetwork(config.network, A.ActionLayout()), config.rl)
-    return learner, config, os.path.join(run_dir, train_state.CHECKPOINT_DIR, state.tf_checkpoint)
+    return os.path.join(run_dir, train_state.CHECKPOINT_DIR, state.tf_checkpoint)
 
 
 def _entry(task: PlacementTask, source: str, act) -> PoolEntry:
@@ -186,7 +192,8 @@ def _read_weights(learner, run_dir: str, ckpt: str) -> None:
     """Restores the network's weights from `ckpt`, a checkpoint of the training run `run_dir`. A
     run still training keeps its last two checkpoints, so the one load_policy chose may be gone by
     the time the task is built (seconds later, after two more saves): then the run's newest usable
-    one, at most _READ_TRIES times. The network's shapes are the run's config's, whichever checkpoint."""
+    one, at most _READ_TRIES times. The network's shapes are the run's config's, whichever
+    checkpoint."""
     for attempt in range(_READ_TRIES):
         try:
             tf.train.Checkpoint(network=learner.network).read(ckpt).expect_partial()
@@ -196,7 +203,7 @@ def _read_weights(learner, run_dir: str, ckpt: str) -> None:
                 raise InputError(run_dir, "checkpoints", f"{ckpt} was removed while it was being read, "
                                  f"{_READ_TRIES} times (the run saves faster than planning reads)",
                                  "plan from a run that has stopped, or from a copy of its output_dir") from None
-            ckpt = load_policy(run_dir)[2]
+            ckpt = _newest_checkpoint(run_dir)
 
 
 def plan(run_dir: Optional[str], *, graph: Optional[str], model: Optional[str], batch_size: Optional[int],

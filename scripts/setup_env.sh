@@ -52,13 +52,12 @@ fi
 if [ ! -f "$venv/.complete" ]; then
   bash scripts/build_stack.sh "$python_bin" "$venv"
 fi
-exec 9>&-
-
 # The shared environment holds the stack only: an editable tfplace there (older set-ups put one
 # there) would point every checkout at whichever checkout installed it.
 if compgen -G "$venv/lib/python*/site-packages/tfplace-*.dist-info" >/dev/null; then
   "$venv/bin/pip" uninstall -y -q --disable-pip-version-check tfplace >&2 || true
 fi
+exec 9>&-
 overlay="$repo/.venv"
 marker="$overlay/.tfplace-stack"  # the shared environment this overlay reads
 [ -L "$overlay" ] && rm -f "$overlay"  # older set-ups linked the shared environment here

@@ -52,7 +52,8 @@ def test_simulated_peak_memory_is_close_to_the_measured_live_bytes():
                 measured = measure_peak_live_bytes(runner, step.graph_def, cluster, feed, traced_steps=3)
             assert measured.device_names == cluster.device_names
             for device, sim, real in zip(cluster.device_names, simulated, measured.peak_bytes):
-                assert LOW * real <= sim <= HIGH * real, f"{name} {device}: simulated {sim:.0f} B, measured {real:.0f} B"
+                assert LOW * real <= sim <= HIGH * real, \
+                    f"{name} {device}: simulated {sim:.0f} B, measured {real:.0f} B"
             workers = measured.steps[0][1:]
             assert all(d.received_bytes > 0 and d.unsized_receives == 0 for d in workers), workers
 

@@ -967,7 +967,7 @@ def _gather_graph(gather: bool):
 @pytest.mark.parametrize("gather, read_bytes", [(False, 0.0), (True, W)])
 def test_a_dense_read_of_a_copy_on_read_variable_is_a_copy(gather, read_bytes):
     """TensorFlow puts a variable that a ResourceGather (or a sparse update) touches in copy-on-read
-    mode: a dense ReadVariableOp then copies it (the review's real OOM was such a copy), else it
+    mode: a dense ReadVariableOp then copies it (a measured out-of-memory was such a copy), else it
     aliases the resident variable."""
     g = _gather_graph(gather)
     placed = lower(g, fk.grouping(g), fk.pair_cluster(), Strategy(8, 1, decision({"v100_0": 8}), {}),

@@ -90,13 +90,14 @@ def _dtype_size(dtype_enum: int) -> int:
 
 
 def resident_bytes(graph_def, cluster) -> Dict[str, int]:
-    """Cluster device name -> bytes of the resource variables (VarHandleOp) placed on it."""
+    """Cluster device name -> bytes of the resource variables (VarHandleOp) placed on it; a variable
+    of unknown shape (a -1 dimension) adds nothing."""
     by_tf_device = {_canonical(d.tf_device): d.name for d in cluster.devices}
     out = dict.fromkeys(cluster.device_names, 0)
     for node in graph_def.node:
         name = by_tf_device.get(_canonical(node.device))
-        if node.op == "VarHandleOp" and name is not None:
-            dims = [d.size for d in node.attr["shape"].shape.dim]
+        dims = [d.size for d in node.attr["shape"].shape.dim]
+        if node.op == "VarHandleOp" and name is not None and all(d >= 0 for d in dims):  # unknown: not sized
             out[name] += int(np.prod(dims, dtype=np.int64)) * _dtype_size(node.attr["dtype"].type)
     return out
 
