@@ -330,3 +330,20 @@ def test_plan_reads_the_runs_newest_checkpoint_when_the_chosen_one_is_removed_me
     r = planner.plan(run, graph=os.path.join(REPO, "graph_defs/zoo/tiny_mlp_b16_sgd.json"), model=None, batch_size=None,
                      cluster=os.path.join(REPO, "clusters/two_kind_4gpu.json"), samples=2)
     assert chosen == [os.path.join(run, "checkpoints", "ckpt-2")] and r.best is not None
+
+
+def test_plan_command_notes_a_plan_that_fills_a_device_nearly(tmp_path, capsys, monkeypatch):
+    """plan says when its plan fills a device's memory beyond reports.NEAR_MEMORY_FRACTION (here 0:
+    every device that does any work), naming the device and the fix; at the real fraction a tiny
+    MLP on 16 GB GPUs is not near."""
+    from tfplace.cli import common
+    from tfplace.cli import plan as plan_cli
+    from tfplace.formats import reports
+    argv = ["--model", "tiny_mlp", "--batch_size", "16", "--cluster", os.path.join(REPO, "clusters/two_kind_4gpu.json"),
+            "--out", str(tmp_path / "s.json"), "--noprogress"]
+    assert common.call(plan_cli, argv) == 0
+    assert "note: the simulated peak fills" not in capsys.readouterr().err
+    monkeypatch.setattr(reports, "NEAR_MEMORY_FRACTION", 0.0)
+    assert common.call(plan_cli, argv) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: the simulated peak")]
+    assert len(notes) == 1 and "memory_bytes in the cluster file" in notes[0], notes

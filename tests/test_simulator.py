@@ -381,6 +381,26 @@ def test_summary_memory_columns_use_a_unit_that_shows_the_numbers(memory, unit, 
     assert v100[0] == "v100_0" and v100[2] == v100_cap and float(v100[1]) > 0
 
 
+@pytest.mark.parametrize("fill, near, oom", [(0.95, True, False), (0.5, False, False), (1.05, False, True)])
+def test_a_peak_within_a_tenth_of_the_memory_is_flagged_near(fill, near, oom):
+    """The simulated peak counts live tensors, not the allocator's rounding and pools: a device it
+    fills beyond NEAR_MEMORY_FRACTION (but within its memory) is marked "near" in the summary, and
+    near_memory_note names it with the fix; a roomy device or an OOM one is not near."""
+    from tfplace.formats.reports import NEAR_MEMORY_FRACTION
+    g, gr, st = _dp_setup()
+    roomy = fk.pair_cluster(memory=(16 * 10**9, 12 * 10**9))
+    peak = simulate(lower(g, gr, roomy, st, fk.dp_profile(g)), roomy).peak_memory_bytes[0]
+    cluster = fk.pair_cluster(memory=(int(peak / fill), 12 * 10**9))
+    report = simulate(lower(g, gr, cluster, st, fk.dp_profile(g)), cluster)
+    assert report.oom == oom and report.peak_memory_bytes[0] == peak
+    assert ("v100_0" in report.near_memory) == near and "p100_0" not in report.near_memory
+    assert report.summary().splitlines()[2].endswith("  near") == near
+    note = report.near_memory_note()
+    assert (note is not None) == near
+    if near:
+        assert f"more than {NEAR_MEMORY_FRACTION:.0%} of the memory of v100_0 (95%)" in note and "memory_bytes" in note
+
+
 def test_importing_the_simulator_does_not_import_tensorflow():
     code = "import sys, tfplace.simulator, tfplace.lowering.lower; assert 'tensorflow' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

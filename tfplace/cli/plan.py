@@ -185,6 +185,9 @@ def main(argv) -> int:
               f"memory: the fastest strategy that fits is planned instead, {fits.source} ({fits.time_s * 1e3:.3f} ms)",
               flush=True)
         result = dataclasses.replace(result, best=fits)
+    near = result.task and result.task.simulate(fits.strategy).near_memory_note()
+    if near:
+        print(near, file=sys.stderr)
     if FLAGS.confirm_real:
         from tfplace.cli import real_check
         check = real_check.confirm(result.task, result, result.bundle, FLAGS.cluster, overheads_path,

@@ -89,6 +89,9 @@ def execute(args) -> int:
     print(f"{graph.name} on {cluster.name}, strategy {args.strategy} "
           f"(batch {strategy.global_batch_size}, {grouping.num_groups} groups), profile: {origin}")
     print(report.summary())
+    near = report.near_memory_note()
+    if near:
+        print(near, file=sys.stderr)
     if args.trace:
         write_trace(report.trace, args.trace)
         print(f"trace: {args.trace}")

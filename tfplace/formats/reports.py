@@ -20,6 +20,13 @@ import math
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 
+# Share of a device's memory above which a simulated peak that fits is flagged ("near"): the peak
+# counts live tensors, 0.94-1.21x the live bytes measured on the local cluster
+# (benchmarks/memory_bench.md), not the allocator's rounding and pools, which a CPU BFC allocator's
+# peak showed at 1.1-1.9x the live bytes.
+NEAR_MEMORY_FRACTION = 0.9
+
+
 def rank_time_s(time_s: float) -> float:
     """A simulated time (s) as strategies are ranked by it (a planner's pool, activate's pick): to
     12 significant digits, so that two strategies whose simulated times differ only by rounding
@@ -96,6 +103,24 @@ class SimReport:
         return ", ".join(f"{d} needs {peak} of {capacity} bytes" for d, (peak, capacity) in over.items())
 
     @property
+    def near_memory(self) -> Dict[str, float]:
+        """{device: peak / capacity} of every device whose peak fits with less than
+        1 - NEAR_MEMORY_FRACTION of its memory left."""
+        return {d: p / c for d, p, c in zip(self.device_names, self.peak_memory_bytes, self.memory_capacity_bytes)
+                if NEAR_MEMORY_FRACTION * c < p <= c}
+
+    def near_memory_note(self) -> Optional[str]:
+        """A line naming the devices of `near_memory`, or None: the simulated peak counts live
+        tensors, and what the allocator rounds up or keeps in its pools can tip such a plan over."""
+        near = self.near_memory
+        if not near:
+            return None
+        devices = ", ".join(f"{d} ({fill:.0%})" for d, fill in near.items())
+        return (f"note: the simulated peak fills more than {NEAR_MEMORY_FRACTION:.0%} of the memory of {devices}; it "
+                "counts live tensors, not what the allocator rounds up or pools, so this may run out of memory for "
+                "real: lower the device's memory_bytes in the cluster file to plan with a margin")
+
+    @property
     def utilisation(self) -> Tuple[float, ...]:
         """Busy fraction of each device's compute lane over the iteration."""
         t = self.iteration_time_s
@@ -111,7 +136,7 @@ class SimReport:
                  f"comm: {self.comm_bytes / 1e6:.2f} MB   OOM: {oom}{cases}",
                  f"{'device':<16}{'peak ' + unit:>10}{'cap ' + unit:>10}{'busy ms':>10}{'compute ms':>12}{'util':>7}"]
         for i, name in enumerate(self.device_names):
-            flag = "  OOM" if name in self.oom_devices else ""
+            flag = "  OOM" if name in self.oom_devices else ("  near" if name in self.near_memory else "")
             lines.append(f"{name:<16}{self.peak_memory_bytes[i] / scale:>10.3f}"
                          f"{self.memory_capacity_bytes[i] / scale:>10.3f}"
                          f"{self.busy_s[i] * 1e3:>10.3f}{self.compute_s[i] * 1e3:>12.3f}{self.utilisation[i]:>7.0%}{flag}")
