@@ -29,9 +29,9 @@ global step included):
     next one restores or initialises, which writes every replica too), so the save
     CheckpointSaverHook makes when a session is created, before any hook of the script runs,
     writes the restored or initial values. The checkpoint holds the trained values under the
-    script's names, readable by the plain single-device script; between saves the script's variables (the global step aside)
-    hold the last saved values, and the trained ones once the session has ended (`end`). A
-    second MonitoredTrainingSession on the same graph takes the same hook (begin() sets the
+    script's names, readable by the plain single-device script; between saves the script's
+    variables (the global step aside) hold the last saved values, and the trained ones once the
+    session has ended (`end`). A second MonitoredTrainingSession on the same graph takes the same hook (begin() sets the
     step up once, and what the script built in between);
   - the global step is copied back after every step (one scalar), as part of the re-pointed
     train op: StopAtStepHook, CheckpointSaverHook and the script read it every step;
@@ -98,9 +98,9 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
             # a second MonitoredTrainingSession on this graph (the first unfinalizes it on close): the
             # rewritten step is imported and the train op re-pointed already (doing it again would
             # rewrite the rewritten graph); what the script built since (a Saver, an assign) is set up
-            new_ops = g.get_operations()[self._ops_seen:]
-            _refuse_other_updates(new_ops, _upstream(_initializers()) | self._step_ops, set(self.step.variables))
-            self._adopt(g, new_ops)
+            new_ops, feeding_init = g.get_operations()[self._ops_seen:], _upstream(_initializers())
+            _refuse_other_updates(new_ops, feeding_init | self._step_ops, set(self.step.variables))
+            self._adopt(g, new_ops, feeding_init)
             self._ops_seen = len(g.get_operations())
             return
         if set_up:
@@ -128,8 +128,8 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
             _handle(g, v.name)
         # before the step is imported: a refused script's train op still runs its own update
         self._step_ops = set(graph.names)
-        _refuse_other_updates(script_ops, _upstream(_initializers()) | self._step_ops,
-                              {v.name for v in graph.variables})
+        feeding_init = _upstream(_initializers())  # the initializers and what they read
+        _refuse_other_updates(script_ops, feeding_init | self._step_ops, {v.name for v in graph.variables})
         self.step = rewrite_step(graph, self.strategy, self.cluster, init_op=init.name)
         # the script's placeholders (the batch and the others: a fed learning rate, keep_prob)
         fed = [spec.tensor for spec in self.step.inputs] + list(self.step.feeds)
@@ -144,17 +144,18 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         # variables whose script copy holds the last saved values (the global step is kept current)
         self._stale_vars = set(self.step.variables) - ({step_var.op.name} if step_var is not None else set())
         self._stale, self._warned = {}, set()
-        self._adopt(g, script_ops)
+        self._adopt(g, script_ops, feeding_init)
         tf.compat.v1.add_to_collection(_SET_UP, self.copy_op)
         self._graph, self._ops_seen = g, len(g.get_operations())
 
-    def _adopt(self, g, script_ops) -> None:
+    def _adopt(self, g, script_ops, feeding_init) -> None:
         """Sets the script's own ops up to work on the replicas: every save syncs first, the reads
-        of trained variables read replica 0, the writes of step variables write every replica."""
+        of trained variables read replica 0, the writes of step variables write every replica.
+        `feeding_init`: names of the variables' initializers and of every op they depend on."""
         script_var = {self.variables[name].op.inputs[0].op.name: _handle(g, name) for name in self.step.variables}
         _sync_every_save(g, script_ops, self._sync_if_live, script_var)
-        self._read_replicas(g, script_ops)
-        self._mirror_writes(g, script_ops, self._step_ops)
+        self._read_replicas(g, script_ops, feeding_init)
+        self._mirror_writes(g, script_ops, feeding_init)
 
     def _alias_script_loss(self, g, loss_name) -> Optional[str]:
         """Makes the script's loss tensor read the rewritten step's global loss, so that a loop
@@ -226,7 +227,7 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
                                                      name=f"tfplace_sync/{name}"))
         return syncs
 
-    def _read_replicas(self, g, script_ops) -> None:
+    def _read_replicas(self, g, script_ops, feeding_init) -> None:
         """Re-points the script's reads of its trained variables (ReadVariableOps among
         `script_ops` that take the variable's handle) onto replica 0, so that what the script
         computes besides its step (an accuracy, a summary, a fetch of the variable) sees the
@@ -240,7 +241,6 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         of a v1 cond/while takes the handle through a Switch and keeps the script's variable
         (`_warn_stale` says so)."""
         replica = {name: self.variables[name].op.inputs[0] for name in self._stale_vars}
-        feeding_init = _upstream(_initializers())
         for op in script_ops:
             if op.name in feeding_init:
                 continue
@@ -259,7 +259,7 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
                 if "_class" in op.node_def.attr:
                     op._clear_attr("_class")  # noqa: SLF001
 
-    def _mirror_writes(self, g, script_ops, step_ops) -> None:
+    def _mirror_writes(self, g, script_ops, feeding_init) -> None:
         """Makes the script's own writes of a step variable (an AssignVariableOp, AssignAdd or
         AssignSub outside the step: `lr.assign(new_lr)` for a schedule) write every replica too,
         with the same value, before the script's variable: the step reads the replicas, so a
@@ -270,8 +270,7 @@ class PlacementHook(tf.compat.v1.train.SessionRunHook):
         feeding an initializer and not the step's own updates (the step writes those).
         An update the hook cannot mirror (an optimizer's, a scatter) begin() refused
         (`_refuse_other_updates`)."""
-        initializers = _initializers()
-        skip = (_upstream(initializers) - {op.name for op in initializers}) | step_ops
+        skip = (feeding_init - {op.name for op in _initializers()}) | self._step_ops
         for op in script_ops:
             if op.type not in _WRITE_OPS or op.name in skip or op.inputs[0].op.type != "VarHandleOp":
                 continue
@@ -420,14 +419,23 @@ _CALL_OPS = ("If", "StatelessIf", "Case", "StatelessCase", "While", "StatelessWh
              "StatefulPartitionedCall")
 
 
+def _func_names(value) -> list:
+    """The function names an AttrValue holds (a `func`, or a list of them: a Case's branches)."""
+    return [f.name for f in value.list.func] + ([value.func.name] if value.func.name else [])
+
+
+def _is_write(op_type: str) -> bool:
+    """Whether an op of `op_type` writes a variable: an assign, a scatter or an optimizer's update."""
+    return "Assign" in op_type or "Scatter" in op_type or op_type.startswith(_UPDATE_PREFIXES)
+
+
 def _writes(g, op) -> bool:
     """Whether a function-call op (a v2 cond, while or call) may write a variable: a function of
     its attributes, or one they call, holds an assign, an optimizer update or a scatter."""
     todo, seen = [op.node_def.attr], set()
     while todo:
         for value in todo.pop().values():
-            names = [f.name for f in value.list.func] + ([value.func.name] if value.func.name else [])
-            for name in names:
+            for name in _func_names(value):
                 if name in seen:
                     continue
                 seen.add(name)
@@ -435,7 +443,7 @@ def _writes(g, op) -> bool:
                 if fn is None:
                     return True
                 for node in fn.definition.node_def:
-                    if "Assign" in node.op or "Scatter" in node.op or node.op.startswith(_UPDATE_PREFIXES):
+                    if _is_write(node.op):
                         return True
                     todo.append(node.attr)
     return False
@@ -449,7 +457,7 @@ def _written_inputs(g, op) -> list:
     everything = list(range(len(op.inputs)))
     written = set()
     for value in op.node_def.attr.values():
-        for name in [f.name for f in value.list.func] + ([value.func.name] if value.func.name else []):
+        for name in _func_names(value):
             fn = g._get_function(name)  # noqa: SLF001 (the graph's function library)
             if fn is None:
                 return everything
@@ -457,7 +465,7 @@ def _written_inputs(g, op) -> list:
             for node in fn.definition.node_def:
                 if any(attr.func.name or attr.list.func for attr in node.attr.values()):
                     return everything  # a nested call: its writes are not traced to arguments
-                if "Assign" in node.op or "Scatter" in node.op or node.op.startswith(_UPDATE_PREFIXES):
+                if _is_write(node.op):
                     source = node.input[0].split(":")[0] if node.input else ""
                     if source not in args:
                         return everything
