@@ -544,6 +544,18 @@ def _lr_schedule_script(optimizer="sgd"):
     return x, y, loss, train_op, lr, value, writes, v1.variables_initializer(opt.variables())
 
 
+def _hooked_or_plain_session(run, local_cluster, train_op, loss):
+    """A MonitoredTrainingSession of the script in the default graph: with a PlacementHook on the
+    cluster (`run == "hooked"`), or the plain single-device one."""
+    import tensorflow as tf
+    from tfplace.rewrite.hook import PlacementHook
+    if run != "hooked":
+        return tf.compat.v1.train.MonitoredTrainingSession()
+    hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
+    return tf.compat.v1.train.MonitoredTrainingSession(master=local_cluster.target, hooks=[hook],
+                                                       config=hook.session_config(local_cluster.session_config()))
+
+
 LR_SCHEDULE = [("step", None), ("set", 0.0), ("step", None), ("add", 0.25), ("step", None), ("sub", 0.125),
                ("step", None)]
 
@@ -554,20 +566,12 @@ def test_a_variable_the_script_assigns_reaches_the_steps_replicas(local_cluster)
     (and assign_add/sub) wrote only the script's variable: a step after `lr = 0` still trained at 0.5,
     with no error. Hooked and plain runs of one schedule end with the same kernel."""
     import tensorflow as tf
-    from tfplace.rewrite.hook import PlacementHook
     fx, fy = _feeds()[0]
     kernels = {}
     for run in ("hooked", "plain"):
         with tf.Graph().as_default() as g:
             x, y, loss, train_op, _, value, writes, _ = _lr_schedule_script()
-            if run == "hooked":
-                hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
-                session = tf.compat.v1.train.MonitoredTrainingSession(
-                    master=local_cluster.target, hooks=[hook],
-                    config=hook.session_config(local_cluster.session_config()))
-            else:
-                session = tf.compat.v1.train.MonitoredTrainingSession()
-            with session as sess:
+            with _hooked_or_plain_session(run, local_cluster, train_op, loss) as sess:
                 frozen = []
                 for what, amount in LR_SCHEDULE:
                     if what == "step":
@@ -589,19 +593,11 @@ def test_a_variable_the_script_initialises_again_reaches_the_steps_replicas(loca
     optimizer's slots runs their initializers mid-training: the hook did not mirror initializers,
     so the step kept training at lr 0.5 with the old momentum, silently. Hooked and plain kernels agree."""
     import tensorflow as tf
-    from tfplace.rewrite.hook import PlacementHook
     kernels = {}
     for run in ("hooked", "plain"):
         with tf.Graph().as_default() as g:
             x, y, loss, train_op, lr, _, _, reset = _lr_schedule_script("momentum")
-            if run == "hooked":
-                hook = PlacementHook(STRATEGY, LOCAL_CPU, train_op, loss)
-                session = tf.compat.v1.train.MonitoredTrainingSession(
-                    master=local_cluster.target, hooks=[hook],
-                    config=hook.session_config(local_cluster.session_config()))
-            else:
-                session = tf.compat.v1.train.MonitoredTrainingSession()
-            with session as sess:
+            with _hooked_or_plain_session(run, local_cluster, train_op, loss) as sess:
                 for i, (fx, fy) in enumerate(_feeds()):
                     if i == 1:
                         lr.load(0.25, sess) if write == "load" else sess.run(reset)
